@@ -1,0 +1,35 @@
+# Two commands set up everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint typecheck unit sim bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+# The main job, end to end. Until the stream pipeline exists it runs the storage benchmark.
+demo: $(STAMP)
+	@echo "quorumlog demo: the main (Spark) job is not built yet; running the storage benchmark."
+	$(VENV)/bin/quorumlog bench storage --json
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+# Every test: lint, types, unit, simulation. Soak runs are opt-in (-m soak).
+test: $(STAMP) lint typecheck
+	$(PY) -m pytest -n 2 -m "not soak"
+
+bench: $(STAMP)
+	$(VENV)/bin/quorumlog bench storage --json
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

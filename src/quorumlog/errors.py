@@ -1,0 +1,57 @@
+"""Typed errors shared across quorumlog.
+
+Every error a user can see derives from `QuorumLogError`, so `except QuorumLogError`
+catches everything the library raises on purpose. Errors about bad arguments also derive
+from the matching builtin (`ValueError`, `IndexError`) so ordinary Python habits work.
+"""
+
+from __future__ import annotations
+
+
+class QuorumLogError(Exception):
+    """Base of every error quorumlog raises on purpose."""
+
+
+# --- storage -------------------------------------------------------------------------
+
+
+class StorageError(QuorumLogError):
+    """A log store could not do what was asked."""
+
+
+class CorruptLogError(StorageError):
+    """Data on disk fails a check: a bad checksum, a gap, or metadata pointing past the data.
+
+    Never raised for a torn tail of the last file (that is cut off and reported); raised for
+    damage to data that may have been acknowledged, so it must not be dropped silently.
+    """
+
+    def __init__(self, path: str, offset: int, reason: str) -> None:
+        super().__init__(f"corrupt log: {path} at offset {offset}: {reason}")
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+class DiskFullError(StorageError):
+    """The disk has no room for the write. The store stays consistent; retry once space is back."""
+
+
+class StoreClosedError(StorageError):
+    """The store was closed."""
+
+
+class LogIndexError(StorageError, IndexError):
+    """An index outside the store's range [first_index, last_index]."""
+
+
+class NonContiguousAppendError(StorageError, ValueError):
+    """An append that does not start at last_index + 1, or whose indexes are not consecutive."""
+
+
+class EntryTooLargeError(StorageError, ValueError):
+    """An entry whose data is larger than the store's `entry_bytes_max`."""
+
+
+class InvalidTruncateError(StorageError, ValueError):
+    """A truncation outside what the store holds (for example below first_index)."""

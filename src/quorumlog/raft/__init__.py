@@ -1,0 +1,1 @@
+"""The Raft core: sans-I/O. Events in, actions out; no clock, sockets, files or globals."""

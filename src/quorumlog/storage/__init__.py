@@ -1,0 +1,41 @@
+"""Log stores: one interface (`LogStore`), three implementations, one conformance suite.
+
+- `SegmentLogStore`: braft-style segment files with 24-byte CRC32C entry headers.
+- `MmapLogStore`: DLedger-style preallocated data files plus fixed 32-byte index entries.
+- `MemoryLogStore`: a list in memory.
+"""
+
+from quorumlog.errors import (
+    CorruptLogError,
+    DiskFullError,
+    EntryTooLargeError,
+    InvalidTruncateError,
+    LogIndexError,
+    NonContiguousAppendError,
+    StorageError,
+    StoreClosedError,
+)
+from quorumlog.storage.base import LogStore, RecoveryReport, SyncPolicy
+from quorumlog.storage.entry import EntryType, LogEntry
+from quorumlog.storage.memory import MemoryLogStore
+from quorumlog.storage.mmap_store import MmapLogStore
+from quorumlog.storage.segment import SegmentLogStore
+
+__all__ = [
+    "CorruptLogError",
+    "DiskFullError",
+    "EntryTooLargeError",
+    "EntryType",
+    "InvalidTruncateError",
+    "LogEntry",
+    "LogIndexError",
+    "LogStore",
+    "MemoryLogStore",
+    "MmapLogStore",
+    "NonContiguousAppendError",
+    "RecoveryReport",
+    "SegmentLogStore",
+    "StorageError",
+    "StoreClosedError",
+    "SyncPolicy",
+]

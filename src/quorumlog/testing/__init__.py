@@ -1,0 +1,1 @@
+"""Public test kit: simulated clusters, nemeses, history recorders and checkers."""
