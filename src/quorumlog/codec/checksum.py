@@ -13,9 +13,9 @@ _extend = google_crc32c.extend
 
 def crc32c(data: bytes | bytearray | memoryview) -> int:
     """The CRC32C of `data`, as an unsigned 32-bit integer."""
-    return _value(data)
+    return int(_value(data))
 
 
 def crc32c_extend(crc: int, data: bytes | bytearray | memoryview) -> int:
     """Continue a running CRC32C `crc` over `data`."""
-    return _extend(crc, data)
+    return int(_extend(crc, data))

@@ -118,7 +118,7 @@ def check_index(index: int, first_index: int, last_index: int) -> None:
 
 
 def check_range(low: int, high: int, first_index: int, last_index: int) -> None:
-    """A half-open range [low, high) must lie inside the log (an empty range may sit at its ends)."""
+    """A half-open range [low, high) must lie inside the log; an empty one may sit at its ends."""
     if low > high:
         raise LogIndexError(f"range [{low}, {high}) has low > high")
     if low < first_index or high > last_index + 1:
