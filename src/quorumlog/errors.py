@@ -55,3 +55,43 @@ class EntryTooLargeError(StorageError, ValueError):
 
 class InvalidTruncateError(StorageError, ValueError):
     """A truncation outside what the store holds (for example below first_index)."""
+
+
+# --- consensus -----------------------------------------------------------------------
+
+
+class RaftError(QuorumLogError):
+    """A Raft group refused a request."""
+
+
+class NotLeaderError(RaftError):
+    """This node is not the leader; `leader_hint` names the leader it knows of, if any."""
+
+    def __init__(self, node_id: str, leader_hint: str | None) -> None:
+        hint = f"; try {leader_hint}" if leader_hint else "; no leader known"
+        super().__init__(f"node {node_id} is not the leader{hint}")
+        self.node_id = node_id
+        self.leader_hint = leader_hint
+
+
+class PendingFullError(RaftError):
+    """The leader has as many uncommitted proposals as it may hold (DLedger LEADER_PENDING_FULL).
+
+    Back off and retry: the request was not appended.
+    """
+
+
+class LeaderTransferringError(RaftError):
+    """Leadership is being handed over; proposals are refused until it ends."""
+
+
+class ConfigurationChangeInProgressError(RaftError):
+    """A membership change is already in the log and not yet committed; one at a time."""
+
+
+class InvalidConfigurationChangeError(RaftError, ValueError):
+    """A membership change that makes no sense (remove a non-member, leave no voter, ...)."""
+
+
+class ProposalDroppedError(RaftError):
+    """The proposal was appended but replaced by another leader's entry: it did not happen."""

@@ -1,0 +1,61 @@
+"""Settings of one Raft core, checked as a whole at construction."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class RaftConfig(msgspec.Struct, frozen=True):
+    """Every bound has its unit in its name. Times are in ticks: the core reads no clock."""
+
+    node_id: str
+    election_ticks: int = 10
+    """Election timeout; each term a node draws its timeout from [election, 2 * election)."""
+    heartbeat_ticks: int = 1
+    """A leader sends a COMMIT push (heartbeat) to each follower this often."""
+    pre_vote: bool = True
+    """Ask for votes without raising the term first, so a rejoining node cannot disrupt."""
+    check_quorum: bool = True
+    """A leader that has not heard a majority for one election timeout steps down."""
+    lease_read: bool = False
+    """Serve reads on a valid leader lease without a heartbeat round (needs check_quorum)."""
+    append_entries_max: int = 256
+    """Entries in one APPEND push."""
+    append_bytes_max: int = 1024 * 1024
+    """Data bytes in one APPEND push (one entry larger than this still goes alone)."""
+    inflight_appends_max: int = 64
+    """APPEND pushes a leader may have outstanding to one follower (the pipeline window)."""
+    append_timeout_ticks: int = 4
+    """An APPEND or COMPARE unanswered this long is resent."""
+    pending_entries_max: int = 10_000
+    """Uncommitted entries a leader holds before proposals fail with PendingFullError."""
+    pending_bytes_max: int = 64 * 1024 * 1024
+    """Uncommitted data bytes a leader holds before proposals fail with PendingFullError."""
+    snapshot_chunk_bytes_max: int = 1024 * 1024
+    """Bytes per INSTALL_SNAPSHOT chunk."""
+    transfer_timeout_ticks: int = 0
+    """A leader transfer that has not finished in this many ticks is abandoned (0: election)."""
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first setting that is out of range or inconsistent."""
+        if not self.node_id:
+            raise ValueError("node_id must not be empty")
+        if self.heartbeat_ticks < 1:
+            raise ValueError("heartbeat_ticks must be >= 1")
+        if self.election_ticks <= self.heartbeat_ticks:
+            raise ValueError("election_ticks must be greater than heartbeat_ticks")
+        if self.lease_read and not self.check_quorum:
+            raise ValueError("lease_read needs check_quorum: a lease is only as good as it")
+        for name in (
+            "append_entries_max",
+            "append_bytes_max",
+            "inflight_appends_max",
+            "append_timeout_ticks",
+            "pending_entries_max",
+            "pending_bytes_max",
+            "snapshot_chunk_bytes_max",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1")
+        if self.transfer_timeout_ticks < 0:
+            raise ValueError("transfer_timeout_ticks must be >= 0")

@@ -1,0 +1,540 @@
+"""The Raft core: a pure state machine in the style of etcd's raft.
+
+Feed it events — `tick()`, `step(message)`, `propose(data)`, `read_index(...)`, and the
+acknowledgements `persisted(...)` / `applied(...)` — and collect what it wants done with
+`ready()` (see ready.py for the order a runtime must follow). It reads no clock (time is
+ticks), draws randomness only from the injected `random.Random`, and never writes a file
+or a socket: the same code runs under the real runtime and the simulator.
+
+Election (Raft §5.2, dissertation §9.6 pre-vote, §6.2 check-quorum) lives here; the
+leader's replication machinery (DLedger's per-follower COMPARE / TRUNCATE / APPEND /
+INSTALL_SNAPSHOT) lives in leader.py; the follower's side of pushes in follower.py.
+"""
+
+from __future__ import annotations
+
+import enum
+import random as random_module
+
+from quorumlog.errors import (
+    ConfigurationChangeInProgressError,
+    LeaderTransferringError,
+    NotLeaderError,
+    PendingFullError,
+)
+from quorumlog.raft.config import RaftConfig
+from quorumlog.raft.configuration import (
+    Configuration,
+    MembershipChange,
+    apply_change,
+    decode_configuration,
+    encode_configuration,
+)
+from quorumlog.raft.follower import FollowerState
+from quorumlog.raft.invariants import require
+from quorumlog.raft.leader import LeaderState
+from quorumlog.raft.log import LogReader, RaftLog
+from quorumlog.raft.messages import (
+    Message,
+    Push,
+    PushResponse,
+    SnapshotChunk,
+    SnapshotMeta,
+    SnapshotResponse,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+)
+from quorumlog.raft.ready import HardState, IncomingSnapshot, ReadState, Ready
+from quorumlog.storage.entry import EntryType, LogEntry
+
+COMMITTED_ENTRIES_PER_READY_MAX = 4096
+"""Bound the entries one Ready hands over to apply, so one Ready never holds the world."""
+
+
+class Role(enum.Enum):
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre_candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+class RaftCore:
+    def __init__(
+        self,
+        config: RaftConfig,
+        log: LogReader,
+        *,
+        hard_state: HardState,
+        configuration: Configuration,
+        snapshot: SnapshotMeta | None = None,
+        snapshot_data: bytes | None = None,
+        random: random_module.Random,
+    ) -> None:
+        """Build a core from what survived on disk.
+
+        `configuration` is the bootstrap membership, used only when neither the snapshot
+        nor the log holds one. `snapshot_data`, if given, is the snapshot the core sends to
+        followers that are behind its compacted log (else it waits for `snapshot_taken`).
+        The runtime must have restored its state machine from `snapshot` already.
+        """
+
+        config.validate()
+        self.config = config
+        self.node_id = config.node_id
+        self.random = random
+        self.log = RaftLog(log, snapshot)
+        # A torn write can leave entries whose term is ahead of the durable hard state.
+        self.term = max(hard_state.term, self.log.last_term())
+        self.vote: str | None = hard_state.vote if hard_state.term == self.term else None
+        self.commit_index = max(
+            min(hard_state.commit, self.log.last_index), self.log.snapshot_index
+        )
+        self.applied_index = self.log.snapshot_index
+        self.applying_index = self.applied_index
+        self.role = Role.FOLLOWER
+        self.leader_id: str | None = None
+        self.ticks = 0
+        self.election_elapsed = 0
+        self.randomized_election_ticks = 0
+        self.reset_election_timer()
+        self.votes: dict[str, bool] = {}
+        self.own_snapshot: tuple[SnapshotMeta, bytes] | None = None
+        if snapshot is not None and snapshot_data is not None:
+            self.own_snapshot = (snapshot, snapshot_data)
+        # Membership history for entries after the snapshot; the last one is in force.
+        self.configurations: list[tuple[int, Configuration]] = [
+            (snapshot.index, snapshot.configuration) if snapshot else (0, configuration)
+        ]
+        self.load_configurations_from_log()
+        self.leader: LeaderState | None = None
+        self.follower = FollowerState(self)
+        self.incoming_snapshot: IncomingSnapshot | None = None
+        self.outbox: list[Message] = []
+        self.outbox_after_persist: list[Message] = []
+        self.read_states: list[ReadState] = []
+        self.failed_reads: list[int] = []
+        self.last_hard_state = HardState(term=self.term, vote=self.vote, commit=self.commit_index)
+        if self.last_hard_state != hard_state:
+            self.last_hard_state = hard_state  # so the corrected state is emitted once
+
+    # --- read-only views ---------------------------------------------------------------
+
+    @property
+    def configuration(self) -> Configuration:
+        return self.configurations[-1][1]
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role is Role.LEADER
+
+    def peers(self) -> list[str]:
+        """Every member but this node, in a fixed order."""
+        return sorted(m for m in self.configuration.members() if m != self.node_id)
+
+    def status(self) -> dict[str, object]:
+        return {
+            "id": self.node_id,
+            "role": self.role.value,
+            "term": self.term,
+            "leader": self.leader_id,
+            "commit_index": self.commit_index,
+            "applied_index": self.applied_index,
+            "first_index": self.log.first_index,
+            "last_index": self.log.last_index,
+            "voters": list(self.configuration.voters),
+            "learners": list(self.configuration.learners),
+            "progress": self.leader.describe() if self.leader else {},
+        }
+
+    # --- events ------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        self.ticks += 1
+        if self.leader is not None:
+            self.leader.tick()
+            return
+        self.election_elapsed += 1
+        if self.election_elapsed >= self.randomized_election_ticks:
+            self.election_elapsed = 0
+            if self.configuration.is_voter(self.node_id):
+                self.campaign()
+
+    def step(self, message: Message) -> None:
+        require(
+            message.target == self.node_id, f"{self.node_id} got a message for {message.target}"
+        )
+        if message.source == self.node_id:
+            return
+        if message.term > self.term:
+            if isinstance(message, VoteRequest):
+                if self.in_leader_lease() and not message.transfer:
+                    return  # §6.2: a healthy leader's followers ignore disruptive candidates
+                if message.pre_vote:
+                    self.handle_vote_request(message)
+                    return
+            elif isinstance(message, VoteResponse) and message.pre_vote and message.granted:
+                pass  # a granted pre-vote carries the term we would campaign in
+            else:
+                leader = (
+                    message.source
+                    if isinstance(message, Push | SnapshotChunk | TimeoutNow)
+                    else None
+                )
+                self.become_follower(message.term, leader)
+        elif message.term < self.term:
+            self.answer_stale(message)
+            return
+        self.dispatch(message)
+
+    def dispatch(self, message: Message) -> None:
+        if isinstance(message, VoteRequest):
+            self.handle_vote_request(message)
+        elif isinstance(message, VoteResponse):
+            self.handle_vote_response(message)
+        elif isinstance(message, Push):
+            if self.role is not Role.FOLLOWER:
+                self.become_follower(self.term, message.source)
+            self.follower.handle_push(message)
+        elif isinstance(message, SnapshotChunk):
+            if self.role is not Role.FOLLOWER:
+                self.become_follower(self.term, message.source)
+            self.follower.handle_snapshot_chunk(message)
+        elif isinstance(message, PushResponse):
+            if self.leader is not None:
+                self.leader.handle_push_response(message)
+        elif isinstance(message, SnapshotResponse):
+            if self.leader is not None:
+                self.leader.handle_snapshot_response(message)
+        elif isinstance(message, TimeoutNow) and self.configuration.is_voter(self.node_id):
+            self.campaign(transfer=True)
+
+    def answer_stale(self, message: Message) -> None:
+        """Tell a node from an older term about ours, so a stale leader steps down."""
+        if isinstance(message, Push):
+            self.send(
+                PushResponse(
+                    source=self.node_id,
+                    target=message.source,
+                    term=self.term,
+                    kind=message.kind,
+                    round=message.round,
+                    success=False,
+                )
+            )
+        elif isinstance(message, SnapshotChunk):
+            self.send(
+                SnapshotResponse(
+                    source=self.node_id,
+                    target=message.source,
+                    term=self.term,
+                    round=message.round,
+                    success=False,
+                )
+            )
+        elif isinstance(message, VoteRequest) and message.pre_vote:
+            self.send(
+                VoteResponse(
+                    source=self.node_id,
+                    target=message.source,
+                    term=self.term,
+                    granted=False,
+                    pre_vote=True,
+                )
+            )
+
+    # --- client requests ----------------------------------------------------------------
+
+    def require_leader(self) -> LeaderState:
+        if self.leader is None:
+            raise NotLeaderError(self.node_id, self.leader_id)
+        return self.leader
+
+    def propose(self, data: bytes, entry_type: EntryType = EntryType.DATA) -> int:
+        """Append `data` as one entry; returns its index. The proposal succeeded if, when
+        that index is applied, the entry there has the term `self.term` had on return."""
+        leader = self.require_leader()
+        if leader.transfer_target is not None:
+            raise LeaderTransferringError(
+                f"leadership is moving from {self.node_id} to {leader.transfer_target}"
+            )
+        pending_entries = self.log.last_index - self.commit_index
+        if pending_entries >= self.config.pending_entries_max:
+            raise PendingFullError(
+                f"{pending_entries} entries await commit (pending_entries_max="
+                f"{self.config.pending_entries_max})"
+            )
+        if leader.uncommitted_bytes + len(data) > self.config.pending_bytes_max and (
+            leader.uncommitted_bytes > 0
+        ):
+            raise PendingFullError(
+                f"{leader.uncommitted_bytes} bytes await commit (pending_bytes_max="
+                f"{self.config.pending_bytes_max})"
+            )
+        return leader.append_local(data, entry_type)
+
+    def change_membership(self, change: MembershipChange) -> int:
+        """Propose one membership change; it takes effect as soon as it is in the log."""
+        leader = self.require_leader()
+        if leader.transfer_target is not None:
+            raise LeaderTransferringError("a leader transfer is in progress")
+        if self.configurations[-1][0] > self.commit_index:
+            raise ConfigurationChangeInProgressError(
+                f"the change at index {self.configurations[-1][0]} is not committed yet"
+            )
+        new_configuration = apply_change(self.configuration, change)
+        return leader.append_local(encode_configuration(new_configuration), EntryType.CONFIGURATION)
+
+    def read_index(self, request_id: int) -> None:
+        """Ask for a linearizable read point. The answer is a ReadState in a later Ready
+        (or the id in `failed_reads` if leadership is lost first)."""
+        self.require_leader().read_index(request_id)
+
+    def transfer_leadership(self, target: str) -> None:
+        self.require_leader().transfer(target)
+
+    def campaign(self, transfer: bool = False) -> None:
+        """Start an election now (with a pre-vote first, unless handing over leadership)."""
+        if not self.configuration.is_voter(self.node_id) or self.is_leader:
+            return
+        if self.config.pre_vote and not transfer:
+            self.become_pre_candidate()
+        else:
+            self.become_candidate(transfer)
+
+    # --- acknowledgements from the runtime ------------------------------------------------
+
+    def persisted(self, index: int, term: int) -> None:
+        """Entries through `index` (whose term is `term`) are durable."""
+        if self.log.persisted(index, term) and self.leader is not None:
+            self.leader.maybe_commit()
+
+    def applied(self, index: int) -> None:
+        require(index <= self.applying_index, f"applied {index} > handed out {self.applying_index}")
+        self.applied_index = max(self.applied_index, index)
+
+    def snapshot_taken(self, meta: SnapshotMeta, data: bytes) -> None:
+        """The runtime snapshotted its state machine through meta.index (<= applied)."""
+        require(meta.index <= self.applied_index, "snapshot ahead of what was applied")
+        if self.own_snapshot is None or meta.index > self.own_snapshot[0].index:
+            self.own_snapshot = (meta, data)
+            self.log.snapshot_taken(meta)
+            self.forget_old_configurations()
+
+    # --- output -------------------------------------------------------------------------
+
+    def send(self, message: Message) -> None:
+        self.outbox.append(message)
+
+    def send_after_persist(self, message: Message) -> None:
+        self.outbox_after_persist.append(message)
+
+    def has_ready(self) -> bool:
+        if self.leader is not None and self.leader.has_work():
+            return True
+        return bool(
+            self.outbox
+            or self.outbox_after_persist
+            or self.read_states
+            or self.failed_reads
+            or self.incoming_snapshot is not None
+            or self.log.pending_truncate_after is not None
+            or self.log.handed_out_index < self.log.last_index
+            or self.applying_index < self.commit_index
+            or self.current_hard_state() != self.last_hard_state
+        )
+
+    def current_hard_state(self) -> HardState:
+        return HardState(term=self.term, vote=self.vote, commit=self.commit_index)
+
+    def ready(self) -> Ready:
+        if self.leader is not None:
+            self.leader.flush()
+        ready = Ready()
+        if self.incoming_snapshot is not None:
+            ready.snapshot = self.incoming_snapshot
+            self.incoming_snapshot = None
+        ready.truncate_after, ready.entries = self.log.take_unsent()
+        hard_state = self.current_hard_state()
+        if hard_state != self.last_hard_state:
+            ready.hard_state = hard_state
+            self.last_hard_state = hard_state
+        if self.applying_index < self.commit_index:
+            high = min(self.commit_index, self.applying_index + COMMITTED_ENTRIES_PER_READY_MAX)
+            ready.committed_entries = self.log.entries(self.applying_index + 1, high + 1)
+            self.applying_index = high
+        ready.messages, self.outbox = self.outbox, []
+        ready.messages_after_persist, self.outbox_after_persist = self.outbox_after_persist, []
+        ready.read_states, self.read_states = self.read_states, []
+        ready.failed_reads, self.failed_reads = self.failed_reads, []
+        return ready
+
+    # --- roles --------------------------------------------------------------------------
+
+    def reset_election_timer(self) -> None:
+        self.election_elapsed = 0
+        ticks = self.config.election_ticks
+        self.randomized_election_ticks = ticks + self.random.randrange(ticks)
+
+    def in_leader_lease(self) -> bool:
+        """Heard from a leader within the election timeout (§6.2, with check-quorum)."""
+        if self.leader is not None:
+            return self.config.check_quorum
+        return (
+            self.config.check_quorum
+            and self.leader_id is not None
+            and self.election_elapsed < self.config.election_ticks
+        )
+
+    def become_follower(self, term: int, leader_id: str | None) -> None:
+        require(term >= self.term, "terms never go back")
+        if self.leader is not None:
+            self.failed_reads.extend(self.leader.abandon())
+            self.leader = None
+        if term > self.term:
+            self.term = term
+            self.vote = None
+        if term != self.follower.term or leader_id != self.follower.leader_id:
+            self.follower.start(term, leader_id)
+        self.role = Role.FOLLOWER
+        self.leader_id = leader_id
+        self.reset_election_timer()
+
+    def become_pre_candidate(self) -> None:
+        self.role = Role.PRE_CANDIDATE
+        self.leader_id = None
+        self.votes = {self.node_id: True}
+        self.reset_election_timer()
+        if self.tally() is True:
+            self.become_candidate(transfer=False)
+            return
+        for voter in self.other_voters():
+            self.send(self.vote_request(voter, self.term + 1, pre_vote=True, transfer=False))
+
+    def become_candidate(self, transfer: bool) -> None:
+        self.term += 1
+        self.vote = self.node_id
+        self.role = Role.CANDIDATE
+        self.leader_id = None
+        self.votes = {self.node_id: True}
+        self.reset_election_timer()
+        if self.tally() is True:
+            self.become_leader()
+            return
+        for voter in self.other_voters():
+            # The vote for ourselves must be durable before anyone counts on this election.
+            self.send_after_persist(
+                self.vote_request(voter, self.term, pre_vote=False, transfer=transfer)
+            )
+
+    def become_leader(self) -> None:
+
+        require(self.role is Role.CANDIDATE, "only a candidate becomes leader")
+        self.role = Role.LEADER
+        self.leader_id = self.node_id
+        self.leader = LeaderState(self)
+        # §5.4.2 / §8: commit earlier terms' entries by committing one of our own term.
+        self.leader.append_local(b"", EntryType.NO_OP)
+
+    def other_voters(self) -> list[str]:
+        return sorted(v for v in self.configuration.voters if v != self.node_id)
+
+    def vote_request(self, target: str, term: int, pre_vote: bool, transfer: bool) -> VoteRequest:
+        return VoteRequest(
+            source=self.node_id,
+            target=target,
+            term=term,
+            last_log_index=self.log.last_index,
+            last_log_term=self.log.last_term(),
+            pre_vote=pre_vote,
+            transfer=transfer,
+        )
+
+    def handle_vote_request(self, message: VoteRequest) -> None:
+        if message.pre_vote:
+            can_vote = message.term > self.term
+        else:
+            can_vote = self.vote == message.source or (self.vote is None and self.leader_id is None)
+        up_to_date = self.log.is_up_to_date(message.last_log_index, message.last_log_term)
+        granted = can_vote and up_to_date
+        if granted and not message.pre_vote:
+            self.vote = message.source
+            self.reset_election_timer()
+        response = VoteResponse(
+            source=self.node_id,
+            target=message.source,
+            term=message.term if granted else self.term,
+            granted=granted,
+            pre_vote=message.pre_vote,
+        )
+        if message.pre_vote:
+            self.send(response)
+        else:
+            self.send_after_persist(response)  # a vote is a promise: durable first
+
+    def handle_vote_response(self, message: VoteResponse) -> None:
+        if message.pre_vote:
+            if self.role is not Role.PRE_CANDIDATE or message.term != self.term + 1:
+                return
+        elif self.role is not Role.CANDIDATE or message.term != self.term:
+            return
+        self.votes[message.source] = message.granted
+        outcome = self.tally()
+        if outcome is True:
+            if self.role is Role.PRE_CANDIDATE:
+                self.become_candidate(transfer=False)
+            else:
+                self.become_leader()
+        elif outcome is False:
+            self.become_follower(self.term, None)
+
+    def tally(self) -> bool | None:
+        """True once a quorum granted, False once a quorum refused, else None."""
+        voters = self.configuration.voters
+        granted = sum(1 for v in voters if self.votes.get(v) is True)
+        refused = sum(1 for v in voters if self.votes.get(v) is False)
+        quorum = self.configuration.quorum()
+        if granted >= quorum:
+            return True
+        if refused >= quorum:
+            return False
+        return None
+
+    # --- membership -----------------------------------------------------------------------
+
+    def load_configurations_from_log(self) -> None:
+        low = max(self.log.first_index, self.log.snapshot_index + 1)
+        for entry in self.log.entries(low, self.log.last_index + 1):
+            if entry.type is EntryType.CONFIGURATION:
+                self.configurations.append((entry.index, decode_configuration(entry.data)))
+
+    def note_appended(self, entries: list[LogEntry]) -> None:
+        """A configuration takes effect as soon as it is in the log (dissertation §4.1)."""
+        changed = False
+        for entry in entries:
+            if entry.type is EntryType.CONFIGURATION:
+                self.configurations.append((entry.index, decode_configuration(entry.data)))
+                changed = True
+        if changed and self.leader is not None:
+            self.leader.configuration_changed()
+
+    def note_truncated(self, after: int) -> None:
+        require(after >= self.commit_index, f"truncating committed entries after {after}")
+        while len(self.configurations) > 1 and self.configurations[-1][0] > after:
+            self.configurations.pop()
+
+    def forget_old_configurations(self) -> None:
+        """Keep only the newest configuration at or below the commit index, and later ones."""
+        while len(self.configurations) > 1 and self.configurations[1][0] <= self.commit_index:
+            self.configurations.pop(0)
+
+    def install_snapshot(self, snapshot: IncomingSnapshot) -> None:
+        meta = snapshot.meta
+        require(meta.index > self.commit_index, "installing a snapshot we already have")
+        self.log.install_snapshot(meta)
+        self.commit_index = meta.index
+        self.applied_index = meta.index
+        self.applying_index = meta.index
+        self.configurations = [(meta.index, meta.configuration)]
+        self.incoming_snapshot = snapshot
+        self.own_snapshot = (meta, snapshot.data)

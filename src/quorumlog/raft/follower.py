@@ -1,0 +1,235 @@
+"""A follower's side of DLedger-style replication (the reference's EntryHandler).
+
+What the follower tracks about the current leader:
+- `round`: the highest push round seen; older rounds of the same term are ignored, which
+  makes stale or duplicated TRUNCATE pushes harmless.
+- `verified_index`: the follower's log is known to match the leader's through this index.
+  The commit index a leader announces is only taken up to here, so entries that still
+  diverge from the leader (not yet compared) are never applied.
+
+Every response that claims a match goes out after persist: the leader counts it toward a
+quorum, so the entries it covers must be durable first.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from quorumlog.raft.invariants import require
+from quorumlog.raft.messages import (
+    Push,
+    PushKind,
+    PushResponse,
+    SnapshotChunk,
+    SnapshotResponse,
+)
+from quorumlog.raft.ready import IncomingSnapshot
+
+if TYPE_CHECKING:
+    from quorumlog.raft.core import RaftCore
+
+
+class FollowerState:
+    def __init__(self, core: RaftCore) -> None:
+        self.core = core
+        self.term = -1
+        self.leader_id: str | None = None
+        self.round = 0
+        self.verified_index = 0
+        self.snapshot_buffer = bytearray()
+        self.snapshot_key: tuple[int, int, int] | None = None
+        """(leader term, snapshot index, snapshot term) of the snapshot being received."""
+
+    def start(self, term: int, leader_id: str | None) -> None:
+        """A new leader (or none): nothing is verified against it yet."""
+        self.term = term
+        self.leader_id = leader_id
+        self.round = 0
+        self.verified_index = self.core.log.snapshot_index
+        self.snapshot_buffer = bytearray()
+        self.snapshot_key = None
+
+    def accept_round(self, round_number: int) -> bool:
+        if round_number < self.round:
+            return False
+        self.round = round_number
+        return True
+
+    # --- pushes ---------------------------------------------------------------------------
+
+    def handle_push(self, push: Push) -> None:
+        core = self.core
+        core.leader_id = push.source
+        core.reset_election_timer()
+        if self.leader_id != push.source or self.term != core.term:
+            self.start(core.term, push.source)
+        if not self.accept_round(push.round):
+            return
+        if push.kind is PushKind.COMPARE:
+            self.handle_compare(push)
+        elif push.kind is PushKind.TRUNCATE:
+            self.handle_truncate(push)
+        elif push.kind is PushKind.APPEND:
+            self.handle_append(push)
+        else:
+            self.advance_commit(push.commit_index)
+            self.respond(push, success=True, match_index=self.verified_index)
+
+    def matches(self, index: int, term: int) -> bool:
+        """Does our log hold (index, term)? Below the snapshot everything is committed and
+        so matches the leader's log (leader completeness)."""
+        log = self.core.log
+        if index <= log.snapshot_index:
+            return True
+        return log.term(index) == term
+
+    def handle_compare(self, push: Push) -> None:
+        log = self.core.log
+        if self.matches(push.index, push.index_term):
+            self.verify(push.index)
+            self.advance_commit(push.commit_index)
+            self.respond(push, success=True, match_index=push.index)
+            return
+        our_term = log.term(push.index)
+        if our_term is None:
+            self.respond(push, success=False)  # missing: the leader backs up to our end
+            return
+        first = log.first_index_of_term(our_term, push.index)
+        self.respond(push, success=False, conflict_term=our_term, conflict_index=first)
+
+    def handle_truncate(self, push: Push) -> None:
+        core = self.core
+        if not self.matches(push.index, push.index_term):
+            self.respond(push, success=False)
+            return
+        if push.index < core.log.last_index:
+            core.log.truncate_after(push.index)
+            core.note_truncated(push.index)
+        self.verify(push.index)
+        self.advance_commit(push.commit_index)
+        self.respond(push, success=True, match_index=push.index)
+
+    def handle_append(self, push: Push) -> None:
+        core = self.core
+        log = core.log
+        entries = push.entries
+        previous_index, previous_term = push.index, push.index_term
+        # Entries at or below our snapshot are committed and already here: skip them.
+        if previous_index < log.snapshot_index:
+            skip = log.snapshot_index - previous_index
+            if skip >= len(entries):
+                self.verify(previous_index + len(entries))
+                self.respond(push, success=True, match_index=previous_index + len(entries))
+                return
+            previous_index = log.snapshot_index
+            previous_term = entries[skip - 1].term
+            entries = entries[skip:]
+        if previous_index > log.last_index or not self.matches(previous_index, previous_term):
+            # A gap (an earlier push was lost) or a mismatch: the leader goes back to COMPARE.
+            self.respond(push, success=False)
+            return
+        new_entries = entries
+        for position, entry in enumerate(entries):
+            if entry.index > log.last_index:
+                new_entries = entries[position:]
+                break
+            if log.term(entry.index) != entry.term:
+                # Raft §5.3: a conflicting entry and all after it go.
+                log.truncate_after(entry.index - 1)
+                core.note_truncated(entry.index - 1)
+                new_entries = entries[position:]
+                break
+        else:
+            new_entries = []
+        if new_entries:
+            log.append(new_entries)
+            core.note_appended(new_entries)
+        last_new = previous_index + len(entries)
+        self.verify(last_new)
+        self.advance_commit(push.commit_index)
+        self.respond(push, success=True, match_index=last_new)
+
+    def verify(self, index: int) -> None:
+        self.verified_index = max(self.verified_index, index)
+
+    def advance_commit(self, leader_commit: int) -> None:
+        core = self.core
+        commit = min(leader_commit, self.verified_index)
+        if commit > core.commit_index:
+            require(commit <= core.log.last_index, "commit beyond our log")
+            core.commit_index = commit
+
+    def respond(
+        self,
+        push: Push,
+        *,
+        success: bool,
+        match_index: int = 0,
+        conflict_term: int = 0,
+        conflict_index: int = 0,
+    ) -> None:
+        self.core.send_after_persist(
+            PushResponse(
+                source=self.core.node_id,
+                target=push.source,
+                term=self.core.term,
+                kind=push.kind,
+                round=push.round,
+                success=success,
+                match_index=match_index,
+                end_index=self.core.log.last_index,
+                conflict_term=conflict_term,
+                conflict_index=conflict_index,
+                read_sequence=push.read_sequence,
+            )
+        )
+
+    # --- snapshots ------------------------------------------------------------------------
+
+    def handle_snapshot_chunk(self, chunk: SnapshotChunk) -> None:
+        core = self.core
+        core.leader_id = chunk.source
+        core.reset_election_timer()
+        if self.leader_id != chunk.source or self.term != core.term:
+            self.start(core.term, chunk.source)
+        if not self.accept_round(chunk.round):
+            return
+        meta = chunk.meta
+        if meta.index <= core.commit_index:
+            # We already hold everything it covers.
+            self.verify(meta.index)
+            self.respond_snapshot(chunk, success=True, match_index=meta.index, done=True)
+            return
+        key = (core.term, meta.index, meta.term)
+        if self.snapshot_key != key or chunk.offset == 0:
+            self.snapshot_key = key
+            self.snapshot_buffer = bytearray()
+        if chunk.offset != len(self.snapshot_buffer):
+            self.respond_snapshot(chunk, success=False, match_index=0, done=False)
+            return
+        self.snapshot_buffer += chunk.data
+        if not chunk.done:
+            self.respond_snapshot(chunk, success=True, match_index=0, done=False)
+            return
+        snapshot = IncomingSnapshot(meta=meta, data=bytes(self.snapshot_buffer))
+        self.snapshot_buffer = bytearray()
+        self.snapshot_key = None
+        core.install_snapshot(snapshot)
+        self.verified_index = meta.index
+        self.advance_commit(chunk.commit_index)
+        self.respond_snapshot(chunk, success=True, match_index=meta.index, done=True)
+
+    def respond_snapshot(
+        self, chunk: SnapshotChunk, *, success: bool, match_index: int, done: bool
+    ) -> None:
+        self.core.send_after_persist(
+            SnapshotResponse(
+                source=self.core.node_id,
+                target=chunk.source,
+                term=self.core.term,
+                round=chunk.round,
+                success=success,
+                next_offset=len(self.snapshot_buffer) if not done else 0,
+                match_index=match_index,
+            )
+        )

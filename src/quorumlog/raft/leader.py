@@ -1,0 +1,461 @@
+"""The leader's side: per-follower replication states, commit, reads and transfer.
+
+One `Progress` per follower walks DLedger's states (reference 000 §3):
+COMPARE finds the match point with fast backup by term; TRUNCATE drops the follower's
+divergent tail; APPEND pipelines batches within a bounded window and goes back to COMPARE
+on a gap, a mismatch or a timeout; INSTALL_SNAPSHOT ships a snapshot in chunks when the
+entries a follower needs were compacted. The commit index is the quorum match index
+(median of the watermarks), advanced only for an entry of the current term (§5.4.2).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from quorumlog.errors import InvalidConfigurationChangeError, NotLeaderError
+from quorumlog.raft.invariants import require
+from quorumlog.raft.messages import (
+    Push,
+    PushKind,
+    PushResponse,
+    SnapshotChunk,
+    SnapshotResponse,
+    TimeoutNow,
+)
+from quorumlog.raft.progress import Progress, ReplicationState
+from quorumlog.raft.ready import ReadState
+from quorumlog.storage.entry import EntryType, LogEntry
+
+if TYPE_CHECKING:
+    from quorumlog.raft.core import RaftCore
+
+COMPARE = ReplicationState.COMPARE
+TRUNCATE = ReplicationState.TRUNCATE
+APPEND = ReplicationState.APPEND
+INSTALL_SNAPSHOT = ReplicationState.INSTALL_SNAPSHOT
+
+
+class PendingRead:
+    __slots__ = ("index", "request_id", "sequence")
+
+    def __init__(self, request_id: int, index: int, sequence: int) -> None:
+        self.request_id = request_id
+        self.index = index
+        self.sequence = sequence
+
+
+class LeaderState:
+    def __init__(self, core: RaftCore) -> None:
+        self.core = core
+        self.term = core.term
+        self.progress: dict[str, Progress] = {}
+        self.heartbeat_elapsed = 0
+        self.check_quorum_elapsed = 0
+        self.read_sequence = 0
+        self.sequence_sent_tick: dict[int, int] = {}
+        self.pending_reads: list[PendingRead] = []
+        self.reads_before_first_commit: list[int] = []
+        self.transfer_target: str | None = None
+        self.transfer_deadline_tick = 0
+        self.uncommitted: deque[tuple[int, int]] = deque()
+        self.uncommitted_bytes = 0
+        self.first_index_of_term = core.log.last_index + 1
+        self.replicate_pending = False
+        self.heartbeat_due = False
+        for peer in core.peers():
+            self.progress[peer] = self.new_progress()
+
+    def new_progress(self) -> Progress:
+        # Compare first at our last entry before this term (DLedger starts at ledgerEndIndex).
+        progress = Progress(next_index=self.first_index_of_term)
+        progress.enter(COMPARE)
+        progress.recent_active = True
+        return progress
+
+    def describe(self) -> dict[str, object]:
+        return {peer: repr(p) for peer, p in sorted(self.progress.items())}
+
+    def abandon(self) -> list[int]:
+        """Leadership is lost: every read not yet answered fails (the client retries)."""
+        failed = [read.request_id for read in self.pending_reads]
+        failed.extend(self.reads_before_first_commit)
+        self.pending_reads = []
+        self.reads_before_first_commit = []
+        return failed
+
+    def has_work(self) -> bool:
+        return self.replicate_pending or self.heartbeat_due
+
+    # --- local appends ------------------------------------------------------------------
+
+    def append_local(self, data: bytes, entry_type: EntryType) -> int:
+        core = self.core
+        index = core.log.last_index + 1
+        entry = LogEntry(index=index, term=core.term, data=data, type=entry_type)
+        core.log.append([entry])
+        self.uncommitted.append((index, len(data)))
+        self.uncommitted_bytes += len(data)
+        core.note_appended([entry])
+        self.replicate_pending = True
+        if not self.progress:
+            self.maybe_commit()  # alone: commit once our own write is durable
+        return index
+
+    def configuration_changed(self) -> None:
+        members = set(self.core.peers())
+        for peer in sorted(members - set(self.progress)):
+            progress = Progress(next_index=self.core.log.last_index)
+            progress.enter(COMPARE)
+            progress.recent_active = True
+            self.progress[peer] = progress
+            self.send_compare(peer, progress)
+        for peer in sorted(set(self.progress) - members):
+            del self.progress[peer]
+            if self.transfer_target == peer:
+                self.transfer_target = None
+
+    # --- ticks --------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        core = self.core
+        config = core.config
+        self.heartbeat_elapsed += 1
+        if self.heartbeat_elapsed >= config.heartbeat_ticks:
+            self.heartbeat_elapsed = 0
+            self.heartbeat_due = True
+        self.check_quorum_elapsed += 1
+        if self.check_quorum_elapsed >= config.election_ticks:
+            self.check_quorum_elapsed = 0
+            if config.check_quorum and not self.quorum_active():
+                core.become_follower(core.term, None)  # §6.2: we may be cut off: step down
+                return
+            for progress in self.progress.values():
+                progress.recent_active = False
+        if self.transfer_target is not None and core.ticks >= self.transfer_deadline_tick:
+            self.transfer_target = None  # the target never took over: carry on leading
+        for peer, progress in sorted(self.progress.items()):
+            self.retry_if_timed_out(peer, progress)
+
+    def quorum_active(self) -> bool:
+        voters = self.core.configuration.voters
+        active = sum(
+            1
+            for voter in voters
+            if voter == self.core.node_id
+            or (voter in self.progress and self.progress[voter].recent_active)
+        )
+        return active >= self.core.configuration.quorum()
+
+    def retry_if_timed_out(self, peer: str, progress: Progress) -> None:
+        now = self.core.ticks
+        timeout = self.core.config.append_timeout_ticks
+        if progress.state is APPEND:
+            if progress.inflight and now - progress.inflight[0][1] >= timeout:
+                # Something was lost: find the match point again rather than guess.
+                progress.next_index = progress.next_index  # compare at the last sent index
+                progress.enter(COMPARE)
+                self.send_compare(peer, progress)
+            return
+        if progress.request_tick is None or now - progress.request_tick >= timeout:
+            if progress.state is COMPARE:
+                self.send_compare(peer, progress)
+            elif progress.state is TRUNCATE:
+                self.send_truncate(peer, progress)
+            else:
+                self.send_snapshot_chunk(peer, progress)
+
+    # --- sending ------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Called once per Ready: coalesce new entries and heartbeats into few pushes."""
+        if self.heartbeat_due:
+            self.heartbeat_due = False
+            self.broadcast_heartbeat()
+        if self.replicate_pending:
+            self.replicate_pending = False
+            for peer, progress in sorted(self.progress.items()):
+                if progress.state is APPEND:
+                    self.send_appends(peer, progress)
+
+    def push(self, peer: str, progress: Progress, kind: PushKind, **fields: object) -> Push:
+        return Push(
+            source=self.core.node_id,
+            target=peer,
+            term=self.term,
+            kind=kind,
+            round=progress.round,
+            commit_index=self.core.commit_index,
+            read_sequence=self.read_sequence,
+            **fields,  # type: ignore[arg-type]
+        )
+
+    def send_compare(self, peer: str, progress: Progress) -> None:
+        index = progress.next_index - 1
+        term = self.core.log.term(index)
+        if term is None:
+            self.start_snapshot(peer, progress)
+            return
+        progress.request_tick = self.core.ticks
+        self.core.send(self.push(peer, progress, PushKind.COMPARE, index=index, index_term=term))
+
+    def send_truncate(self, peer: str, progress: Progress) -> None:
+        index = progress.match_index
+        term = self.core.log.term(index)
+        if term is None:
+            self.start_snapshot(peer, progress)
+            return
+        progress.request_tick = self.core.ticks
+        self.core.send(self.push(peer, progress, PushKind.TRUNCATE, index=index, index_term=term))
+
+    def send_appends(self, peer: str, progress: Progress) -> None:
+        core = self.core
+        log = core.log
+        config = core.config
+        while (
+            progress.next_index <= log.last_index
+            and len(progress.inflight) < config.inflight_appends_max
+        ):
+            previous_index = progress.next_index - 1
+            previous_term = log.term(previous_index)
+            if previous_term is None or progress.next_index < log.first_index:
+                self.start_snapshot(peer, progress)
+                return
+            high = min(progress.next_index + config.append_entries_max, log.last_index + 1)
+            entries = log.entries(progress.next_index, high, config.append_bytes_max)
+            core.send(
+                self.push(
+                    peer,
+                    progress,
+                    PushKind.APPEND,
+                    index=previous_index,
+                    index_term=previous_term,
+                    entries=entries,
+                )
+            )
+            progress.next_index = entries[-1].index + 1
+            progress.inflight.append((entries[-1].index, core.ticks))
+
+    def broadcast_heartbeat(self) -> None:
+        self.read_sequence += 1
+        self.sequence_sent_tick[self.read_sequence] = self.core.ticks
+        for peer, progress in sorted(self.progress.items()):
+            self.core.send(self.push(peer, progress, PushKind.COMMIT))
+        self.check_reads()  # alone in the group: every read is confirmed at once
+
+    def start_snapshot(self, peer: str, progress: Progress) -> None:
+        progress.enter(INSTALL_SNAPSHOT)
+        self.send_snapshot_chunk(peer, progress)
+
+    def send_snapshot_chunk(self, peer: str, progress: Progress) -> None:
+        core = self.core
+        progress.request_tick = core.ticks
+        if core.own_snapshot is None:
+            return  # the runtime has not given us one yet; retried on the next timeout
+        meta, data = core.own_snapshot
+        offset = progress.snapshot_offset
+        chunk = data[offset : offset + core.config.snapshot_chunk_bytes_max]
+        core.send(
+            SnapshotChunk(
+                source=core.node_id,
+                target=peer,
+                term=self.term,
+                round=progress.round,
+                meta=meta,
+                offset=offset,
+                data=chunk,
+                done=offset + len(chunk) >= len(data),
+                commit_index=core.commit_index,
+            )
+        )
+
+    # --- responses ----------------------------------------------------------------------
+
+    def handle_push_response(self, response: PushResponse) -> None:
+        peer = response.source
+        progress = self.progress.get(peer)
+        if progress is None:
+            return
+        progress.recent_active = True
+        if response.read_sequence > progress.read_sequence_acked:
+            progress.read_sequence_acked = response.read_sequence
+            self.check_reads()
+        if response.round != progress.round:
+            return  # an answer to an older round: the state it answers is gone
+        kind = response.kind
+        if kind is PushKind.COMMIT:
+            if response.success and response.match_index > progress.match_index:
+                progress.acknowledge(response.match_index)
+                self.maybe_commit()
+        elif progress.state is COMPARE and kind is PushKind.COMPARE:
+            self.handle_compare_response(peer, progress, response)
+        elif progress.state is TRUNCATE and kind is PushKind.TRUNCATE:
+            if response.success:
+                self.enter_append(peer, progress)
+            else:
+                progress.enter(COMPARE)
+                self.send_compare(peer, progress)
+        elif progress.state is APPEND and kind is PushKind.APPEND:
+            if response.success:
+                progress.acknowledge(response.match_index)
+                self.maybe_commit()
+                self.send_appends(peer, progress)
+            else:
+                progress.next_index = max(
+                    progress.match_index + 1, min(progress.next_index, response.end_index + 1)
+                )
+                progress.enter(COMPARE)
+                self.send_compare(peer, progress)
+        self.maybe_finish_transfer(peer, progress)
+
+    def handle_compare_response(
+        self, peer: str, progress: Progress, response: PushResponse
+    ) -> None:
+        if response.success:
+            progress.acknowledge(response.match_index)
+            self.maybe_commit()
+            if response.end_index > response.match_index:
+                progress.state = TRUNCATE  # same round: TRUNCATE answers this COMPARE
+                progress.request_tick = None
+                self.send_truncate(peer, progress)
+            else:
+                self.enter_append(peer, progress)
+            return
+        compared = progress.next_index - 1
+        if response.conflict_term == 0:
+            candidate = min(response.end_index, compared - 1)
+        else:
+            ours = self.core.log.last_index_of_term(response.conflict_term)
+            candidate = ours if ours is not None else response.conflict_index - 1
+            candidate = min(candidate, compared - 1)
+        progress.next_index = max(candidate, 0) + 1
+        progress.request_tick = None
+        self.send_compare(peer, progress)
+
+    def enter_append(self, peer: str, progress: Progress) -> None:
+        progress.enter(APPEND)
+        progress.next_index = progress.match_index + 1
+        self.send_appends(peer, progress)
+
+    def handle_snapshot_response(self, response: SnapshotResponse) -> None:
+        progress = self.progress.get(response.source)
+        if progress is None:
+            return
+        progress.recent_active = True
+        if response.round != progress.round or progress.state is not INSTALL_SNAPSHOT:
+            return
+        if response.success and response.match_index > 0:
+            progress.acknowledge(response.match_index)
+            self.maybe_commit()
+            self.enter_append(response.source, progress)
+            return
+        progress.snapshot_offset = response.next_offset
+        self.send_snapshot_chunk(response.source, progress)
+
+    # --- commit -------------------------------------------------------------------------
+
+    def maybe_commit(self) -> None:
+        core = self.core
+        voters = core.configuration.voters
+        matches = sorted(
+            (
+                core.log.persisted_index
+                if voter == core.node_id
+                else (self.progress[voter].match_index if voter in self.progress else 0)
+            )
+            for voter in voters
+        )
+        quorum_index = matches[len(matches) - core.configuration.quorum()]
+        if quorum_index <= core.commit_index:
+            return
+        if core.log.term(quorum_index) != core.term:
+            return  # §5.4.2: never commit an older term's entry by counting replicas
+        core.commit_index = quorum_index
+        while self.uncommitted and self.uncommitted[0][0] <= quorum_index:
+            self.uncommitted_bytes -= self.uncommitted.popleft()[1]
+        self.replicate_pending = True  # followers learn the new commit index promptly
+        if self.reads_before_first_commit:
+            waiting, self.reads_before_first_commit = self.reads_before_first_commit, []
+            for request_id in waiting:
+                self.read_index(request_id)
+        core.forget_old_configurations()
+        if not core.configuration.is_voter(core.node_id) and (
+            core.configurations[-1][0] <= core.commit_index
+        ):
+            core.become_follower(core.term, None)  # we were removed; the change is committed
+
+    # --- reads --------------------------------------------------------------------------
+
+    def read_index(self, request_id: int) -> None:
+        """ReadIndex (dissertation §6.4): the commit index now, served once a quorum has
+        confirmed we still lead. Until an entry of our term commits, we do not know the
+        commit index of the cluster, so the read waits."""
+        core = self.core
+        if core.commit_index < self.first_index_of_term:
+            self.reads_before_first_commit.append(request_id)
+            return
+        if core.config.lease_read and self.lease_valid():
+            core.read_states.append(ReadState(request_id=request_id, index=core.commit_index))
+            return
+        self.pending_reads.append(
+            PendingRead(request_id, core.commit_index, self.read_sequence + 1)
+        )
+        self.heartbeat_due = True
+
+    def acked_by_quorum(self, sequence: int) -> bool:
+        configuration = self.core.configuration
+        acked = sum(
+            1
+            for voter in configuration.voters
+            if voter == self.core.node_id
+            or (voter in self.progress and self.progress[voter].read_sequence_acked >= sequence)
+        )
+        return acked >= configuration.quorum()
+
+    def check_reads(self) -> None:
+        while self.pending_reads and self.acked_by_quorum(self.pending_reads[0].sequence):
+            read = self.pending_reads.pop(0)
+            self.core.read_states.append(ReadState(request_id=read.request_id, index=read.index))
+        confirmed = [s for s in self.sequence_sent_tick if self.acked_by_quorum(s)]
+        if confirmed:
+            newest = max(confirmed)
+            self.lease_start_tick = self.sequence_sent_tick[newest]
+            for sequence in [s for s in self.sequence_sent_tick if s < newest]:
+                del self.sequence_sent_tick[sequence]
+
+    lease_start_tick = -(10**9)
+
+    def lease_valid(self) -> bool:
+        """No other leader can exist before lease start + election timeout: a quorum heard
+        us at lease start and will not vote for anyone else within that time (§6.4.1).
+        One tick of margin covers a tick boundary falling between send and receipt."""
+        return self.core.ticks < self.lease_start_tick + self.core.config.election_ticks - 1
+
+    # --- leader transfer ----------------------------------------------------------------
+
+    def transfer(self, target: str) -> None:
+        core = self.core
+        if target == core.node_id:
+            return
+        if not core.configuration.is_voter(target):
+            raise InvalidConfigurationChangeError(f"cannot transfer leadership to {target}")
+        if not core.is_leader:
+            raise NotLeaderError(core.node_id, core.leader_id)
+        self.transfer_target = target
+        timeout = core.config.transfer_timeout_ticks or core.config.election_ticks
+        self.transfer_deadline_tick = core.ticks + timeout
+        progress = self.progress[target]
+        self.maybe_finish_transfer(target, progress)
+
+    def maybe_finish_transfer(self, peer: str, progress: Progress) -> None:
+        core = self.core
+        if self.transfer_target != peer:
+            return
+        if progress.match_index == core.log.last_index:
+            core.send(TimeoutNow(source=core.node_id, target=peer, term=self.term))
+        elif progress.state is APPEND:
+            self.send_appends(peer, progress)
+
+
+def require_leader_term(leader: LeaderState) -> None:
+    require(leader.core.term == leader.term, "a leader's term never changes while it leads")

@@ -1,0 +1,186 @@
+"""The Raft log as the core sees it: durable entries in a store, and an unstable tail.
+
+The core never writes the store. New entries (proposals, or entries pushed by a leader)
+go to the unstable tail and out through `Ready.entries`; the runtime writes them and calls
+back with `persisted`, which moves the boundary. The core reads the store only below
+`unstable_offset`, where no pending write or truncation can change what it reads.
+
+Layout, low to high:  [snapshot] [stable entries from the store] [unstable entries in memory]
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from quorumlog.raft.messages import SnapshotMeta
+from quorumlog.storage.entry import LogEntry
+
+
+class LogReader(Protocol):
+    """The read side of a log store (every `LogStore` is one)."""
+
+    @property
+    def first_index(self) -> int: ...
+
+    @property
+    def last_index(self) -> int: ...
+
+    def term(self, index: int) -> int: ...
+
+    def entries(self, low: int, high: int) -> list[LogEntry]: ...
+
+
+class RaftLog:
+    def __init__(self, stable: LogReader, snapshot: SnapshotMeta | None) -> None:
+        self.stable = stable
+        self.snapshot_index = snapshot.index if snapshot else 0
+        self.snapshot_term = snapshot.term if snapshot else 0
+        # After a snapshot is installed the store is reset by the runtime, later; until
+        # then nothing at or below the snapshot index may be read from it.
+        self.first_index_floor = self.snapshot_index + 1 if snapshot else 1
+        self.unstable: list[LogEntry] = []
+        self.unstable_offset = max(stable.last_index + 1, self.first_index_floor)
+        # Unstable entries already handed out in a Ready (written or being written).
+        self.handed_out_index = self.unstable_offset - 1
+        self.pending_truncate_after: int | None = None
+
+    # --- bounds ----------------------------------------------------------------------
+
+    @property
+    def first_index(self) -> int:
+        return max(self.stable.first_index, self.first_index_floor)
+
+    @property
+    def last_index(self) -> int:
+        return self.unstable_offset + len(self.unstable) - 1
+
+    @property
+    def persisted_index(self) -> int:
+        """Entries through this index are durable here."""
+        return self.unstable_offset - 1
+
+    def last_term(self) -> int:
+        term = self.term(self.last_index)
+        return term if term is not None else self.snapshot_term
+
+    # --- reads -----------------------------------------------------------------------
+
+    def term(self, index: int) -> int | None:
+        """The term of the entry at `index`; None if it is compacted away or missing."""
+        if index == 0:
+            return 0
+        if index >= self.unstable_offset:
+            offset = index - self.unstable_offset
+            return self.unstable[offset].term if offset < len(self.unstable) else None
+        if index == self.snapshot_index:
+            return self.snapshot_term
+        if index < self.first_index:
+            return None
+        return self.stable.term(index)
+
+    def entries(self, low: int, high: int, bytes_max: int | None = None) -> list[LogEntry]:
+        """Entries in [low, high), stopping early once `bytes_max` of data is gathered
+        (but always at least one entry, so one large entry still moves)."""
+        if low < self.first_index or high > self.last_index + 1:
+            raise IndexError(f"log range [{low}, {high}) outside [{self.first_index}, ...]")
+        result: list[LogEntry] = []
+        if low < self.unstable_offset:
+            result = self.stable.entries(low, min(high, self.unstable_offset))
+        if high > self.unstable_offset:
+            start = max(low, self.unstable_offset) - self.unstable_offset
+            result.extend(self.unstable[start : high - self.unstable_offset])
+        if bytes_max is None:
+            return result
+        total = 0
+        for count, entry in enumerate(result):
+            total += len(entry.data)
+            if total > bytes_max and count > 0:
+                return result[:count]
+        return result
+
+    def first_index_of_term(self, term: int, at_or_below: int) -> int:
+        """Walk back from `at_or_below` to the first entry of `term` (fast backup, §5.3)."""
+        index = at_or_below
+        while index - 1 >= self.first_index and self.term(index - 1) == term:
+            index -= 1
+        return index
+
+    def last_index_of_term(self, term: int) -> int | None:
+        """The last index holding `term`, or None if the log has no entry of that term."""
+        index = self.last_index
+        while index >= self.first_index - 1 and index > 0:
+            entry_term = self.term(index)
+            if entry_term is None or entry_term < term:
+                return None
+            if entry_term == term:
+                return index
+            index -= 1
+        return None
+
+    def is_up_to_date(self, last_index: int, last_term: int) -> bool:
+        """Is a log ending at (last_index, last_term) at least as up to date as ours? (§5.4.1)"""
+        our_term = self.last_term()
+        return last_term > our_term or (last_term == our_term and last_index >= self.last_index)
+
+    # --- writes (to memory; the runtime makes them durable) ---------------------------
+
+    def append(self, entries: list[LogEntry]) -> None:
+        if entries and entries[0].index != self.last_index + 1:
+            raise ValueError(f"append at {entries[0].index}, expected {self.last_index + 1}")
+        self.unstable.extend(entries)
+
+    def truncate_after(self, index: int) -> None:
+        """Drop entries after `index` (which must be at or above the snapshot index)."""
+        if index >= self.last_index:
+            return
+        if index >= self.unstable_offset - 1:
+            del self.unstable[index - self.unstable_offset + 1 :]
+        else:
+            self.unstable = []
+            self.unstable_offset = index + 1
+        if self.handed_out_index > index:
+            self.handed_out_index = index
+            self.pending_truncate_after = (
+                index
+                if self.pending_truncate_after is None
+                else min(self.pending_truncate_after, index)
+            )
+
+    def install_snapshot(self, meta: SnapshotMeta) -> None:
+        self.snapshot_index = meta.index
+        self.snapshot_term = meta.term
+        self.first_index_floor = meta.index + 1
+        self.unstable = []
+        self.unstable_offset = meta.index + 1
+        self.handed_out_index = meta.index
+        self.pending_truncate_after = None
+
+    def snapshot_taken(self, meta: SnapshotMeta) -> None:
+        """The runtime made a snapshot; it may now compact the store up to meta.index + 1."""
+        if meta.index > self.snapshot_index:
+            self.snapshot_index = meta.index
+            self.snapshot_term = meta.term
+
+    # --- hand-off to the runtime -----------------------------------------------------
+
+    def take_unsent(self) -> tuple[int | None, list[LogEntry]]:
+        """The truncation and entries not yet handed out; marks them handed out."""
+        truncate = self.pending_truncate_after
+        self.pending_truncate_after = None
+        start = self.handed_out_index + 1 - self.unstable_offset
+        entries = self.unstable[start:] if start < len(self.unstable) else []
+        self.handed_out_index = self.last_index
+        return truncate, entries
+
+    def persisted(self, index: int, term: int) -> bool:
+        """Entries through (index, term) are durable; forget them from memory.
+
+        Ignored (returns False) if that entry has since been replaced or was never ours.
+        """
+        if index < self.unstable_offset or index > self.last_index:
+            return False
+        if self.term(index) != term:
+            return False
+        del self.unstable[: index - self.unstable_offset + 1]
+        self.unstable_offset = index + 1
+        return True

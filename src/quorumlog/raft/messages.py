@@ -1,0 +1,133 @@
+"""Messages between Raft cores. Frozen msgspec structs, tagged so a runtime can frame them.
+
+Replication follows DLedger: the leader drives each follower through named states and sends
+a `Push` whose `kind` says what it is (COMPARE, TRUNCATE, APPEND, COMMIT). Each push carries
+the follower's `round`: the leader starts a new round whenever it enters COMPARE or APPEND
+for that follower, and a follower refuses pushes from an older round of the same term. That
+is what makes a delayed or duplicated TRUNCATE harmless: it can never drop entries the
+follower has acknowledged in a later round.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from quorumlog.raft.configuration import Configuration
+from quorumlog.storage.entry import LogEntry
+
+
+class PushKind(enum.IntEnum):
+    COMPARE = 1
+    """Does your entry at `index` have term `index_term`? (find the match point)"""
+    TRUNCATE = 2
+    """Drop every entry after `index` (whose term must be `index_term`)."""
+    APPEND = 3
+    """Append `entries`, which follow `index` (term `index_term`)."""
+    COMMIT = 4
+    """Heartbeat: carries only `commit_index` and the read sequence."""
+
+
+class VoteRequest(msgspec.Struct, frozen=True, tag=True):
+    source: str
+    target: str
+    term: int
+    """For a pre-vote, the term the candidate would campaign in (its own term + 1)."""
+    last_log_index: int
+    last_log_term: int
+    pre_vote: bool = False
+    transfer: bool = False
+    """Sent because the leader handed over: voters grant even if they heard a leader lately."""
+
+
+class VoteResponse(msgspec.Struct, frozen=True, tag=True):
+    source: str
+    target: str
+    term: int
+    granted: bool
+    pre_vote: bool = False
+
+
+class Push(msgspec.Struct, frozen=True, tag=True):
+    source: str
+    target: str
+    term: int
+    kind: PushKind
+    round: int
+    index: int = 0
+    index_term: int = 0
+    entries: list[LogEntry] = []
+    commit_index: int = 0
+    read_sequence: int = 0
+
+
+class PushResponse(msgspec.Struct, frozen=True, tag=True):
+    source: str
+    target: str
+    term: int
+    kind: PushKind
+    round: int
+    success: bool
+    match_index: int = 0
+    """On success: the follower's log matches the leader's through this index."""
+    end_index: int = 0
+    """The follower's last log index."""
+    conflict_term: int = 0
+    """On a COMPARE mismatch: the follower's term at the compared index (0: it has no entry)."""
+    conflict_index: int = 0
+    """On a COMPARE mismatch: the first index of `conflict_term` in the follower's log."""
+    read_sequence: int = 0
+
+
+class SnapshotMeta(msgspec.Struct, frozen=True):
+    """What a snapshot covers: every entry through `index` (of term `term`)."""
+
+    index: int
+    term: int
+    configuration: Configuration
+
+
+class SnapshotChunk(msgspec.Struct, frozen=True, tag=True):
+    source: str
+    target: str
+    term: int
+    round: int
+    meta: SnapshotMeta
+    offset: int
+    data: bytes
+    done: bool
+    commit_index: int = 0
+
+
+class SnapshotResponse(msgspec.Struct, frozen=True, tag=True):
+    source: str
+    target: str
+    term: int
+    round: int
+    success: bool
+    next_offset: int = 0
+    match_index: int = 0
+
+
+class TimeoutNow(msgspec.Struct, frozen=True, tag=True):
+    """Leader transfer: the leader tells a caught-up follower to campaign at once."""
+
+    source: str
+    target: str
+    term: int
+
+
+Message = (
+    VoteRequest | VoteResponse | Push | PushResponse | SnapshotChunk | SnapshotResponse | TimeoutNow
+)
+
+MESSAGE_TYPES: tuple[type, ...] = (
+    VoteRequest,
+    VoteResponse,
+    Push,
+    PushResponse,
+    SnapshotChunk,
+    SnapshotResponse,
+    TimeoutNow,
+)

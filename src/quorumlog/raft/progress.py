@@ -1,0 +1,57 @@
+"""What a leader knows about one follower, and the named replication states (DLedger)."""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+
+
+class ReplicationState(enum.Enum):
+    COMPARE = "compare"
+    """Finding the highest index where the follower's log matches ours."""
+    TRUNCATE = "truncate"
+    """Telling the follower to drop its entries after the match point."""
+    APPEND = "append"
+    """Pipelining entries from `next_index`, at most `inflight_appends_max` pushes at once."""
+    INSTALL_SNAPSHOT = "install_snapshot"
+    """The entries the follower needs are compacted away: sending a snapshot in chunks."""
+
+
+class Progress:
+    """Replication progress of one follower, from the leader's side."""
+
+    def __init__(self, next_index: int) -> None:
+        self.state = ReplicationState.COMPARE
+        self.round = 0
+        self.match_index = 0
+        self.next_index = next_index
+        """COMPARE: the index compared is next_index - 1. APPEND: the next entry to send."""
+        self.inflight: deque[tuple[int, int]] = deque()
+        """APPEND pushes in flight: (last index sent, tick sent)."""
+        self.request_tick: int | None = None
+        """COMPARE / TRUNCATE / INSTALL_SNAPSHOT: when the outstanding request went out."""
+        self.snapshot_offset = 0
+        self.recent_active = False
+        """Heard from in the current check-quorum window."""
+        self.read_sequence_acked = 0
+
+    def enter(self, state: ReplicationState) -> None:
+        """Every new COMPARE or APPEND phase is a new round (see messages.py for why)."""
+        self.state = state
+        if state in (ReplicationState.COMPARE, ReplicationState.APPEND):
+            self.round += 1
+        self.inflight.clear()
+        self.request_tick = None
+        self.snapshot_offset = 0
+
+    def acknowledge(self, match_index: int) -> None:
+        if match_index > self.match_index:
+            self.match_index = match_index
+        while self.inflight and self.inflight[0][0] <= self.match_index:
+            self.inflight.popleft()
+
+    def __repr__(self) -> str:
+        return (
+            f"Progress({self.state.value}, round={self.round}, match={self.match_index}, "
+            f"next={self.next_index}, inflight={len(self.inflight)})"
+        )
