@@ -18,7 +18,15 @@ class SegmentFile:
     or at `end_bytes` for the last one.
     """
 
-    __slots__ = ("descriptor", "directory", "end_bytes", "first_index", "is_open", "offsets", "terms")
+    __slots__ = (
+        "descriptor",
+        "directory",
+        "end_bytes",
+        "first_index",
+        "is_open",
+        "offsets",
+        "terms",
+    )
 
     def __init__(
         self,

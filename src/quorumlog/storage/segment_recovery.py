@@ -251,7 +251,9 @@ def check_contiguous(directory: Path, closed: list[tuple[int, int]]) -> None:
             kind = "gap" if next_first > last + 1 else "overlap"
             name = directory / closed_segment_name(next_first, next_last)
             raise CorruptLogError(
-                str(name), 0, f"{kind}: previous segment ends at {last}, this starts at {next_first}"
+                str(name),
+                0,
+                f"{kind}: previous segment ends at {last}, this starts at {next_first}",
             )
 
 
