@@ -171,8 +171,9 @@ class RaftCore:
                 if self.in_leader_lease() and not message.transfer:
                     return  # §6.2: a healthy leader's followers ignore disruptive candidates
                 if message.pre_vote:
-                    self.handle_vote_request(message)
+                    self.handle_vote_request(message)  # a pre-vote never changes our term
                     return
+                self.become_follower(message.term, None)
             elif isinstance(message, VoteResponse) and message.pre_vote and message.granted:
                 pass  # a granted pre-vote carries the term we would campaign in
             else:

@@ -65,6 +65,7 @@ class LeaderState:
         self.heartbeat_due = False
         for peer in core.peers():
             self.progress[peer] = self.new_progress()
+            self.send_compare(peer, self.progress[peer])
 
     def new_progress(self) -> Progress:
         # Compare first at our last entry before this term (DLedger starts at ledgerEndIndex).
