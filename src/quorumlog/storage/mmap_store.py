@@ -1,11 +1,588 @@
-"""Placeholder: being written."""
+"""A DLedger-style log store: preallocated, memory-mapped data files plus fixed-size index slots.
+
+Layout under the store directory::
+
+    meta                       first index and where it lives (mmap_format.Meta), atomic
+    data/00000000000000000000  data files: entries back to back, blank padding at the end
+    data/00000000000000004096
+    index/00000000000000000000 index files: one 32-byte slot per entry
+
+Both directories hold one logical byte stream each, cut into fixed-size files named by their
+starting position (mmap_files). Entry i's slot is at index-stream position
+(i - slot_base_index) * 32, so a lookup is two O(1) steps: slot, then data. No per-entry
+Python objects are kept: the index files are the index.
+
+An entry that does not fit in the rest of a data file is preceded by a blank record that
+fills the file (DLedger's preAppend), and goes at the start of the next file.
+
+Writes go into the mappings; `sync` msyncs the ranges written since the last sync and fsyncs
+the directories if files were created. Files are created with posix_fallocate before any
+byte is written, so a full disk fails the append cleanly (see mmap_files).
+
+What open does with damage is in mmap_recovery. The rules it relies on, kept here:
+- nothing but zeros follows the end of either stream (truncations zero what they drop);
+- `truncate_suffix` records the cut in the meta before zeroing and clears it after, so a
+  crash in between is finished at open instead of looking like a hole in the log;
+- `truncate_prefix` and `reset` write the meta first and delete files after; open deletes
+  files wholly below the meta's first positions, so a crash in between is harmless.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import google_crc32c
+import msgspec
+
+from quorumlog.errors import CorruptLogError, StorageError, StoreClosedError
+from quorumlog.storage.base import (
+    ENTRY_BYTES_MAX_DEFAULT,
+    RecoveryReport,
+    SyncPolicy,
+    check_append,
+    check_index,
+    check_range,
+    check_reset,
+    check_truncate_prefix,
+    check_truncate_suffix,
+)
+from quorumlog.storage.entry import LogEntry
+from quorumlog.storage.files import atomic_write, disk_errors, fsync_directory
+from quorumlog.storage.mmap_files import MappedFile, MappedFileList
+from quorumlog.storage.mmap_format import (
+    BLANK,
+    BLANK_MAGIC,
+    ENTRY_ALIGNMENT_BYTES,
+    ENTRY_HEADER_BYTES,
+    ENTRY_HEADER_CHECKED,
+    ENTRY_HEADER_TAIL,
+    ENTRY_MAGIC,
+    ENTRY_SIZE_MAX,
+    HEADER_CHECKED_BYTES,
+    INDEX_MAGIC,
+    INDEX_SLOT,
+    INDEX_SLOT_BYTES,
+    EntryHeader,
+    Meta,
+    decode_header,
+    decode_meta,
+    encode_meta,
+    entry_size,
+)
+from quorumlog.storage.mmap_recovery import recover_tail, redo_pending_cut, slot_position
+
+_crc32c = google_crc32c.value
+
+DATA_DIRECTORY = "data"
+INDEX_DIRECTORY = "index"
+META_FILE = "meta"
+
+DATA_FILE_BYTES_DEFAULT = 64 * 1024 * 1024
+INDEX_FILE_BYTES_DEFAULT = 32 * 1024 * 1024
+
+# Entry size as a bit trick: header, body, round up to the alignment.
+_SIZE_ROUNDING = ENTRY_HEADER_BYTES + ENTRY_ALIGNMENT_BYTES - 1
+_SIZE_MASK = ~(ENTRY_ALIGNMENT_BYTES - 1)
+
+
+def _check_options(data_file_bytes: int, index_file_bytes: int, entry_bytes_max: int) -> None:
+    if entry_bytes_max < 0:
+        raise ValueError(f"entry_bytes_max must be >= 0, got {entry_bytes_max}")
+    if entry_size(entry_bytes_max) > ENTRY_SIZE_MAX:
+        raise ValueError(f"entry_bytes_max={entry_bytes_max} does not fit the u32 size field")
+    if data_file_bytes <= 0 or data_file_bytes % ENTRY_ALIGNMENT_BYTES:
+        raise ValueError(
+            f"data_file_bytes must be a positive multiple of {ENTRY_ALIGNMENT_BYTES}, "
+            f"got {data_file_bytes}"
+        )
+    if entry_size(entry_bytes_max) > data_file_bytes:
+        raise ValueError(
+            f"an entry of entry_bytes_max={entry_bytes_max} bytes takes "
+            f"{entry_size(entry_bytes_max)} bytes with its header and must fit one data file "
+            f"of data_file_bytes={data_file_bytes}"
+        )
+    if index_file_bytes <= 0 or index_file_bytes % INDEX_SLOT_BYTES:
+        raise ValueError(
+            f"index_file_bytes must be a positive multiple of {INDEX_SLOT_BYTES}, "
+            f"got {index_file_bytes}"
+        )
+
+
+def _round_up(position: int, file_bytes: int) -> int:
+    return -(-position // file_bytes) * file_bytes
 
 
 class MmapLogStore:
+    """A log store of preallocated, memory-mapped data and index files (DLedger's layout)."""
+
+    def __init__(
+        self,
+        root: Path,
+        data: MappedFileList,
+        index: MappedFileList,
+        meta: Meta,
+        last_index: int,
+        data_end: int,
+        recovery: RecoveryReport,
+        sync_policy: SyncPolicy,
+        entry_bytes_max: int,
+    ) -> None:
+        """Use `MmapLogStore.open`; this takes the pieces open has checked."""
+        self._root = root
+        self._meta_path = root / META_FILE
+        self._data = data
+        self._index = index
+        self._data_file_bytes = meta.data_file_bytes
+        self._index_file_bytes = meta.index_file_bytes
+        self._first_index = meta.first_index
+        self._slot_base_index = meta.slot_base_index
+        self._first_data_position = meta.first_data_position
+        self._first_entry_present = meta.first_entry_present
+        self._last_index = last_index
+        self._data_end = data_end
+        """Where the next entry (or the blank before it) goes in the data stream."""
+        self._data_dirty_low: int | None = None
+        self._index_dirty_low: int | None = None
+        self._recovery = recovery
+        self._sync_policy = sync_policy
+        self._entry_bytes_max = entry_bytes_max
+        self._closed = False
+        self._failure: str | None = None
+        """Set when an operation failed halfway; only reopening (which repairs) is safe."""
+
+    # --- opening ----------------------------------------------------------------------
+
     @classmethod
-    def open(cls, path: Any, **options: Any) -> MmapLogStore:
-        raise NotImplementedError
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        data_file_bytes: int = DATA_FILE_BYTES_DEFAULT,
+        index_file_bytes: int = INDEX_FILE_BYTES_DEFAULT,
+        sync_policy: SyncPolicy = SyncPolicy.EXPLICIT,
+        entry_bytes_max: int = ENTRY_BYTES_MAX_DEFAULT,
+    ) -> MmapLogStore:
+        """Open the store at `path`, creating it if missing, and recover its tail."""
+        _check_options(data_file_bytes, index_file_bytes, entry_bytes_max)
+        if not isinstance(sync_policy, SyncPolicy):
+            raise ValueError(f"sync_policy must be a SyncPolicy, got {sync_policy!r}")
+        root = Path(path)
+        meta = _open_meta(root, data_file_bytes, index_file_bytes)
+        data = MappedFileList(root / DATA_DIRECTORY, data_file_bytes)
+        index = MappedFileList(root / INDEX_DIRECTORY, index_file_bytes)
+        try:
+            data.load(keep_from=meta.first_data_position)
+            index.load(keep_from=slot_position(meta.first_index, meta.slot_base_index))
+            if meta.cut_pending:
+                redo_pending_cut(data, index, meta)
+                meta = msgspec.structs.replace(meta, cut_pending=False)
+                atomic_write(root / META_FILE, encode_meta(meta))
+            tail = recover_tail(data, index, meta, str(root / META_FILE))
+        except BaseException:
+            data.close()
+            index.close()
+            raise
+        report = RecoveryReport(
+            entries_found=tail.last_index - meta.first_index + 1,
+            torn_bytes_dropped=tail.torn_bytes_dropped,
+            torn_file=tail.torn_file,
+        )
+        return cls(
+            root, data, index, meta, tail.last_index, tail.data_end, report, sync_policy,
+            entry_bytes_max,
+        )  # fmt: skip
+
+    # --- state ------------------------------------------------------------------------
+
+    @property
+    def first_index(self) -> int:
+        return self._first_index
+
+    @property
+    def last_index(self) -> int:
+        return self._last_index
+
+    @property
+    def recovery(self) -> RecoveryReport:
+        return self._recovery
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"the mmap log store at {self._root} is closed")
+        if self._failure is not None:
+            raise StorageError(
+                f"the mmap log store at {self._root} failed ({self._failure}); "
+                "close and reopen it to repair"
+            )
+
+    def _meta(self, **changes: object) -> Meta:
+        meta = Meta(
+            data_file_bytes=self._data_file_bytes,
+            index_file_bytes=self._index_file_bytes,
+            first_index=self._first_index,
+            slot_base_index=self._slot_base_index,
+            first_data_position=self._first_data_position,
+            first_entry_present=self._first_entry_present,
+        )
+        return msgspec.structs.replace(meta, **changes)
+
+    def _write_meta(self, meta: Meta) -> None:
+        atomic_write(self._meta_path, encode_meta(meta))
+
+    # --- appending --------------------------------------------------------------------
+
+    def append(self, entries: Sequence[LogEntry]) -> None:
+        """Append `entries` (indexes last_index + 1, ...). All or nothing: on a full disk
+        (`DiskFullError`) nothing is written and the store can be appended to later."""
+        self._check_usable()
+        if not entries:
+            return
+        check_append(entries, self._last_index, self._entry_bytes_max)
+        start = self._data_end
+        slot_low = slot_position(entries[0].index, self._slot_base_index)
+        data_buffer, index_buffer, end = self._encode(entries, start)
+        # Allocate every file the batch needs before writing a byte of it.
+        created = self._data.ensure(start, end)
+        try:
+            self._index.ensure(slot_low, slot_low + len(index_buffer))
+        except BaseException:
+            self._data.remove_last(created)
+            raise
+        self._data.write(start, data_buffer)
+        self._index.write(slot_low, index_buffer)
+        if self._data_dirty_low is None:
+            self._data_dirty_low = start
+        if self._index_dirty_low is None:
+            self._index_dirty_low = slot_low
+        self._data_end = end
+        self._last_index = entries[-1].index
+        if self._sync_policy is SyncPolicy.EVERY_APPEND:
+            self._flush()
+
+    def _encode(self, entries: Sequence[LogEntry], start: int) -> tuple[bytearray, bytearray, int]:
+        """The data stream bytes from `start` for `entries` (blanks included), their index
+        slots, and the data position just past them."""
+        file_bytes = self._data_file_bytes
+        sizes = [(len(entry.data) + _SIZE_ROUNDING) & _SIZE_MASK for entry in entries]
+        buffer = bytearray(sum(sizes))
+        index_buffer = bytearray(INDEX_SLOT_BYTES * len(entries))
+        file_end = start - start % file_bytes + file_bytes
+        head_pack = ENTRY_HEADER_CHECKED.pack
+        tail_pack_into = ENTRY_HEADER_TAIL.pack_into
+        slot_pack_into = INDEX_SLOT.pack_into
+        crc32c = _crc32c
+        position = start
+        slot = 0
+        for entry, size in zip(entries, sizes, strict=True):
+            if position + size > file_end:
+                # preAppend: fill the rest of this file with a blank, go on in the next one.
+                blank_bytes = file_end - position
+                buffer += bytes(blank_bytes)
+                BLANK.pack_into(buffer, position - start, BLANK_MAGIC, blank_bytes)
+                position = file_end
+                file_end += file_bytes
+            offset = position - start
+            data = entry.data
+            index = entry.index
+            term = entry.term
+            head = head_pack(ENTRY_MAGIC, size, index, term, position, entry.type)
+            buffer[offset : offset + HEADER_CHECKED_BYTES] = head
+            tail_pack_into(
+                buffer, offset + HEADER_CHECKED_BYTES, crc32c(head), crc32c(data), len(data)
+            )
+            buffer[offset + ENTRY_HEADER_BYTES : offset + ENTRY_HEADER_BYTES + len(data)] = data
+            slot_pack_into(index_buffer, slot, INDEX_MAGIC, position, size, index, term)
+            position += size
+            slot += INDEX_SLOT_BYTES
+        return buffer, index_buffer, position
+
+    # --- durability -------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """Make every append so far durable (nothing, under `SyncPolicy.NEVER`)."""
+        self._check_usable()
+        if self._sync_policy is not SyncPolicy.NEVER:
+            self._flush()
+
+    def _flush(self) -> None:
+        """msync what was written since the last flush, fsync directories that changed."""
+        try:
+            if self._data_dirty_low is not None:
+                self._data.flush(self._data_dirty_low, self._data_end)
+                self._data_dirty_low = None
+            if self._index_dirty_low is not None:
+                self._index.flush(self._index_dirty_low, self._slot_end())
+                self._index_dirty_low = None
+            self._data.sync_directory()
+            self._index.sync_directory()
+        except BaseException as error:
+            # After a failed msync/fsync the kernel may have dropped the dirty pages; what
+            # is on disk is unknown until open checks it again.
+            self._failure = f"sync failed: {error}"
+            raise
+
+    def _slot_end(self) -> int:
+        return slot_position(self._last_index + 1, self._slot_base_index)
+
+    # --- reading ----------------------------------------------------------------------
+
+    def _locate(self, index: int) -> tuple[MappedFile, int, EntryHeader]:
+        """The data file, offset and verified header of entry `index` (known to be in range)."""
+        position = slot_position(index, self._slot_base_index)
+        index_file = self._index.file_at(position)
+        if index_file is None:
+            raise CorruptLogError(
+                str(self._index.directory), position, f"no index file holds the slot of {index}"
+            )
+        slot_offset = position - index_file.start
+        magic, data_position, size, slot_index, term = INDEX_SLOT.unpack_from(
+            index_file.map, slot_offset
+        )
+        if magic != INDEX_MAGIC or slot_index != index:
+            raise CorruptLogError(
+                str(index_file.path),
+                slot_offset,
+                f"index slot of entry {index} is damaged (magic {magic:#x}, index {slot_index})",
+            )
+        data_file = self._data.file_at(data_position)
+        if data_file is None:
+            raise CorruptLogError(
+                str(index_file.path),
+                slot_offset,
+                f"index slot of entry {index} points at missing data position {data_position}",
+            )
+        offset = data_position - data_file.start
+        header = decode_header(data_file.map[offset : offset + ENTRY_HEADER_BYTES])
+        if isinstance(header, str):
+            raise CorruptLogError(str(data_file.path), offset, f"entry {index}: {header}")
+        if (header.index, header.term, header.position, header.size) != (
+            index,
+            term,
+            data_position,
+            size,
+        ) or offset + size > self._data_file_bytes:
+            raise CorruptLogError(
+                str(data_file.path),
+                offset,
+                f"entry {index}: data header (index {header.index}, term {header.term}, "
+                f"position {header.position}, size {header.size}) disagrees with its index "
+                f"slot (term {term}, position {data_position}, size {size})",
+            )
+        return data_file, offset, header
+
+    def _read(self, index: int) -> LogEntry:
+        data_file, offset, header = self._locate(index)
+        body_offset = offset + ENTRY_HEADER_BYTES
+        body = data_file.map[body_offset : body_offset + header.body_bytes]
+        if _crc32c(body) != header.body_crc:
+            raise CorruptLogError(str(data_file.path), offset, f"entry {index}: body checksum")
+        return LogEntry(index=index, term=header.term, data=body, type=header.entry_type)
+
+    def _check_readable(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"the mmap log store at {self._root} is closed")
+
+    def entry(self, index: int) -> LogEntry:
+        self._check_readable()
+        check_index(index, self._first_index, self._last_index)
+        return self._read(index)
+
+    def entries(self, low: int, high: int) -> list[LogEntry]:
+        """Entries with low <= index < high."""
+        self._check_readable()
+        check_range(low, high, self._first_index, self._last_index)
+        return [self._read(index) for index in range(low, high)]
+
+    def iter_entries(self, low: int, high: int) -> Iterator[LogEntry]:
+        """Entries with low <= index < high, read one at a time (the range is checked now)."""
+        self._check_readable()
+        check_range(low, high, self._first_index, self._last_index)
+        return self._iterate(low, high)
+
+    def _iterate(self, low: int, high: int) -> Iterator[LogEntry]:
+        for index in range(low, high):
+            self._check_readable()
+            yield self._read(index)
+
+    def term(self, index: int) -> int:
+        self._check_readable()
+        check_index(index, self._first_index, self._last_index)
+        return self._locate(index)[2].term
+
+    # --- truncation -------------------------------------------------------------------
+
+    def truncate_suffix(self, last_kept: int) -> None:
+        """Drop every entry after `last_kept`; durable when it returns."""
+        self._check_usable()
+        check_truncate_suffix(last_kept, self._first_index, self._last_index)
+        if last_kept >= self._last_index:
+            return
+        if last_kept >= self._first_index:
+            header = self._locate(last_kept)[2]
+            cut_position = header.position + header.size
+        else:
+            cut_position = self._first_data_position
+        present = self._first_entry_present and last_kept >= self._first_index
+        self._write_meta(
+            self._meta(
+                first_entry_present=present,
+                cut_pending=True,
+                cut_last_kept=last_kept,
+                cut_data_position=cut_position,
+            )
+        )
+        try:
+            self._cut(last_kept, cut_position)
+            self._first_entry_present = present
+            self._write_meta(self._meta())
+        except BaseException as error:
+            self._failure = f"truncate_suffix({last_kept}) failed: {error}"
+            raise
+
+    def _cut(self, last_kept: int, cut_position: int) -> None:
+        """Zero the data and slots after `last_kept`, flush, and drop files past the cut."""
+        slot_cut = slot_position(last_kept + 1, self._slot_base_index)
+        # Flush from the lowest byte that changed since the last flush: the zeros, and any
+        # appends before the cut that were not synced yet.
+        data_low = cut_position
+        if self._data_dirty_low is not None:
+            data_low = min(data_low, self._data_dirty_low)
+        index_low = slot_cut
+        if self._index_dirty_low is not None:
+            index_low = min(index_low, self._index_dirty_low)
+        data_high = self._data_end
+        index_high = self._slot_end()
+        self._data.zero(cut_position, data_high)
+        self._index.zero(slot_cut, index_high)
+        self._data.flush(data_low, data_high)
+        self._index.flush(index_low, index_high)
+        self._data_dirty_low = self._index_dirty_low = None
+        self._data.remove_above(cut_position)
+        self._index.remove_above(slot_cut)
+        self._data.sync_directory()
+        self._index.sync_directory()
+        self._last_index = last_kept
+        self._data_end = cut_position
+
+    def truncate_prefix(self, first_kept: int) -> None:
+        """Drop every entry before `first_kept`; durable when it returns.
+
+        If deleting the old files fails, the truncation has still taken effect (the meta is
+        written first) and the error is raised; the next open deletes the leftovers.
+        """
+        self._check_usable()
+        check_truncate_prefix(first_kept, self._first_index, self._last_index)
+        if first_kept == self._first_index:
+            return
+        # The meta is about to say entry first_kept exists: it must be on disk first.
+        self._flush()
+        present = first_kept <= self._last_index
+        first_data_position = self._locate(first_kept)[2].position if present else self._data_end
+        self._write_meta(
+            self._meta(
+                first_index=first_kept,
+                first_data_position=first_data_position,
+                first_entry_present=present,
+            )
+        )
+        self._first_index = first_kept
+        self._first_data_position = first_data_position
+        self._first_entry_present = present
+        self._data.remove_below(first_data_position)
+        self._index.remove_below(slot_position(first_kept, self._slot_base_index))
+        self._data.sync_directory()
+        self._index.sync_directory()
+
+    def reset(self, next_index: int) -> None:
+        """Drop everything; the log is empty with first_index == next_index. Durable.
+
+        The streams go on at fresh file boundaries past every existing file, so that files
+        a crash leaves behind are all below the new start and open deletes them.
+        """
+        self._check_usable()
+        check_reset(next_index)
+        data_start = self._data.end
+        if data_start is None:
+            data_start = _round_up(self._data_end, self._data_file_bytes)
+        slot_start = self._index.end
+        if slot_start is None:
+            slot_start = _round_up(self._slot_end(), self._index_file_bytes)
+        slot_base_index = next_index - slot_start // INDEX_SLOT_BYTES
+        self._write_meta(
+            Meta(
+                data_file_bytes=self._data_file_bytes,
+                index_file_bytes=self._index_file_bytes,
+                first_index=next_index,
+                slot_base_index=slot_base_index,
+                first_data_position=data_start,
+                first_entry_present=False,
+            )
+        )
+        self._first_index = next_index
+        self._last_index = next_index - 1
+        self._slot_base_index = slot_base_index
+        self._first_data_position = data_start
+        self._first_entry_present = False
+        self._data_end = data_start
+        self._data_dirty_low = self._index_dirty_low = None
+        try:
+            self._data.remove_all()
+            self._index.remove_all()
+            self._data.sync_directory()
+            self._index.sync_directory()
+        except BaseException as error:
+            self._failure = f"reset({next_index}) could not delete old files: {error}"
+            raise
+
+    def close(self) -> None:
+        """Unmap every file. Does not sync: call `sync` first for durability."""
+        if self._closed:
+            return
+        self._closed = True
+        self._data.close()
+        self._index.close()
+
+
+def _open_meta(root: Path, data_file_bytes: int, index_file_bytes: int) -> Meta:
+    """Read the meta file, or create the store's directories and a fresh meta."""
+    meta_path = root / META_FILE
+    with disk_errors(root):
+        for directory in (root, root / DATA_DIRECTORY, root / INDEX_DIRECTORY):
+            directory.mkdir(parents=True, exist_ok=True)
+        encoded = meta_path.read_bytes() if meta_path.exists() else None
+    if encoded is None:
+        for name in (DATA_DIRECTORY, INDEX_DIRECTORY):
+            if any(entry.isdigit() for entry in os.listdir(root / name)):
+                raise CorruptLogError(
+                    str(meta_path), 0, f"the meta file is missing but {name}/ holds files"
+                )
+        meta = Meta(
+            data_file_bytes=data_file_bytes,
+            index_file_bytes=index_file_bytes,
+            first_index=1,
+            slot_base_index=1,
+            first_data_position=0,
+            first_entry_present=False,
+        )
+        atomic_write(meta_path, encode_meta(meta))
+        with disk_errors(root):
+            fsync_directory(root)
+            fsync_directory(root.parent)
+        return meta
+    decoded = decode_meta(encoded)
+    if isinstance(decoded, str):
+        raise CorruptLogError(str(meta_path), 0, decoded)
+    if (decoded.data_file_bytes, decoded.index_file_bytes) != (data_file_bytes, index_file_bytes):
+        raise ValueError(
+            f"the store at {root} was created with data_file_bytes={decoded.data_file_bytes} "
+            f"and index_file_bytes={decoded.index_file_bytes}; open it with the same sizes "
+            f"(got {data_file_bytes} and {index_file_bytes})"
+        )
+    if decoded.first_data_position % ENTRY_ALIGNMENT_BYTES or decoded.first_index < 1:
+        raise CorruptLogError(str(meta_path), 0, f"meta holds impossible values: {decoded}")
+    return decoded
+
+
+__all__ = ["DATA_FILE_BYTES_DEFAULT", "INDEX_FILE_BYTES_DEFAULT", "MmapLogStore"]

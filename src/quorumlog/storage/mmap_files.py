@@ -1,0 +1,278 @@
+"""A list of fixed-size, preallocated, memory-mapped files that make one logical byte stream.
+
+Like DLedger's MmapFileList (RocketMQ's MappedFileQueue): file k of the stream covers
+positions [start, start + file_bytes) and is named by `start`, zero-padded to 20 digits.
+Files are contiguous; the first one may start anywhere on a file boundary because a prefix
+of the stream can be deleted.
+
+Files are allocated with `os.posix_fallocate` before they are mapped: a full disk then shows
+up as ENOSPC (a `DiskFullError`) when the file is created, not as SIGBUS when a store into
+a mapped page finds no block behind it.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+from quorumlog.errors import CorruptLogError, StorageError
+from quorumlog.storage.files import disk_errors, fsync_directory
+from quorumlog.storage.mmap_format import ENTRY_ALIGNMENT_BYTES, ENTRY_MAGIC_BYTES
+
+FILE_NAME_DIGITS = 20
+ZERO_SCAN_CHUNK_BYTES = 1024 * 1024
+_ZERO_CHUNK = bytes(ZERO_SCAN_CHUNK_BYTES)
+_PAGE_BYTES = mmap.PAGESIZE
+
+
+class MappedFile:
+    """One file of the stream and its shared, writable mapping."""
+
+    __slots__ = ("map", "path", "start")
+
+    def __init__(self, start: int, path: Path, mapping: mmap.mmap) -> None:
+        self.start = start
+        self.path = path
+        self.map = mapping
+
+
+def file_name(start: int) -> str:
+    return f"{start:0{FILE_NAME_DIGITS}d}"
+
+
+def _map_file(path: Path, file_bytes: int, *, create: bool) -> mmap.mmap:
+    """Open (or create), make `file_bytes` long with real blocks behind it, and map."""
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    with disk_errors(path):
+        descriptor = os.open(path, flags, 0o644)
+        try:
+            if os.fstat(descriptor).st_size < file_bytes:
+                os.posix_fallocate(descriptor, 0, file_bytes)
+            return mmap.mmap(descriptor, file_bytes, mmap.MAP_SHARED)
+        finally:
+            # mmap keeps a duplicate of the descriptor; ours is no longer needed.
+            os.close(descriptor)
+
+
+class MappedFileList:
+    """The files of one stream in one directory (the store's data/ or index/)."""
+
+    def __init__(self, directory: Path, file_bytes: int) -> None:
+        self.directory = directory
+        self.file_bytes = file_bytes
+        self.files: list[MappedFile] = []
+        self.directory_dirty = False
+        """Files were created or removed since the directory was last fsynced."""
+
+    # --- loading ----------------------------------------------------------------------
+
+    def load(self, keep_from: int) -> None:
+        """Map the files on disk. Files wholly below `keep_from` are leftovers of a prefix
+        truncation that crashed before its unlinks, and are deleted now."""
+        starts: list[int] = []
+        for name in os.listdir(self.directory):
+            if len(name) == FILE_NAME_DIGITS and name.isdigit():
+                starts.append(int(name))
+        starts.sort()
+        for start in starts:
+            if start % self.file_bytes != 0:
+                raise CorruptLogError(
+                    str(self.directory / file_name(start)),
+                    0,
+                    f"file start is not a multiple of the file size {self.file_bytes}",
+                )
+        removable = [start for start in starts if start + self.file_bytes <= keep_from]
+        for start in removable:
+            self._unlink(self.directory / file_name(start))
+        kept = starts[len(removable) :]
+        if kept and kept[0] > self.start_of(keep_from):
+            raise CorruptLogError(
+                str(self.directory / file_name(self.start_of(keep_from))),
+                0,
+                f"the file holding stream position {keep_from} is missing",
+            )
+        for number, start in enumerate(kept):
+            path = self.directory / file_name(start)
+            if number > 0 and start != kept[number - 1] + self.file_bytes:
+                raise CorruptLogError(
+                    str(path),
+                    0,
+                    f"gap in the file list: previous file starts at {kept[number - 1]}",
+                )
+            size = path.stat().st_size
+            is_last = number == len(kept) - 1
+            if size > self.file_bytes or (size < self.file_bytes and not is_last):
+                raise CorruptLogError(
+                    str(path), size, f"file has {size} bytes, expected {self.file_bytes}"
+                )
+            # A short last file was cut (by a crash while it was created, or by hand): the
+            # missing bytes come back as zeros and the tail rules decide what that means.
+            self.files.append(
+                MappedFile(start, path, _map_file(path, self.file_bytes, create=False))
+            )
+        self.sync_directory()
+
+    # --- lookups ------------------------------------------------------------------------
+
+    def file_at(self, position: int) -> MappedFile | None:
+        """The file holding stream `position`, in O(1)."""
+        files = self.files
+        if not files:
+            return None
+        number = (position - files[0].start) // self.file_bytes
+        if 0 <= number < len(files) and position >= files[0].start:
+            return files[number]
+        return None
+
+    def start_of(self, position: int) -> int:
+        return position - position % self.file_bytes
+
+    @property
+    def end(self) -> int | None:
+        """The position just past the last file, or None if there are no files."""
+        return self.files[-1].start + self.file_bytes if self.files else None
+
+    def require(self, position: int) -> MappedFile:
+        mapped = self.file_at(position)
+        if mapped is None:
+            raise StorageError(f"no file in {self.directory} holds position {position}")
+        return mapped
+
+    # --- creating and removing files ----------------------------------------------------
+
+    def ensure(self, low: int, high: int) -> int:
+        """Make files exist for every position in [low, high); return how many were created.
+
+        On failure (a full disk) the files created by this call are removed again, so the
+        list is as it was.
+        """
+        created = 0
+        if high <= low:
+            return 0
+        try:
+            start = self.start_of(low)
+            while start < high:
+                if self.file_at(start) is None:
+                    self._create(start)
+                    created += 1
+                start += self.file_bytes
+        except BaseException:
+            self.remove_last(created)
+            raise
+        return created
+
+    def _create(self, start: int) -> None:
+        if self.files and start != self.files[-1].start + self.file_bytes:
+            raise StorageError(
+                f"cannot create {file_name(start)} in {self.directory}: files must be contiguous"
+            )
+        path = self.directory / file_name(start)
+        try:
+            mapping = _map_file(path, self.file_bytes, create=True)
+        except BaseException:
+            # The file may exist with no (or some) blocks allocated: leave no trace of it.
+            if path.exists():
+                self._unlink(path)
+            raise
+        self.files.append(MappedFile(start, path, mapping))
+        self.directory_dirty = True
+
+    def remove_last(self, count: int) -> None:
+        for _ in range(count):
+            # Unlink first: if that fails the file stays listed and mapped, and the list
+            # still matches the directory.
+            self._unlink(self.files[-1].path)
+            self.files.pop().map.close()
+
+    def remove_below(self, position: int) -> None:
+        """Delete the files that lie wholly below `position`."""
+        while self.files and self.files[0].start + self.file_bytes <= position:
+            self._unlink(self.files[0].path)
+            self.files.pop(0).map.close()
+
+    def remove_above(self, position: int) -> None:
+        """Delete the files that start after the file holding `position`. (If `position` is a
+        file boundary, the file starting there stays, as an empty preallocated file.)"""
+        keep = self.start_of(position)
+        while self.files and self.files[-1].start > keep:
+            self.remove_last(1)
+
+    def remove_all(self) -> None:
+        self.remove_last(len(self.files))
+
+    def _unlink(self, path: Path) -> None:
+        with disk_errors(path):
+            os.unlink(path)
+        self.directory_dirty = True
+
+    # --- bytes ------------------------------------------------------------------------
+
+    def write(self, position: int, data: bytes | bytearray | memoryview) -> None:
+        """Copy `data` into the stream at `position`, across file boundaries if needed."""
+        with memoryview(data) as view:
+            done = 0
+            while done < len(view):
+                mapped = self.require(position + done)
+                offset = position + done - mapped.start
+                length = min(len(view) - done, self.file_bytes - offset)
+                mapped.map[offset : offset + length] = view[done : done + length]
+                done += length
+
+    def zero(self, low: int, high: int) -> None:
+        """Zero [low, high) of the stream, in the files that exist."""
+        for mapped in self.files:
+            first = max(low, mapped.start)
+            last = min(high, mapped.start + self.file_bytes)
+            if first < last:
+                mapped.map[first - mapped.start : last - mapped.start] = bytes(last - first)
+
+    def flush(self, low: int, high: int) -> None:
+        """msync [low, high) of the stream (rounded out to pages) to stable storage."""
+        for mapped in self.files:
+            first = max(low, mapped.start)
+            last = min(high, mapped.start + self.file_bytes)
+            if first < last:
+                offset = (first - mapped.start) // _PAGE_BYTES * _PAGE_BYTES
+                with disk_errors(mapped.path):
+                    mapped.map.flush(offset, last - mapped.start - offset)
+
+    def sync_directory(self) -> None:
+        if self.directory_dirty:
+            with disk_errors(self.directory):
+                fsync_directory(self.directory)
+            self.directory_dirty = False
+
+    def nonzero_end(self, low: int) -> int:
+        """The position just past the last non-zero byte at or after `low`, or `low`."""
+        for mapped in reversed(self.files):
+            file_end = mapped.start + self.file_bytes
+            if file_end <= low:
+                break
+            floor = max(low, mapped.start) - mapped.start
+            high = self.file_bytes
+            while high > floor:
+                chunk_low = max(floor, high - ZERO_SCAN_CHUNK_BYTES)
+                chunk = mapped.map[chunk_low:high]
+                if chunk != _ZERO_CHUNK[: len(chunk)]:
+                    return mapped.start + chunk_low + len(chunk.rstrip(b"\0"))
+                high = chunk_low
+        return low
+
+    def entry_magic_positions(self, low: int, high: int) -> list[int]:
+        """Aligned stream positions in [low, high) where the entry magic appears."""
+        found: list[int] = []
+        for mapped in self.files:
+            first = max(low, mapped.start) - mapped.start
+            last = min(high, mapped.start + self.file_bytes) - mapped.start
+            offset = mapped.map.find(ENTRY_MAGIC_BYTES, first, last) if first < last else -1
+            while offset >= 0:
+                if offset % ENTRY_ALIGNMENT_BYTES == 0:
+                    found.append(mapped.start + offset)
+                offset = mapped.map.find(ENTRY_MAGIC_BYTES, offset + 1, last)
+        return found
+
+    def close(self) -> None:
+        for mapped in self.files:
+            mapped.map.close()
+        self.files = []
