@@ -9,11 +9,19 @@ import msgspec
 from quorumlog.errors import InvalidConfigurationChangeError
 
 
-class Configuration(msgspec.Struct, frozen=True):
+class Configuration(msgspec.Struct, frozen=True, array_like=True):
     """Voters decide elections and commits; learners receive the log but never count."""
 
     voters: tuple[str, ...]
     learners: tuple[str, ...] = ()
+    addresses: tuple[tuple[str, str], ...] = ()
+    """(node id, "host:port") for members whose address the cluster learned by a change."""
+
+    def address_of(self, node_id: str) -> str | None:
+        for member, address in self.addresses:
+            if member == node_id:
+                return address
+        return None
 
     def members(self) -> tuple[str, ...]:
         return self.voters + self.learners
@@ -37,6 +45,8 @@ class MembershipChange(msgspec.Struct, frozen=True):
 
     kind: ChangeKind
     node_id: str
+    address: str | None = None
+    """Where the new member listens ("host:port"), so every node can reach it."""
 
 
 def apply_change(configuration: Configuration, change: MembershipChange) -> Configuration:
@@ -68,7 +78,15 @@ def apply_change(configuration: Configuration, change: MembershipChange) -> Conf
             learners.remove(node)
         else:
             raise InvalidConfigurationChangeError(f"{node} is not a member")
-    return Configuration(voters=tuple(sorted(voters)), learners=tuple(sorted(learners)))
+    addresses = dict(configuration.addresses)
+    if change.address is not None:
+        addresses[node] = change.address
+    members = set(voters) | set(learners)
+    return Configuration(
+        voters=tuple(sorted(voters)),
+        learners=tuple(sorted(learners)),
+        addresses=tuple(sorted((m, a) for m, a in addresses.items() if m in members)),
+    )
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -29,7 +29,7 @@ class PushKind(enum.IntEnum):
     """Heartbeat: carries only `commit_index` and the read sequence."""
 
 
-class VoteRequest(msgspec.Struct, frozen=True, tag=True):
+class VoteRequest(msgspec.Struct, frozen=True, tag=True, array_like=True):
     source: str
     target: str
     term: int
@@ -41,7 +41,7 @@ class VoteRequest(msgspec.Struct, frozen=True, tag=True):
     """Sent because the leader handed over: voters grant even if they heard a leader lately."""
 
 
-class VoteResponse(msgspec.Struct, frozen=True, tag=True):
+class VoteResponse(msgspec.Struct, frozen=True, tag=True, array_like=True):
     source: str
     target: str
     term: int
@@ -49,7 +49,7 @@ class VoteResponse(msgspec.Struct, frozen=True, tag=True):
     pre_vote: bool = False
 
 
-class Push(msgspec.Struct, frozen=True, tag=True):
+class Push(msgspec.Struct, frozen=True, tag=True, array_like=True):
     source: str
     target: str
     term: int
@@ -62,7 +62,7 @@ class Push(msgspec.Struct, frozen=True, tag=True):
     read_sequence: int = 0
 
 
-class PushResponse(msgspec.Struct, frozen=True, tag=True):
+class PushResponse(msgspec.Struct, frozen=True, tag=True, array_like=True):
     source: str
     target: str
     term: int
@@ -80,7 +80,7 @@ class PushResponse(msgspec.Struct, frozen=True, tag=True):
     read_sequence: int = 0
 
 
-class SnapshotMeta(msgspec.Struct, frozen=True):
+class SnapshotMeta(msgspec.Struct, frozen=True, array_like=True):
     """What a snapshot covers: every entry through `index` (of term `term`)."""
 
     index: int
@@ -88,7 +88,7 @@ class SnapshotMeta(msgspec.Struct, frozen=True):
     configuration: Configuration
 
 
-class SnapshotChunk(msgspec.Struct, frozen=True, tag=True):
+class SnapshotChunk(msgspec.Struct, frozen=True, tag=True, array_like=True):
     source: str
     target: str
     term: int
@@ -100,7 +100,7 @@ class SnapshotChunk(msgspec.Struct, frozen=True, tag=True):
     commit_index: int = 0
 
 
-class SnapshotResponse(msgspec.Struct, frozen=True, tag=True):
+class SnapshotResponse(msgspec.Struct, frozen=True, tag=True, array_like=True):
     source: str
     target: str
     term: int
@@ -110,7 +110,7 @@ class SnapshotResponse(msgspec.Struct, frozen=True, tag=True):
     match_index: int = 0
 
 
-class TimeoutNow(msgspec.Struct, frozen=True, tag=True):
+class TimeoutNow(msgspec.Struct, frozen=True, tag=True, array_like=True):
     """Leader transfer: the leader tells a caught-up follower to campaign at once."""
 
     source: str

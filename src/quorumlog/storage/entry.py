@@ -18,7 +18,7 @@ class EntryType(enum.IntEnum):
     """A membership change."""
 
 
-class LogEntry(msgspec.Struct, frozen=True, gc=False):
+class LogEntry(msgspec.Struct, frozen=True, gc=False, array_like=True):
     """One entry of a replicated log.
 
     `index` counts from 1 with no gaps; `term` is the leader term that created it.

@@ -1,0 +1,194 @@
+"""Everything that crosses a socket: msgspec structs, tagged, encoded as MessagePack frames.
+
+A connection starts with `Hello` from the side that dialled; the other side answers with
+`Welcome` or closes it with a `Refused` naming the reason (wrong cluster id, bad protocol
+version). Peers then exchange `PeerBatch`es of Raft messages; clients send requests, each
+with a `request_id` its response echoes, so a client may pipeline many on one connection.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from quorumlog.raft.messages import Message
+
+PROTOCOL_VERSION = 1
+
+
+class Hello(msgspec.Struct, frozen=True, tag=True):
+    cluster_id: str
+    sender: str
+    """The dialling node's id, or a client's name."""
+    is_peer: bool
+    protocol_version: int = PROTOCOL_VERSION
+
+
+class Welcome(msgspec.Struct, frozen=True, tag=True):
+    node_id: str
+
+
+class Refused(msgspec.Struct, frozen=True, tag=True):
+    reason: str
+
+
+class RaftEnvelope(msgspec.Struct, frozen=True, tag=True):
+    group: str
+    message: Message
+
+
+class PeerBatch(msgspec.Struct, frozen=True, tag=True):
+    """Raft messages coalesced into one frame per flush."""
+
+    envelopes: list[RaftEnvelope]
+
+
+# --- client requests ----------------------------------------------------------------------
+
+
+class ErrorCode(enum.Enum):
+    NOT_LEADER = "not_leader"
+    PENDING_FULL = "pending_full"
+    TRANSFERRING = "transferring"
+    TIMEOUT = "timeout"
+    BAD_REQUEST = "bad_request"
+    UNKNOWN_GROUP = "unknown_group"
+    TOO_LARGE = "too_large"
+    CONFIGURATION_IN_PROGRESS = "configuration_in_progress"
+    INVALID_CONFIGURATION_CHANGE = "invalid_configuration_change"
+    UNAVAILABLE = "unavailable"
+    INTERNAL = "internal"
+    NOT_FOUND = "not_found"
+    ALREADY_EXISTS = "already_exists"
+    OUT_OF_RANGE = "out_of_range"
+    WRONG_GROUP = "wrong_group"
+
+
+class KVCommand(msgspec.Struct, frozen=True, array_like=True):
+    """One write; (client id, sequence) makes a retry of it idempotent."""
+
+    sequence: int
+    op: str
+    """"put", "append", "delete" or "cas"."""
+    key: str
+    value: str | None = None
+    expected: str | None = None
+    """For "cas": the value the key must hold now (None: it must be missing)."""
+
+
+class KVCommandResult(msgspec.Struct, frozen=True, array_like=True):
+    ok: bool = True
+    value: str | None = None
+    """"put"/"append"/"delete": the value before; "cas": the value found."""
+
+
+class KVWrite(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    client_id: str
+    commands: list[KVCommand]
+    group: str = "kv"
+
+
+class KVRead(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    keys: list[str]
+    stale: bool = False
+    """Serve from this node's applied state without confirming leadership (may be old)."""
+    group: str = "kv"
+
+
+class KVWriteResult(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    results: list[KVCommandResult]
+
+
+class KVReadResult(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    values: list[str | None]
+
+
+class ErrorResponse(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    code: ErrorCode
+    message: str
+    leader_hint: str | None = None
+    """Where the leader listens ("host:port"), for NOT_LEADER."""
+
+
+class StatusRequest(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    group: str = "kv"
+
+
+class StatusResponse(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    node_id: str
+    group: str
+    role: str
+    is_leader: bool
+    leader: str | None
+    term: int
+    commit_index: int
+    applied_index: int
+    first_index: int
+    last_index: int
+    voters: list[str]
+    learners: list[str]
+    addresses: dict[str, str]
+    errors: list[str] = []
+
+
+class MemberChangeRequest(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    kind: str
+    """"add_voter", "add_learner", "promote_learner" or "remove"."""
+    node_id: str
+    address: str | None = None
+    group: str = "kv"
+
+
+class TransferLeaderRequest(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    target: str
+    group: str = "kv"
+
+
+class Done(msgspec.Struct, frozen=True, tag=True):
+    """A request that returns nothing succeeded."""
+
+    request_id: int
+    detail: str = ""
+
+
+Frame = (
+    Hello
+    | Welcome
+    | Refused
+    | PeerBatch
+    | KVWrite
+    | KVRead
+    | KVWriteResult
+    | KVReadResult
+    | ErrorResponse
+    | StatusRequest
+    | StatusResponse
+    | MemberChangeRequest
+    | TransferLeaderRequest
+    | Done
+)
+
+ClientRequest = KVWrite | KVRead | StatusRequest | MemberChangeRequest | TransferLeaderRequest
+
+encoder = msgspec.msgpack.Encoder()
+decoder = msgspec.msgpack.Decoder(Frame)
+
+
+def encode(frame: Frame) -> bytes:
+    return encoder.encode(frame)
+
+
+def decode(payload: bytes) -> Frame:
+    """Decode one payload; raises msgspec.DecodeError / ValidationError on bad input."""
+    frame: Frame = decoder.decode(payload)
+    return frame
