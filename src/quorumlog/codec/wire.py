@@ -87,6 +87,9 @@ class KVWrite(msgspec.Struct, frozen=True, tag=True):
     request_id: int
     client_id: str
     commands: list[KVCommand]
+    first_unacknowledged: int = 0
+    """Every sequence below this one has its answer at the client: the cluster may forget
+    those results (Raft dissertation §6.3)."""
     group: str = "kv"
 
 

@@ -1,0 +1,1 @@
+"""The replicated key-value store: state machine, client sessions, clients."""
