@@ -95,3 +95,36 @@ class InvalidConfigurationChangeError(RaftError, ValueError):
 
 class ProposalDroppedError(RaftError):
     """The proposal was appended but replaced by another leader's entry: it did not happen."""
+
+
+# --- clients -------------------------------------------------------------------------
+
+
+class ClientError(QuorumLogError):
+    """A client request failed."""
+
+
+class UnavailableError(ClientError):
+    """No node could serve the request in time (no leader, or no node reachable).
+
+    Raised only when the request certainly did not take effect (it was never accepted).
+    """
+
+
+class UnknownOutcomeError(ClientError):
+    """The request may or may not have taken effect (a timeout after it was sent).
+
+    Retrying the same client call is safe for KV writes: sessions deduplicate it.
+    """
+
+
+class RequestRejectedError(ClientError):
+    """The cluster refused the request (bad arguments, too large, wrong group, ...)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class ConnectionRefusedByNodeError(ClientError):
+    """A node closed the connection at the handshake (wrong cluster id or protocol)."""
