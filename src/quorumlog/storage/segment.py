@@ -56,15 +56,12 @@ from quorumlog.storage.entry import LogEntry
 from quorumlog.storage.files import atomic_write, disk_errors, fsync_directory
 from quorumlog.storage.segment_file import SegmentFile
 from quorumlog.storage.segment_format import (
-    CHECKSUM_TYPE_CRC32C,
-    ENTRY_HEADER_BYTES,
-    ENTRY_TYPES,
-    HEADER,
     META_FILE_NAME,
     HeaderError,
     decode_entry,
     encode_entries,
     encode_meta,
+    index_encoded_batch,
 )
 from quorumlog.storage.segment_recovery import recover_directory
 
@@ -184,45 +181,13 @@ class SegmentLogStore:
             raise NonContiguousAppendError(
                 f"append expected index {self._last_index + 1}, got {first_index}"
             )
-        offsets, terms = self._parse_encoded(encoded, count)
+        try:
+            offsets, terms = index_encoded_batch(encoded, count, self._entry_bytes_max)
+        except HeaderError as error:
+            raise CorruptLogError("<encoded batch>", error.offset, str(error)) from error
         if count == 0:
             return
         self._write_batch(encoded, offsets, terms)
-
-    def _parse_encoded(self, encoded: bytes, count: int) -> tuple[list[int], list[int]]:
-        offsets: list[int] = []
-        terms: list[int] = []
-        unpack = HEADER.unpack_from
-        crc32c = _crc32c
-        total_bytes = len(encoded)
-        position = 0
-        while position < total_bytes:
-            if position + ENTRY_HEADER_BYTES > total_bytes:
-                raise CorruptLogError("<encoded batch>", position, "incomplete entry header")
-            term, entry_type, checksum_type, _reserved, length, data_crc, header_crc = unpack(
-                encoded, position
-            )
-            data_start = position + ENTRY_HEADER_BYTES
-            end = data_start + length
-            if (
-                crc32c(encoded[position : position + 20]) != header_crc
-                or checksum_type != CHECKSUM_TYPE_CRC32C
-                or entry_type not in ENTRY_TYPES
-                or end > total_bytes
-                or crc32c(encoded[data_start:end]) != data_crc
-            ):
-                raise CorruptLogError("<encoded batch>", position, "entry fails its checks")
-            if length > self._entry_bytes_max:
-                raise ValueError(
-                    f"entry {self._last_index + 1 + len(offsets)} has {length} bytes of data, "
-                    f"over entry_bytes_max={self._entry_bytes_max}"
-                )
-            offsets.append(position)
-            terms.append(term)
-            position = end
-        if len(offsets) != count:
-            raise ValueError(f"encoded batch holds {len(offsets)} entries, count says {count}")
-        return offsets, terms
 
     def _write_batch(self, encoded: bytes, offsets: list[int], terms: list[int]) -> None:
         """Write one encoded batch at the end of the open segment, then index it.
@@ -463,7 +428,7 @@ class SegmentLogStore:
         del segment.offsets[keep:]
         del segment.terms[keep:]
         segment.end_bytes = end_bytes
-        # Everything before the cut was synced or is being dropped; nothing left to sync.
+        # The fsync above covered every byte kept, synced before or not.
         self._unsynced = False
 
     def truncate_prefix(self, first_kept: int) -> None:

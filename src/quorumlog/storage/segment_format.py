@@ -62,7 +62,11 @@ _OPEN_NAME = re.compile(r"log_inprogress_(\d{20})")
 
 
 class HeaderError(ValueError):
-    """A header that fails its own checks; the caller turns it into CorruptLogError."""
+    """Bytes that fail their own checks; the caller turns this into CorruptLogError."""
+
+    def __init__(self, reason: str, offset: int = 0) -> None:
+        super().__init__(reason)
+        self.offset = offset
 
 
 def encode_entries(entries: Sequence[LogEntry]) -> tuple[bytes, list[int], list[int]]:
@@ -94,6 +98,50 @@ def encode_entries(entries: Sequence[LogEntry]) -> tuple[bytes, list[int], list[
         add_term(term)
         position += ENTRY_HEADER_BYTES + length
     return b"".join(parts), offsets, terms
+
+
+def index_encoded_batch(
+    encoded: bytes, count: int, entry_bytes_max: int
+) -> tuple[list[int], list[int]]:
+    """Check a batch made by encode_entries and return (offsets, terms) of its entries.
+
+    Every header and data checksum is verified: the bytes come from outside the store.
+    Raises HeaderError (with the offset of the bad entry) for bytes that fail a check, or
+    ValueError if the batch does not hold exactly `count` entries or one is too large.
+    """
+    offsets: list[int] = []
+    terms: list[int] = []
+    unpack = HEADER.unpack_from
+    crc32c = _crc32c
+    total_bytes = len(encoded)
+    position = 0
+    while position < total_bytes:
+        if position + ENTRY_HEADER_BYTES > total_bytes:
+            raise HeaderError("incomplete entry header", position)
+        term, entry_type, checksum_type, _reserved, length, data_crc, header_crc = unpack(
+            encoded, position
+        )
+        data_start = position + ENTRY_HEADER_BYTES
+        end = data_start + length
+        if (
+            crc32c(encoded[position : position + 20]) != header_crc
+            or checksum_type != CHECKSUM_TYPE_CRC32C
+            or entry_type not in ENTRY_TYPES
+            or end > total_bytes
+            or crc32c(encoded[data_start:end]) != data_crc
+        ):
+            raise HeaderError("entry fails its header or data checks", position)
+        if length > entry_bytes_max:
+            raise ValueError(
+                f"entry {len(offsets)} of the batch has {length} bytes of data, "
+                f"over entry_bytes_max={entry_bytes_max}"
+            )
+        offsets.append(position)
+        terms.append(term)
+        position = end
+    if len(offsets) != count:
+        raise ValueError(f"encoded batch holds {len(offsets)} entries, count says {count}")
+    return offsets, terms
 
 
 def encode_entry(entry: LogEntry) -> bytes:

@@ -26,10 +26,10 @@ import itertools
 import mmap
 import os
 from array import array
+from dataclasses import dataclass
 from pathlib import Path
 
 import google_crc32c
-import msgspec
 
 from quorumlog.errors import CorruptLogError
 from quorumlog.storage.base import RecoveryReport
@@ -52,7 +52,8 @@ from quorumlog.storage.segment_format import (
 _crc32c = google_crc32c.value
 
 
-class SegmentScan(msgspec.Struct):
+@dataclass(slots=True)
+class SegmentScan:
     """What one pass over a segment file's headers found."""
 
     offsets: array[int]
@@ -63,9 +64,12 @@ class SegmentScan(msgspec.Struct):
     problem_offset: int = -1
     """Where the first problem starts, or -1 if every byte belongs to a valid entry."""
     problem: str = ""
+    incomplete: bool = False
+    """The problem is an entry cut short by the end of the file (a header or its data)."""
 
 
-class RecoveredLog(msgspec.Struct):
+@dataclass(slots=True)
+class RecoveredLog:
     first_index: int
     segments: list[SegmentFile]
     report: RecoveryReport
@@ -112,13 +116,14 @@ def scan_headers(view: mmap.mmap | bytes, file_bytes: int) -> SegmentScan:
                 file_bytes,
                 position,
                 f"entry of {length} data bytes runs past the end of the file",
+                incomplete=True,
             )
         add_offset(position)
         add_term(term)
         position = end
     if position < file_bytes:
         return SegmentScan(
-            offsets, terms, position, file_bytes, position, "incomplete entry header"
+            offsets, terms, position, file_bytes, position, "incomplete entry header", True
         )
     return SegmentScan(offsets, terms, position, file_bytes)
 
@@ -159,11 +164,8 @@ def scan_file(path: Path, is_open: bool) -> SegmentScan:
 def classify_open_tail(view: mmap.mmap, scan: SegmentScan) -> None:
     file_bytes = scan.file_bytes
     if scan.problem:
-        incomplete = scan.problem_offset + ENTRY_HEADER_BYTES > file_bytes or (
-            "runs past the end" in scan.problem
-        )
         zeros_from = zero_tail_start(view, scan.problem_offset, file_bytes)
-        if incomplete or zeros_from < scan.problem_offset + ENTRY_HEADER_BYTES:
+        if scan.incomplete or zeros_from < scan.problem_offset + ENTRY_HEADER_BYTES:
             scan.problem = ""
             scan.problem_offset = -1
         else:
