@@ -1,0 +1,261 @@
+"""Raft's safety properties, checked after every simulated event, cheaply.
+
+Each check looks only at what changed since the last one, against global maps:
+
+- election safety: `leaders` maps each term to the one node that led in it;
+- log matching: every entry any node ever wrote is recorded under (index, term) with its
+  content and the term of the entry before it. Two logs holding the same (index, term)
+  must hold the same entry with the same predecessor term, so by induction they agree on
+  everything below: that is the whole log matching property, at O(1) per appended entry;
+- state-machine safety: `committed` maps each index to the one entry committed (or
+  applied) there, by any node;
+- leader completeness: a new leader must hold the newest committed entry (and by log
+  matching, all before it); an entry newly known committed must be in the log of every
+  current leader of a later term; no node ever truncates a committed entry it holds;
+- commit and applied indexes never go back within one run of a node, and after a restart
+  they are no lower than what was durable;
+- snapshots of one index, taken or installed by any node, hold the same state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING
+
+from quorumlog.raft.core import Role
+from quorumlog.raft.messages import SnapshotMeta
+from quorumlog.storage.entry import EntryType, LogEntry
+from quorumlog.testing.sim.checks import InvariantViolation, check_invariant
+
+if TYPE_CHECKING:
+    from quorumlog.testing.sim.node import SimNode
+
+EntryIdentity = tuple[int, EntryType, bytes]
+"""(term, type, data): what makes two entries at one index the same entry."""
+
+
+def _identity(entry: LogEntry) -> EntryIdentity:
+    return (entry.term, entry.type, entry.data)
+
+
+class InvariantChecker:
+    def __init__(self) -> None:
+        self.checks = 0
+        self.leaders: dict[int, str] = {}
+        self.committed: dict[int, EntryIdentity] = {}
+        self.committed_index_max = 0
+        self.written: dict[tuple[int, int], tuple[EntryType, bytes]] = {}
+        self.predecessor_terms: dict[tuple[int, int], int] = {}
+        self.node_commit: dict[str, int] = {}
+        self.node_applied: dict[str, int] = {}
+        self.node_leader_term: dict[str, int] = {}
+        self.snapshot_digests: dict[int, bytes] = {}
+        self.acknowledged_index_max = 0
+        self.nodes: dict[str, SimNode] = {}
+
+    def register(self, node: SimNode) -> None:
+        self.nodes[node.node_id] = node
+
+    # --- life cycle ---------------------------------------------------------------------
+
+    def on_start(self, node: SimNode) -> None:
+        """A (re)started node: its commit may restart lower, but never below the durable."""
+        node_id = node.node_id
+        core = node.core
+        disk = node.disk
+        durable_commit = disk.durable_hard_state.commit
+        snapshot_index = disk.snapshot.meta.index if disk.snapshot is not None else 0
+        check_invariant(
+            core.commit_index >= max(durable_commit, snapshot_index),
+            f"{node_id} restarted with commit {core.commit_index} below its durable commit "
+            f"{durable_commit} / snapshot {snapshot_index}",
+        )
+        self.node_commit[node_id] = core.commit_index
+        self.node_applied[node_id] = node.applied_index
+        self.node_leader_term.pop(node_id, None)
+
+    def on_crash(self, node: SimNode) -> None:
+        self.node_leader_term.pop(node.node_id, None)
+
+    # --- after every event --------------------------------------------------------------
+
+    def check_node(self, node: SimNode) -> None:
+        self.checks += 1
+        core = node.core
+        node_id = node.node_id
+        if core.role is Role.LEADER:
+            term = core.term
+            holder = self.leaders.get(term)
+            if holder is None:
+                self.leaders[term] = node_id
+            elif holder != node_id:
+                raise InvariantViolation(f"two leaders in term {term}: {holder} and {node_id}")
+            if self.node_leader_term.get(node_id) != term:
+                self.node_leader_term[node_id] = term
+                self._check_new_leader(node)
+        else:
+            self.node_leader_term.pop(node_id, None)
+        commit = core.commit_index
+        previous = self.node_commit[node_id]
+        if commit != previous:
+            check_invariant(
+                commit > previous, f"{node_id} commit index went back: {previous} -> {commit}"
+            )
+            self._record_committed(node, previous, commit)
+            self.node_commit[node_id] = commit
+        applied = node.applied_index
+        if applied != self.node_applied[node_id]:
+            check_invariant(
+                applied > self.node_applied[node_id],
+                f"{node_id} applied index went back: {self.node_applied[node_id]} -> {applied}",
+            )
+            check_invariant(
+                applied <= commit, f"{node_id} applied {applied} beyond its commit {commit}"
+            )
+            self.node_applied[node_id] = applied
+
+    def _record_committed(self, node: SimNode, previous: int, commit: int) -> None:
+        log = node.core.log
+        check_invariant(
+            commit <= log.last_index,
+            f"{node.node_id} commit {commit} beyond its last index {log.last_index}",
+        )
+        low = max(previous + 1, log.first_index)
+        if low > commit:
+            return  # all covered by a snapshot just installed, checked on install
+        for entry in log.entries(low, commit + 1):
+            self._note_committed(entry.index, _identity(entry), node.node_id)
+
+    def _note_committed(self, index: int, identity: EntryIdentity, source: str) -> None:
+        existing = self.committed.get(index)
+        if existing is not None:
+            if existing != identity:
+                raise InvariantViolation(
+                    f"state-machine safety: {source} has {_show(identity)} committed at {index}, "
+                    f"another node {_show(existing)}"
+                )
+            return
+        self.committed[index] = identity
+        if index > self.committed_index_max:
+            self.committed_index_max = index
+        term = identity[0]
+        for leader_id, leader_term in self.node_leader_term.items():
+            if leader_term > term:
+                self._check_holds(self.nodes[leader_id], index, identity, "leader completeness")
+
+    def _check_new_leader(self, node: SimNode) -> None:
+        index = self.committed_index_max
+        if index > 0:
+            self._check_holds(node, index, self.committed[index], "leader completeness")
+        acknowledged = self.acknowledged_index_max
+        if acknowledged > 0 and acknowledged in self.committed:
+            identity = self.committed[acknowledged]
+            self._check_holds(node, acknowledged, identity, "acknowledged write lost")
+
+    def _check_holds(self, node: SimNode, index: int, identity: EntryIdentity, what: str) -> None:
+        log = node.core.log
+        if index <= log.snapshot_index:
+            return  # in its snapshot, whose content is checked against others' snapshots
+        term = log.term(index)
+        check_invariant(
+            term == identity[0],
+            f"{what}: {node.node_id}, leader of term {node.core.term}, has term {term} at "
+            f"{index} where {_show(identity)} is committed",
+        )
+
+    # --- Ready processing ---------------------------------------------------------------
+
+    def on_append(self, node: SimNode, entries: list[LogEntry]) -> None:
+        """Called before the entries are written after the Ready's truncation."""
+        disk = node.disk
+        first = entries[0].index
+        store = disk.store
+        previous_index = first - 1
+        previous_term: int | None = None
+        if previous_index == 0:
+            previous_term = 0
+        elif store.first_index <= previous_index <= store.last_index:
+            previous_term = store.term(previous_index)
+        elif disk.snapshot is not None and disk.snapshot.meta.index == previous_index:
+            previous_term = disk.snapshot.meta.term
+        written = self.written
+        predecessors = self.predecessor_terms
+        for entry in entries:
+            key = (entry.index, entry.term)
+            content = (entry.type, entry.data)
+            existing = written.get(key)
+            if existing is None:
+                written[key] = content
+            elif existing != content:
+                raise InvariantViolation(
+                    f"log matching: {node.node_id} writes {entry!r}, another log holds "
+                    f"{content!r} at ({entry.index}, {entry.term})"
+                )
+            if previous_term is not None:
+                known = predecessors.get(key)
+                if known is None:
+                    predecessors[key] = previous_term
+                elif known != previous_term:
+                    raise InvariantViolation(
+                        f"log matching: {node.node_id} holds ({entry.index}, {entry.term}) after "
+                        f"term {previous_term}, another log after term {known}"
+                    )
+            previous_term = entry.term
+
+    def on_truncate(self, node: SimNode, after: int) -> None:
+        """No log ever loses a committed entry it holds (only a snapshot may replace it)."""
+        store = node.disk.store
+        commit = max(node.disk.durable_hard_state.commit, self.node_commit[node.node_id])
+        check_invariant(
+            after >= commit, f"{node.node_id} truncates after {after}, below its commit {commit}"
+        )
+        self._check_not_dropping_committed(node, max(after + 1, store.first_index), "truncate")
+
+    def _check_not_dropping_committed(self, node: SimNode, low: int, what: str) -> None:
+        store = node.disk.store
+        high = min(store.last_index, self.committed_index_max)
+        for index in range(low, high + 1):
+            identity = self.committed.get(index)
+            if identity is not None and store.term(index) == identity[0]:
+                raise InvariantViolation(
+                    f"{node.node_id} {what} drops committed entry {_show(identity)} at {index}"
+                )
+
+    def on_snapshot_install(self, node: SimNode, meta: SnapshotMeta, data: bytes) -> None:
+        self._check_not_dropping_committed(node, meta.index + 1, "snapshot install")
+        self._check_snapshot(node, meta, data)
+        identity = self.committed.get(meta.index)
+        if identity is not None:
+            check_invariant(
+                identity[0] == meta.term,
+                f"{node.node_id} installs a snapshot at {meta.index}@{meta.term} but "
+                f"{_show(identity)} is committed there",
+            )
+
+    def on_snapshot_taken(self, node: SimNode, meta: SnapshotMeta, data: bytes) -> None:
+        self._check_snapshot(node, meta, data)
+
+    def _check_snapshot(self, node: SimNode, meta: SnapshotMeta, data: bytes) -> None:
+        digest = hashlib.blake2b(data, digest_size=16).digest()
+        known = self.snapshot_digests.setdefault(meta.index, digest)
+        check_invariant(
+            known == digest,
+            f"{node.node_id}'s snapshot at {meta.index} differs from another node's",
+        )
+
+    def on_apply(self, node: SimNode, entry: LogEntry) -> None:
+        self._note_committed(entry.index, _identity(entry), node.node_id)
+
+    def on_acknowledged(self, node: SimNode, entry: LogEntry) -> None:
+        identity = self.committed.get(entry.index)
+        check_invariant(
+            identity == _identity(entry),
+            f"{node.node_id} acknowledged {entry!r}, not what is committed there",
+        )
+        if entry.index > self.acknowledged_index_max:
+            self.acknowledged_index_max = entry.index
+
+
+def _show(identity: EntryIdentity) -> str:
+    term, entry_type, data = identity
+    return f"{entry_type.name}@{term}:{data[:40]!r}"

@@ -1,0 +1,259 @@
+"""Seeded fault schedules: partitions, one-way cuts, crashes, pauses, leader transfers and
+membership changes, then a final heal.
+
+The nemesis wakes at seeded intervals and injects one fault, which it undoes after a
+seeded duration. It keeps at most `down_max` nodes crashed or paused at once (a minority
+by default), so that the cluster can make progress whenever the network lets it, and at
+most one network fault at a time (a new one replaces the last). `heal_all` ends every
+fault for the final quiet period in which liveness is checked.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from quorumlog.raft.configuration import ChangeKind, MembershipChange
+
+if TYPE_CHECKING:
+    from quorumlog.testing.sim.cluster import SimCluster
+
+FAULT_KINDS = (
+    "partition",
+    "isolate_leader",
+    "cut",
+    "crash",
+    "crash_leader",
+    "pause",
+    "transfer",
+    "membership",
+)
+
+
+class NemesisOptions(msgspec.Struct, frozen=True):
+    interval_ms_min: int = 300
+    interval_ms_max: int = 2500
+    fault_ms_min: int = 200
+    fault_ms_max: int = 4000
+    weights: dict[str, int] = msgspec.field(
+        default_factory=lambda: {
+            "partition": 3,
+            "isolate_leader": 3,
+            "cut": 2,
+            "crash": 3,
+            "crash_leader": 2,
+            "pause": 2,
+            "transfer": 2,
+            "membership": 0,
+        }
+    )
+    down_max: int | None = None
+    """Nodes crashed or paused at once; None: a minority, (nodes - 1) // 2."""
+    membership_retry_ms: int = 300
+
+
+class NemesisStats(msgspec.Struct):
+    faults: dict[str, int] = msgspec.field(default_factory=dict)
+    membership_cycles: int = 0
+
+
+class Nemesis:
+    def __init__(self, cluster: SimCluster, options: NemesisOptions, rng: random.Random) -> None:
+        self.cluster = cluster
+        self.options = options
+        self.rng = rng
+        self.node_ids = sorted(cluster.nodes)
+        self.down_max = (
+            options.down_max if options.down_max is not None else (len(self.node_ids) - 1) // 2
+        )
+        self.kinds = [kind for kind in FAULT_KINDS if options.weights.get(kind, 0) > 0]
+        self.kind_weights = [options.weights[kind] for kind in self.kinds]
+        self.running = False
+        self.network_fault_token = 0
+        self.crashed: set[str] = set()
+        self.paused: set[str] = set()
+        self.membership_target: str | None = None
+        self.membership_phase = ""
+        self.stats = NemesisStats()
+
+    # --- schedule -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.running = True
+        self._schedule_next()
+
+    def _schedule_next(self) -> None:
+        options = self.options
+        delay_ms = self.rng.randint(options.interval_ms_min, options.interval_ms_max)
+        self.cluster.events.schedule(delay_ms, self._step, None)
+
+    def _fault_ms(self) -> int:
+        return self.rng.randint(self.options.fault_ms_min, self.options.fault_ms_max)
+
+    def _step(self, _: object) -> None:
+        if not self.running or not self.kinds:
+            return
+        kind = self.rng.choices(self.kinds, self.kind_weights)[0]
+        if getattr(self, f"_inject_{kind}")():
+            self.stats.faults[kind] = self.stats.faults.get(kind, 0) + 1
+        self._schedule_next()
+
+    def heal_all(self) -> None:
+        """Stop injecting; end every fault now; finish a membership cycle under way."""
+        self.running = False
+        self.network_fault_token += 1
+        self.cluster.heal()
+        for node_id in sorted(self.crashed):
+            self.cluster.restart(node_id)
+        for node_id in sorted(self.paused):
+            self.cluster.resume(node_id)
+        self.crashed.clear()
+        self.paused.clear()
+
+    # --- network faults -----------------------------------------------------------------
+
+    def _network_fault(self) -> None:
+        """A new network fault replaces the previous one; it heals after a while."""
+        self.cluster.heal()
+        self.network_fault_token += 1
+        self.cluster.events.schedule(self._fault_ms(), self._heal_network, self.network_fault_token)
+
+    def _heal_network(self, token: int) -> None:
+        if token == self.network_fault_token and self.running:
+            self.cluster.heal()
+
+    def _inject_partition(self) -> bool:
+        shuffled = list(self.node_ids)
+        self.rng.shuffle(shuffled)
+        minority_size = self.rng.randint(1, max(1, (len(shuffled) - 1) // 2))
+        self._network_fault()
+        self.cluster.partition([sorted(shuffled[:minority_size]), sorted(shuffled[minority_size:])])
+        return True
+
+    def _inject_isolate_leader(self) -> bool:
+        leader = self.cluster.leader()
+        if leader is None:
+            return False
+        self._network_fault()
+        self.cluster.isolate(leader)
+        return True
+
+    def _inject_cut(self) -> bool:
+        self._network_fault()
+        for _ in range(self.rng.randint(1, 3)):
+            source, target = self.rng.sample(self.node_ids, 2)
+            self.cluster.cut(source, target)
+        return True
+
+    # --- node faults --------------------------------------------------------------------
+
+    def _down_count(self) -> int:
+        return len(self.crashed) + len(self.paused)
+
+    def _pick_up_node(self) -> str | None:
+        candidates = [
+            node_id
+            for node_id in self.node_ids
+            if node_id not in self.crashed and node_id not in self.paused
+        ]
+        return self.rng.choice(candidates) if candidates else None
+
+    def _inject_crash(self, node_id: str | None = None) -> bool:
+        if self._down_count() >= self.down_max:
+            return False
+        if node_id is None:
+            node_id = self._pick_up_node()
+        if node_id is None:
+            return False
+        self.crashed.add(node_id)
+        self.cluster.crash(node_id)
+        self.cluster.events.schedule(self._fault_ms(), self._restart, node_id)
+        return True
+
+    def _inject_crash_leader(self) -> bool:
+        leader = self.cluster.leader()
+        return leader is not None and self._inject_crash(leader)
+
+    def _restart(self, node_id: str) -> None:
+        if node_id in self.crashed:
+            self.crashed.discard(node_id)
+            self.cluster.restart(node_id)
+
+    def _inject_pause(self) -> bool:
+        if self._down_count() >= self.down_max:
+            return False
+        node_id = self._pick_up_node()
+        if node_id is None:
+            return False
+        self.paused.add(node_id)
+        self.cluster.pause(node_id)
+        self.cluster.events.schedule(self._fault_ms(), self._resume, node_id)
+        return True
+
+    def _resume(self, node_id: str) -> None:
+        if node_id in self.paused:
+            self.paused.discard(node_id)
+            self.cluster.resume(node_id)
+
+    def _inject_transfer(self) -> bool:
+        leader = self.cluster.leader()
+        if leader is None:
+            return False
+        voters = self.cluster.nodes[leader].core.configuration.voters
+        targets = [voter for voter in voters if voter != leader]
+        if not targets:
+            return False
+        return self.cluster.transfer_leadership(self.rng.choice(targets))
+
+    # --- membership: remove a node, add it back as a learner, promote it ----------------
+
+    def _inject_membership(self) -> bool:
+        if self.membership_target is not None:
+            return False
+        self.membership_target = self.rng.choice(self.node_ids)
+        self.membership_phase = "remove"
+        self.stats.membership_cycles += 1
+        self._drive_membership(None)
+        return True
+
+    def _drive_membership(self, _: object) -> None:
+        """One step of the cycle at the current leader; retried until the cycle is done.
+
+        Runs on after `heal_all` too, so every cycle ends with the node a voter again."""
+        target = self.membership_target
+        if target is None:
+            return
+        leader = self.cluster.leader()
+        if leader is not None:
+            # A change takes effect once in the log; the next one is refused until it
+            # commits (ConfigurationChangeInProgressError), so retrying is all it takes.
+            configuration = self.cluster.nodes[leader].core.configuration
+            self._membership_step(target, configuration.voters, configuration.learners)
+            if self.membership_target is None:
+                return
+        self.cluster.events.schedule(self.options.membership_retry_ms, self._drive_membership)
+
+    def _membership_step(
+        self, target: str, voters: tuple[str, ...], learners: tuple[str, ...]
+    ) -> None:
+        phase = self.membership_phase
+        if phase == "remove":
+            if target in voters or target in learners:
+                if len(voters) > 1:
+                    self.cluster.change_membership(MembershipChange(ChangeKind.REMOVE, target))
+                return
+            self.membership_phase = phase = "add_learner"
+        if phase == "add_learner":
+            if target not in voters and target not in learners:
+                self.cluster.change_membership(MembershipChange(ChangeKind.ADD_LEARNER, target))
+                return
+            self.membership_phase = phase = "promote"
+        if phase == "promote":
+            if target in learners:
+                self.cluster.change_membership(MembershipChange(ChangeKind.PROMOTE_LEARNER, target))
+                return
+            if target in voters:
+                self.membership_target = None
+                self.membership_phase = ""

@@ -1,0 +1,144 @@
+"""A seeded faulty network between simulated nodes.
+
+Every message is encoded with msgpack when sent and decoded when it arrives, as on a real
+wire: the receiver never shares an object with the sender, so a core that mutates what it
+sent or received cannot hide the bug behind aliasing. Each copy gets its own random delay,
+which reorders messages; a partition or cut drops what crosses it, both at send time and at
+arrival (a message in flight when the link is cut is lost, as a TCP connection would be).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import msgspec
+
+from quorumlog.raft.messages import Message
+from quorumlog.testing.sim.events import EventQueue
+from quorumlog.testing.sim.trace import TraceRecorder
+
+
+class NetworkFaults(msgspec.Struct, frozen=True):
+    """How a network misbehaves. The defaults are a clean, fast, in-order-ish network."""
+
+    delay_ms_min: int = 1
+    delay_ms_max: int = 10
+    tail_probability: float = 0.0
+    """Chance that a message is slow: its delay is drawn up to `tail_delay_ms_max`."""
+    tail_delay_ms_max: int = 400
+    drop_probability: float = 0.0
+    duplicate_probability: float = 0.0
+
+    def validate(self) -> None:
+        if not 0 <= self.delay_ms_min <= self.delay_ms_max:
+            raise ValueError("need 0 <= delay_ms_min <= delay_ms_max")
+        if self.tail_delay_ms_max < self.delay_ms_max:
+            raise ValueError("tail_delay_ms_max must be >= delay_ms_max")
+        for name in ("tail_probability", "drop_probability", "duplicate_probability"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be within [0, 1]")
+
+
+class NetworkStats(msgspec.Struct):
+    sent: int = 0
+    delivered: int = 0
+    dropped_random: int = 0
+    dropped_blocked: int = 0
+    duplicated: int = 0
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
+
+Deliver = Callable[[Message], None]
+
+
+def encode_message(message: Message) -> bytes:
+    return _encoder.encode(message)
+
+
+def decode_message(data: bytes) -> Message:
+    return _decoder.decode(data)
+
+
+class SimNetwork:
+    """Carries messages between node ids; `deliver` hands an arrived message to its node."""
+
+    def __init__(
+        self,
+        events: EventQueue,
+        rng: random.Random,
+        faults: NetworkFaults,
+        deliver: Deliver,
+        trace: TraceRecorder | None = None,
+    ) -> None:
+        faults.validate()
+        self.events = events
+        self.rng = rng
+        self.faults = faults
+        self.deliver = deliver
+        self.trace = trace
+        self.blocked: set[tuple[str, str]] = set()
+        """Directed links that drop everything: (source, target)."""
+        self.stats = NetworkStats()
+
+    # --- faults ----------------------------------------------------------------------
+
+    def partition(self, groups: list[list[str]]) -> None:
+        """Block every link between different groups, both ways (adds to current cuts)."""
+        for group_index, group in enumerate(groups):
+            for other_index, other in enumerate(groups):
+                if group_index == other_index:
+                    continue
+                for source in group:
+                    for target in other:
+                        self.blocked.add((source, target))
+
+    def cut(self, source: str, target: str) -> None:
+        """Drop messages from `source` to `target` only (a one-way fault)."""
+        self.blocked.add((source, target))
+
+    def heal(self) -> None:
+        self.blocked.clear()
+
+    def set_faults(self, faults: NetworkFaults) -> None:
+        faults.validate()
+        self.faults = faults
+
+    # --- carrying --------------------------------------------------------------------
+
+    def send(self, message: Message) -> None:
+        stats = self.stats
+        stats.sent += 1
+        source = message.source
+        target = message.target
+        if (source, target) in self.blocked:
+            stats.dropped_blocked += 1
+            return
+        faults = self.faults
+        rng = self.rng
+        if faults.drop_probability and rng.random() < faults.drop_probability:
+            stats.dropped_random += 1
+            if self.trace is not None:
+                self.trace.record(self.events.now_ms, f"net drop {message!r}")
+            return
+        data = _encoder.encode(message)
+        copies = 1
+        if faults.duplicate_probability and rng.random() < faults.duplicate_probability:
+            copies = 2
+            stats.duplicated += 1
+        for _ in range(copies):
+            if faults.tail_probability and rng.random() < faults.tail_probability:
+                delay_ms = rng.randint(faults.delay_ms_max, faults.tail_delay_ms_max)
+            else:
+                delay_ms = rng.randint(faults.delay_ms_min, faults.delay_ms_max)
+            self.events.schedule(delay_ms, self._arrive, (source, target, data))
+
+    def _arrive(self, packet: tuple[str, str, bytes]) -> None:
+        source, target, data = packet
+        if (source, target) in self.blocked:
+            self.stats.dropped_blocked += 1
+            return
+        self.stats.delivered += 1
+        self.deliver(_decoder.decode(data))

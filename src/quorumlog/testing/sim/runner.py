@@ -1,0 +1,319 @@
+"""Run whole seeds: seeded settings, workload, nemesis, final heal, end-of-run checks.
+
+A seed fixes everything: the Raft settings drawn for it, the network's faults, the disk's
+latency and torn tails, the clients' operations and the nemesis schedule. The timeline of
+a run of `simulated_seconds`:
+
+    [0, heal)                  workload + nemesis
+    [heal, heal + liveness)    every fault ended; a write called in here must complete
+    [.., end - drain)          workload goes on
+    [end - drain, end]         workload stops; every member must catch up and agree
+
+A failure is reported with the command that replays it and, from a second run of the same
+seed with tracing on, the tail of the trace.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+import traceback
+from collections.abc import Sequence
+
+import msgspec
+
+from quorumlog.raft.config import RaftConfig
+from quorumlog.testing.history import OperationStatus
+from quorumlog.testing.sim.checks import InvariantViolation, check_invariant
+from quorumlog.testing.sim.cluster import SimCluster, SimOptions
+from quorumlog.testing.sim.events import derive_random
+from quorumlog.testing.sim.nemesis import Nemesis, NemesisOptions
+from quorumlog.testing.sim.network import NetworkFaults
+from quorumlog.testing.sim.node import NodeOptions
+from quorumlog.testing.sim.trace import TraceRecorder
+from quorumlog.testing.sim.workload import WorkloadOptions
+
+LIVENESS_TICKS = 200
+"""After the final heal, a newly called write must complete within this many ticks."""
+DRAIN_MS = 3000
+TRACE_TAIL_LINES = 60
+LINEARIZABILITY_STEPS_MAX = 2_000_000
+
+
+class SeedPlan(msgspec.Struct, frozen=True):
+    """Everything a seed decides before the run starts."""
+
+    options: SimOptions
+    nemesis: NemesisOptions
+
+
+class SeedResult(msgspec.Struct):
+    seed: int
+    node_count: int
+    ok: bool
+    simulated_ms: int
+    wall_seconds: float
+    invariant_checks: int
+    events: int
+    operations: int = 0
+    operations_ok: int = 0
+    operations_unknown: int = 0
+    linearizable: bool | None = None
+    failure: str | None = None
+    replay_command: str = ""
+    trace_tail: list[str] = msgspec.field(default_factory=list)
+    faults: dict[str, int] = msgspec.field(default_factory=dict)
+
+
+def replay_command(seed: int, node_count: int, simulated_seconds: float) -> str:
+    seconds = "" if simulated_seconds == 30 else f" --seconds {simulated_seconds:g}"
+    return f"quorumlog sim raft --seeds {seed}-{seed} --nodes {node_count}{seconds}"
+
+
+def plan_seed(seed: int, node_count: int) -> SeedPlan:
+    """Draw the settings of one seed. Each choice widens what the run exercises: tiny
+    append batches and windows (pipelining), small pending limits (PendingFullError),
+    frequent snapshots and small chunks (INSTALL_SNAPSHOT), slow fsyncs (crash windows)."""
+    rng = derive_random(seed, "plan")
+    membership = rng.random() < 0.3
+    pauses = rng.random() < 0.7
+    raft = RaftConfig(
+        node_id="template",
+        election_ticks=10,
+        heartbeat_ticks=1,
+        pre_vote=rng.random() < 0.8,
+        check_quorum=True,
+        lease_read=(not pauses) and rng.random() < 0.3,
+        append_entries_max=rng.choice([1, 4, 16, 256]),
+        inflight_appends_max=rng.choice([1, 4, 64]),
+        append_timeout_ticks=rng.choice([2, 4, 8]),
+        pending_entries_max=rng.choice([4, 16, 10_000]),
+        snapshot_chunk_bytes_max=rng.choice([64, 512, 1024 * 1024]),
+    )
+    network = NetworkFaults(
+        delay_ms_min=1,
+        delay_ms_max=rng.choice([5, 10, 20, 30]),
+        tail_probability=rng.choice([0.0, 0.01, 0.05]),
+        tail_delay_ms_max=rng.choice([100, 400, 1000]),
+        drop_probability=rng.choice([0.0, 0.01, 0.05, 0.1]),
+        duplicate_probability=rng.choice([0.0, 0.01, 0.05]),
+    )
+    node = NodeOptions(
+        tick_ms=50,
+        fsync_ms_min=0,
+        fsync_ms_max=rng.choice([0, 2, 10]),
+        snapshot_interval_entries=rng.choice([8, 32, 128]),
+        snapshot_trailing_entries=rng.choice([0, 2, 16]),
+        torn_tail_probability=0.5,
+    )
+    workload = WorkloadOptions(
+        client_count=rng.randint(2, 5),
+        key_count=rng.choice([1, 2, 3, 5]),
+        think_ms_min=0,
+        think_ms_max=rng.choice([60, 150, 400]),
+    )
+    weights = dict(NemesisOptions().weights)
+    weights["membership"] = 3 if membership else 0
+    if not pauses:
+        weights["pause"] = 0
+    nemesis = NemesisOptions(
+        interval_ms_min=300,
+        interval_ms_max=rng.choice([1000, 2500, 5000]),
+        fault_ms_min=200,
+        fault_ms_max=rng.choice([1500, 4000]),
+        weights=weights,
+    )
+    options = SimOptions(
+        node_count=node_count, raft=raft, node=node, network=network, workload=workload
+    )
+    return SeedPlan(options=options, nemesis=nemesis)
+
+
+def run_seed(
+    seed: int,
+    node_count: int = 3,
+    simulated_seconds: float = 30,
+    *,
+    trace: TraceRecorder | None = None,
+    capture_trace: bool = True,
+) -> SeedResult:
+    """Run one seed; on failure, run it again with tracing to capture the trace tail."""
+    result = _run_once(seed, node_count, simulated_seconds, trace)
+    if not result.ok and trace is None and capture_trace:
+        recorder = TraceRecorder(lines_max=TRACE_TAIL_LINES)
+        replay = _run_once(seed, node_count, simulated_seconds, recorder)
+        result.trace_tail = recorder.tail(TRACE_TAIL_LINES)
+        if replay.failure != result.failure:
+            result.failure = (
+                f"{result.failure}\n(NOT DETERMINISTIC: the traced replay ended with: "
+                f"{replay.failure})"
+            )
+    return result
+
+
+def _run_once(
+    seed: int, node_count: int, simulated_seconds: float, trace: TraceRecorder | None
+) -> SeedResult:
+    started = time.perf_counter()
+    plan = plan_seed(seed, node_count)
+    end_ms = int(simulated_seconds * 1000)
+    cluster: SimCluster | None = None
+    nemesis: Nemesis | None = None
+    result = SeedResult(
+        seed=seed,
+        node_count=node_count,
+        ok=True,
+        simulated_ms=0,
+        wall_seconds=0.0,
+        invariant_checks=0,
+        events=0,
+        replay_command=replay_command(seed, node_count, simulated_seconds),
+    )
+    try:
+        cluster = SimCluster(seed, plan.options, trace)
+        nemesis = Nemesis(cluster, plan.nemesis, derive_random(seed, "nemesis"))
+        _run_timeline(cluster, nemesis, end_ms)
+        _check_history(cluster, result)
+    except Exception as error:  # any exception is a finding, reported with its seed
+        result.ok = False
+        result.failure = _describe_failure(error, cluster)
+    if cluster is not None:
+        result.simulated_ms = cluster.now_ms
+        result.invariant_checks = cluster.invariant_checks
+        result.events = cluster.events.events_run
+    if nemesis is not None:
+        result.faults = dict(sorted(nemesis.stats.faults.items()))
+    result.wall_seconds = time.perf_counter() - started
+    return result
+
+
+def _run_timeline(cluster: SimCluster, nemesis: Nemesis, end_ms: int) -> None:
+    tick_ms = cluster.tick_ms
+    liveness_ms = LIVENESS_TICKS * tick_ms
+    workload_end_ms = end_ms - DRAIN_MS
+    heal_ms = max(int(end_ms * 0.4), workload_end_ms - liveness_ms - 1000)
+    liveness_deadline_ms = min(heal_ms + liveness_ms, workload_end_ms)
+    cluster.workload.start()
+    nemesis.start()
+    cluster.run_until_time(heal_ms)
+    nemesis.heal_all()
+    cluster.run_until_time(liveness_deadline_ms)
+    first = cluster.workload.stats.first_write_invoked_after(heal_ms)
+    check_invariant(
+        first is not None and first <= liveness_deadline_ms,
+        f"liveness: no write called after the final heal at {heal_ms} ms completed by "
+        f"{liveness_deadline_ms} ms\n{cluster.describe()}",
+    )
+    cluster.run_until_time(workload_end_ms)
+    cluster.workload.stop()
+    cluster.run_until_time(end_ms)
+    _check_caught_up(cluster)
+
+
+def _check_caught_up(cluster: SimCluster) -> None:
+    """After the drain, every member applied the same entries and holds the same state."""
+    leader_id = cluster.leader()
+    check_invariant(leader_id is not None, f"no leader at the end\n{cluster.describe()}")
+    leader = cluster.nodes[str(leader_id)]
+    members = leader.core.configuration.members()
+    commit = leader.core.commit_index
+    for node_id in sorted(members):
+        node = cluster.nodes[node_id]
+        check_invariant(
+            node.up and node.applied_index == commit,
+            f"{node_id} did not catch up with the leader's commit {commit} by the end\n"
+            f"{cluster.describe()}",
+        )
+    cluster.check_converged()
+
+
+def _check_history(cluster: SimCluster, result: SeedResult) -> None:
+    operations = cluster.history.operations()
+    result.operations = len(operations)
+    result.operations_ok = sum(1 for op in operations if op.status is OperationStatus.OK)
+    result.operations_unknown = sum(1 for op in operations if op.status is OperationStatus.UNKNOWN)
+    verdict = cluster.check_linearizable(LINEARIZABILITY_STEPS_MAX)
+    result.linearizable = verdict.ok
+    check_invariant(verdict.ok is not False, f"not linearizable: {verdict.explanation}")
+
+
+def _describe_failure(error: Exception, cluster: SimCluster | None) -> str:
+    kind = "invariant violated" if isinstance(error, InvariantViolation) else "exception"
+    where = "".join(traceback.format_exception(error)[-6:])
+    state = f"\ncluster at {cluster.now_ms} ms:\n{cluster.describe()}" if cluster else ""
+    return f"{kind}: {type(error).__name__}: {error}\n{where}{state}"
+
+
+# --- many seeds -----------------------------------------------------------------------
+
+
+class RunSummary(msgspec.Struct):
+    seeds: int
+    failures: list[int]
+    simulated_seconds: float
+    wall_seconds: float
+    invariant_checks: int
+    linearizability_undecided: list[int]
+    results: list[SeedResult]
+
+    def to_json_line(self) -> dict[str, object]:
+        return {
+            "seeds": self.seeds,
+            "failures": self.failures,
+            "simulated_seconds": round(self.simulated_seconds, 3),
+            "wall_seconds": round(self.wall_seconds, 3),
+            "invariant_checks": self.invariant_checks,
+            "simulated_per_wall": round(self.simulated_seconds / max(self.wall_seconds, 1e-9), 1),
+            "linearizability_undecided": self.linearizability_undecided,
+        }
+
+
+def _run_seed_job(arguments: tuple[int, int, float]) -> SeedResult:
+    seed, node_count, simulated_seconds = arguments
+    return run_seed(seed, node_count, simulated_seconds)
+
+
+def run_seeds(
+    seeds: Sequence[int], node_count: int = 3, simulated_seconds: float = 30, jobs: int = 1
+) -> RunSummary:
+    """Run every seed (in `jobs` processes); results come back in seed order."""
+    started = time.perf_counter()
+    jobs_list = [(seed, node_count, simulated_seconds) for seed in seeds]
+    if jobs <= 1 or len(jobs_list) <= 1:
+        results = [_run_seed_job(job) for job in jobs_list]
+    else:
+        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+            results = list(pool.map(_run_seed_job, jobs_list, chunksize=4))
+    return RunSummary(
+        seeds=len(results),
+        failures=[result.seed for result in results if not result.ok],
+        simulated_seconds=sum(result.simulated_ms for result in results) / 1000,
+        wall_seconds=time.perf_counter() - started,
+        invariant_checks=sum(result.invariant_checks for result in results),
+        linearizability_undecided=[
+            result.seed for result in results if result.ok and result.linearizable is None
+        ],
+        results=results,
+    )
+
+
+def format_failure(result: SeedResult) -> str:
+    lines = [
+        f"seed {result.seed} FAILED ({result.node_count} nodes, at {result.simulated_ms} ms)",
+        f"replay: {result.replay_command}",
+        str(result.failure),
+    ]
+    if result.trace_tail:
+        lines.append(f"trace tail ({len(result.trace_tail)} lines):")
+        lines.extend(result.trace_tail)
+    return "\n".join(lines)
+
+
+def parse_seed_range(text: str) -> range:
+    """ "7" or "10-19" (inclusive) -> a range of seeds."""
+    low_text, _, high_text = text.partition("-")
+    low = int(low_text)
+    high = int(high_text) if high_text else low
+    if high < low:
+        raise ValueError(f"seed range {text!r} is empty")
+    return range(low, high + 1)
