@@ -110,6 +110,12 @@ def _check_options(data_file_bytes: int, index_file_bytes: int, entry_bytes_max:
         )
 
 
+def largest_entry_bytes(data_file_bytes: int) -> int:
+    """The most entry data that fits one data file of `data_file_bytes` with its header."""
+    usable = data_file_bytes - data_file_bytes % ENTRY_ALIGNMENT_BYTES
+    return max(0, usable - ENTRY_HEADER_BYTES)
+
+
 def _round_up(position: int, file_bytes: int) -> int:
     return -(-position // file_bytes) * file_bytes
 
@@ -162,9 +168,17 @@ class MmapLogStore:
         data_file_bytes: int = DATA_FILE_BYTES_DEFAULT,
         index_file_bytes: int = INDEX_FILE_BYTES_DEFAULT,
         sync_policy: SyncPolicy = SyncPolicy.EXPLICIT,
-        entry_bytes_max: int = ENTRY_BYTES_MAX_DEFAULT,
+        entry_bytes_max: int | None = None,
     ) -> MmapLogStore:
-        """Open the store at `path`, creating it if missing, and recover its tail."""
+        """Open the store at `path`, creating it if missing, and recover its tail.
+
+        `entry_bytes_max` defaults to ENTRY_BYTES_MAX_DEFAULT, or to the largest entry data
+        one data file can hold if that is smaller (an entry never spans files, and the
+        64 MiB defaults would otherwise clash by the 48 bytes of a header). A value given
+        explicitly must fit a data file.
+        """
+        if entry_bytes_max is None:
+            entry_bytes_max = min(ENTRY_BYTES_MAX_DEFAULT, largest_entry_bytes(data_file_bytes))
         _check_options(data_file_bytes, index_file_bytes, entry_bytes_max)
         if not isinstance(sync_policy, SyncPolicy):
             raise ValueError(f"sync_policy must be a SyncPolicy, got {sync_policy!r}")

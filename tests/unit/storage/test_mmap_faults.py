@@ -14,6 +14,7 @@ import pytest
 from quorumlog.storage import (
     CorruptLogError,
     DiskFullError,
+    EntryTooLargeError,
     LogEntry,
     MmapLogStore,
     StorageError,
@@ -696,6 +697,8 @@ def test_bad_options_raise_value_errors(tmp_path: Path) -> None:
         MmapLogStore.open(path, data_file_bytes=4100, index_file_bytes=512, entry_bytes_max=10)
     with pytest.raises(ValueError):
         MmapLogStore.open(path, sync_policy="always")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="must fit one data file"):
+        MmapLogStore.open(path, entry_bytes_max=64 * 1024 * 1024)
     open_store(path).close()
     with pytest.raises(ValueError, match="same sizes"):
         MmapLogStore.open(path, data_file_bytes=8192, index_file_bytes=512, entry_bytes_max=10)
@@ -724,6 +727,16 @@ def test_sync_policies_decide_when_mappings_are_flushed(
     store.close()
     assert after_append == (2 if policy is SyncPolicy.EVERY_APPEND else 0)
     assert after_sync == (2 if policy is SyncPolicy.EXPLICIT else after_append)
+
+
+def test_default_entry_limit_is_what_a_data_file_holds(tmp_path: Path) -> None:
+    store = MmapLogStore.open(tmp_path / "small", data_file_bytes=4096, index_file_bytes=512)
+    store.append([LogEntry(index=1, term=1, data=b"x" * (4096 - ENTRY_HEADER_BYTES))])
+    with pytest.raises(EntryTooLargeError):
+        store.append([LogEntry(index=2, term=1, data=b"x" * (4096 - ENTRY_HEADER_BYTES + 1))])
+    store.close()
+    store = MmapLogStore.open(tmp_path / "default", data_file_bytes=1024 * 1024)
+    store.close()
 
 
 def test_the_index_lives_in_files_not_in_python_memory(tmp_path: Path) -> None:
