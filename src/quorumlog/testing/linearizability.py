@@ -11,6 +11,10 @@ The search is Wing & Gong's, with Lowe's memoization, as Porcupine implements it
   configuration the search has already explored: from the same set and the same state the
   rest of the search would go exactly the same way.
 
+Unknown outcomes get two more prunings, each explained where it is coded: a configuration
+whose unknown operations include those of one already explored is skipped, and so is an
+operation that reaches the same state with or without the unknown one just before it.
+
 Histories are split first (P-compositionality): for the key-value model, each key is a
 register of its own, so a history of K keys costs K small searches instead of one huge one.
 
@@ -56,7 +60,9 @@ _WINDOW_OPERATIONS_MAX: Final = 12
 
 
 class Model(Protocol):
-    """A sequential specification. States must be hashable (tuples, str, None, numbers)."""
+    """A sequential specification. States must be hashable (tuples, str, None, numbers)
+    and compare equal exactly when they behave the same; `step` must be deterministic, as
+    the search prunes by comparing states."""
 
     def init(self) -> Hashable:
         """The state before any operation."""
@@ -76,9 +82,9 @@ class Model(Protocol):
         operations constrain nothing, so the checker drops them."""
         ...
 
-    def describe_operation(self, kind: str, argument: Any, output: Any) -> str: ...
-
-    def describe_state(self, state: Hashable) -> str: ...
+    def describe_operation(self, kind: str, argument: Any, output: Any) -> str:
+        """One short line for explanations, such as "get() -> 'a'"."""
+        ...
 
 
 class RegisterModel:
@@ -132,9 +138,6 @@ class RegisterModel:
             expected, new = argument
             return f"cas({expected!r} -> {new!r}) -> {shown_output}"
         return f"{kind}({argument!r})"
-
-    def describe_state(self, state: Hashable) -> str:
-        return "absent" if state is None else repr(state)
 
 
 class KeyValueModel(RegisterModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Hashable, Sequence
@@ -416,9 +417,6 @@ class CounterModel:
     def describe_operation(self, kind: str, argument: Any, output: Any) -> str:
         return f"{kind}({argument!r}) -> {output!r}"
 
-    def describe_state(self, state: Hashable) -> str:
-        return repr(state)
-
 
 def test_a_custom_model_plugs_in() -> None:
     history = Builder()
@@ -604,6 +602,59 @@ def test_a_read_of_a_value_never_written_is_refused(
     assert [partition.key for partition in failing] == [victim.key]
     assert failing[0].culprit is not None
     assert failing[0].culprit.operation_id == victim.operation_id
+
+
+def linearizable_by_brute_force(operations: Sequence[Operation]) -> bool:
+    """Try every order of every choice of unknown operations: the definition, slowly."""
+    kept = [operation for operation in operations if operation.status is not OperationStatus.FAILED]
+    required = [operation for operation in kept if operation.status is OperationStatus.OK]
+    optional = [operation for operation in kept if operation.status is OperationStatus.UNKNOWN]
+    for chosen_count in range(len(optional) + 1):
+        for chosen in itertools.combinations(optional, chosen_count):
+            for order in itertools.permutations([*required, *chosen]):
+                if _respects_real_time(order) and _model_accepts(order):
+                    return True
+    return False
+
+
+def _respects_real_time(order: Sequence[Operation]) -> bool:
+    return not any(
+        later.return_time < earlier.call_time
+        for position, earlier in enumerate(order)
+        for later in order[position + 1 :]
+    )
+
+
+def _model_accepts(order: Sequence[Operation]) -> bool:
+    state: Hashable = REGISTER_MODEL.init()
+    for operation in order:
+        ok = operation.status is OperationStatus.OK
+        output = operation.output if ok else UNKNOWN_OUTPUT
+        accepted, state = REGISTER_MODEL.step(state, operation.kind, operation.argument, output)
+        if not accepted:
+            return False
+    return True
+
+
+@settings(max_examples=300, deadline=None)
+@given(plans(operations_max=6), st.data())
+def test_the_checker_agrees_with_brute_force_on_small_histories(
+    plan_list: list[Plan], data: st.DataObject
+) -> None:
+    operations = simulate([msgspec.structs.replace(plan, key="x") for plan in plan_list])
+    # Corrupt some outputs so that about half the histories are not linearizable.
+    for position, operation in enumerate(operations):
+        if operation.status is OperationStatus.OK and data.draw(st.booleans()):
+            if operation.kind == "get":
+                output = data.draw(st.sampled_from([None, "v0", "v1", "v2", "a0.", "a1."]))
+                operations[position] = msgspec.structs.replace(operation, output=output)
+            elif operation.kind == "cas":
+                operations[position] = msgspec.structs.replace(
+                    operation, output=not operation.output
+                )
+    expected = linearizable_by_brute_force(operations)
+    result = check_linearizable(operations, model=REGISTER_MODEL)
+    assert result.ok is expected, operations
 
 
 def thousand_operations() -> list[Operation]:
