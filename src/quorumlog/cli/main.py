@@ -46,6 +46,54 @@ def sim() -> None:
     """Deterministic simulations: seeded faults on virtual time."""
 
 
+@sim.command("raft")
+@click.option("--seeds", "seed_range", required=True, help='Seeds to run: "7" or "10-19".')
+@click.option("--nodes", "node_count", type=click.IntRange(1, 9), default=3, show_default=True)
+@click.option("--seconds", "simulated_seconds", type=float, default=30.0, show_default=True)
+@click.option("--jobs", type=click.IntRange(1, 64), default=1, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="End with one JSON summary line.")
+def sim_raft(
+    seed_range: str, node_count: int, simulated_seconds: float, jobs: int, as_json: bool
+) -> None:
+    """Run Raft clusters under a seeded nemesis; exit 1 if any seed fails.
+
+    Each failure prints the command that replays it and the tail of its trace."""
+    import json
+
+    from quorumlog.testing.sim.runner import format_failure, parse_seed_range, run_seeds
+
+    try:
+        seeds = parse_seed_range(seed_range)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--seeds") from error
+    summary = run_seeds(seeds, node_count, simulated_seconds, jobs)
+    for result in summary.results:
+        if not result.ok:
+            click.echo(format_failure(result), err=not as_json)
+    figures = summary.to_json_line()
+    if as_json:
+        click.echo(json.dumps(figures, sort_keys=True))
+    else:
+        failed = ", ".join(str(seed) for seed in summary.failures) or "none"
+        click.echo(
+            f"{summary.seeds} seeds, {node_count} nodes: failed {failed}; "
+            f"{figures['simulated_seconds']} simulated s in {figures['wall_seconds']} wall s "
+            f"({figures['simulated_per_wall']}x), {summary.invariant_checks} invariant checks"
+        )
+    if summary.failures:
+        sys.exit(1)
+
+
+def register_node_commands() -> None:
+    from quorumlog.cli.node_commands import dev_group, node_command
+
+    cli.add_command(node_command)
+    cli.add_command(dev_group)
+
+
+register_node_commands()
+
+
 def main() -> None:
     try:
         cli(standalone_mode=True)

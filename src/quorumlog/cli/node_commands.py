@@ -1,0 +1,257 @@
+"""`quorumlog node` (one node in the foreground) and `quorumlog dev` (a local cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from quorumlog.errors import QuorumLogError
+
+DEV_STATE_FILE = "dev-cluster.json"
+DEFAULT_DEV_DIR = ".quorumlog-dev"
+
+
+def parse_peers(text: str) -> dict[str, str]:
+    peers: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        node_id, separator, address = item.partition("=")
+        if not separator or not node_id or ":" not in address:
+            raise click.BadParameter(f"{item!r} is not ID=HOST:PORT", param_hint="--peers")
+        peers[node_id] = address
+    return peers
+
+
+@click.command("node")
+@click.option("--id", "node_id", required=True, help="This node's id (unique in the cluster).")
+@click.option("--listen", required=True, help="HOST:PORT to listen on for peers and clients.")
+@click.option("--peers", default="", help="The other members: ID=HOST:PORT,ID=HOST:PORT,...")
+@click.option("--data-dir", required=True, type=click.Path(file_okay=False))
+@click.option("--cluster-id", default="quorumlog", envvar="QUORUMLOG_CLUSTER_ID", show_default=True)
+@click.option("--join", is_flag=True, help="Start empty and wait to be added as a member.")
+@click.option("--tick-ms", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@click.option("--no-fsync", is_flag=True, help="Do not fsync (tests only: loses data on crash).")
+@click.option(
+    "--snapshot-entries", default=20_000, show_default=True, type=click.IntRange(10, 10**9)
+)
+def node_command(
+    node_id: str,
+    listen: str,
+    peers: str,
+    data_dir: str,
+    cluster_id: str,
+    join: bool,
+    tick_ms: int,
+    no_fsync: bool,
+    snapshot_entries: int,
+) -> None:
+    """Run one node in the foreground; logs to stderr; SIGTERM stops it cleanly."""
+    from quorumlog.node.server import NodeSettings, run_node
+
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format=f"%(asctime)s {node_id} %(name)s %(levelname)s %(message)s",
+    )
+    settings = NodeSettings(
+        node_id=node_id,
+        listen=listen,
+        data_dir=data_dir,
+        peers=parse_peers(peers),
+        cluster_id=cluster_id,
+        join=join,
+        tick_ms=tick_ms,
+        fsync=not no_fsync,
+        snapshot_entries=snapshot_entries,
+        snapshot_trailing_entries=min(5_000, snapshot_entries // 2),
+    )
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signal_number in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signal_number, stop.set)
+        await run_node(settings, stop)
+
+    try:
+        import uvloop
+
+        uvloop.run(main())
+    except ImportError:  # pragma: no cover - uvloop is a dependency; this is for odd platforms
+        asyncio.run(main())
+
+
+# --- dev: a local cluster of background processes ---------------------------------------
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the OS hands out now (held open together so they differ)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            held = socket.socket()
+            held.bind(("127.0.0.1", 0))
+            sockets.append(held)
+        return [held.getsockname()[1] for held in sockets]
+    finally:
+        for held in sockets:
+            held.close()
+
+
+def dev_state_path(directory: str) -> Path:
+    return Path(directory) / DEV_STATE_FILE
+
+
+def load_dev_state(directory: str) -> dict[str, object] | None:
+    path = dev_state_path(directory)
+    if not path.exists():
+        return None
+    state: dict[str, object] = json.loads(path.read_text())
+    return state
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def start_dev_cluster(
+    directory: str, nodes: int, cluster_id: str, extra_arguments: list[str] | None = None
+) -> dict[str, object]:
+    """Start `nodes` node processes under `directory`; returns the state written there."""
+    base = Path(directory).resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    existing = load_dev_state(str(base))
+    running: dict[str, int] = existing["pids"] if existing else {}  # type: ignore[assignment]
+    if any(process_alive(int(pid)) for pid in running.values()):
+        raise QuorumLogError(
+            f"a dev cluster is already running under {base}; `quorumlog dev down` first"
+        )
+    ports = free_ports(nodes)
+    ids = [f"n{i}" for i in range(1, nodes + 1)]
+    addresses = {node_id: f"127.0.0.1:{port}" for node_id, port in zip(ids, ports, strict=True)}
+    pids: dict[str, int] = {}
+    for node_id in ids:
+        peers = ",".join(f"{p}={a}" for p, a in addresses.items() if p != node_id)
+        log_file = open(base / f"{node_id}.log", "ab")  # noqa: SIM115 - handed to the child
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "quorumlog",
+                "node",
+                "--id",
+                node_id,
+                "--listen",
+                addresses[node_id],
+                "--peers",
+                peers,
+                "--data-dir",
+                str(base / node_id),
+                "--cluster-id",
+                cluster_id,
+                *(extra_arguments or []),
+            ],
+            stdout=log_file,
+            stderr=log_file,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log_file.close()
+        pids[node_id] = process.pid
+    state: dict[str, object] = {
+        "directory": str(base),
+        "cluster_id": cluster_id,
+        "addresses": addresses,
+        "pids": pids,
+        "endpoints": ",".join(addresses.values()),
+    }
+    dev_state_path(str(base)).write_text(json.dumps(state, indent=2))
+    return state
+
+
+def stop_dev_cluster(directory: str, timeout_seconds: float = 10.0) -> list[str]:
+    state = load_dev_state(directory)
+    if state is None:
+        return []
+    pids: dict[str, int] = state["pids"]  # type: ignore[assignment]
+    for pid in pids.values():
+        if process_alive(pid):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_seconds
+    for node_id, pid in pids.items():
+        while process_alive(pid) and time.monotonic() < deadline:
+            try:
+                finished, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                finished = 0
+                if not process_alive(pid):
+                    break
+            if finished:
+                break
+            time.sleep(0.05)
+        if process_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            click.echo(f"{node_id} did not stop in {timeout_seconds}s; killed", err=True)
+    dev_state_path(directory).unlink(missing_ok=True)
+    return list(pids)
+
+
+@click.group("dev")
+def dev_group() -> None:
+    """A local cluster of node processes under one data directory (the embedded default)."""
+
+
+@dev_group.command("up")
+@click.option("--nodes", default=3, show_default=True, type=click.IntRange(1, 9))
+@click.option(
+    "--dir", "directory", default=DEFAULT_DEV_DIR, show_default=True, envvar="QUORUMLOG_DEV_DIR"
+)
+@click.option("--cluster-id", default="quorumlog", envvar="QUORUMLOG_CLUSTER_ID")
+def dev_up(nodes: int, directory: str, cluster_id: str) -> None:
+    """Start the cluster in the background and print the endpoints."""
+    state = start_dev_cluster(directory, nodes, cluster_id)
+    click.echo(f"started {nodes} nodes; data and logs under {state['directory']}")
+    click.echo(f"export QUORUMLOG_ENDPOINTS={state['endpoints']}")
+
+
+@dev_group.command("down")
+@click.option(
+    "--dir", "directory", default=DEFAULT_DEV_DIR, show_default=True, envvar="QUORUMLOG_DEV_DIR"
+)
+def dev_down(directory: str) -> None:
+    """Stop the cluster (SIGTERM, then SIGKILL after a timeout). Data stays."""
+    stopped = stop_dev_cluster(directory)
+    click.echo(f"stopped {', '.join(stopped)}" if stopped else "no dev cluster running")
+
+
+@dev_group.command("status")
+@click.option(
+    "--dir", "directory", default=DEFAULT_DEV_DIR, show_default=True, envvar="QUORUMLOG_DEV_DIR"
+)
+def dev_status(directory: str) -> None:
+    """Which node processes are up, and where."""
+    state = load_dev_state(directory)
+    if state is None:
+        click.echo("no dev cluster running")
+        return
+    addresses: dict[str, str] = state["addresses"]  # type: ignore[assignment]
+    pids: dict[str, int] = state["pids"]  # type: ignore[assignment]
+    for node_id, address in addresses.items():
+        alive = "up" if process_alive(pids[node_id]) else "down"
+        click.echo(f"{node_id}  {address}  pid {pids[node_id]}  {alive}")
+    click.echo(f"export QUORUMLOG_ENDPOINTS={state['endpoints']}")

@@ -1,0 +1,1 @@
+"""The node process: one listener, one transport, and the Raft groups it hosts."""

@@ -1,0 +1,190 @@
+"""Serves KV requests on one Raft group: batched writes, ReadIndex reads, stale reads.
+
+Writes that arrive in one event-loop turn become one log entry (Raft-level group commit);
+reads that arrive in one turn share one ReadIndex round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from quorumlog.codec import wire
+from quorumlog.errors import NotLeaderError
+from quorumlog.kv.commands import ClientBatch, KVEntry, encode_entry
+from quorumlog.kv.machine import KVStateMachine
+from quorumlog.node.errors_to_wire import error_code
+from quorumlog.runtime.group import GroupRunner
+
+Replier = Callable[[wire.Frame], None]
+WRITE_OPS = frozenset({"put", "append", "delete", "cas"})
+
+
+class KVLimits:
+    def __init__(
+        self,
+        key_bytes_max: int = 4096,
+        value_bytes_max: int = 1024 * 1024,
+        commands_per_write_max: int = 10_000,
+        entry_bytes_max: int = 4 * 1024 * 1024,
+    ) -> None:
+        self.key_bytes_max = key_bytes_max
+        self.value_bytes_max = value_bytes_max
+        self.commands_per_write_max = commands_per_write_max
+        self.entry_bytes_max = entry_bytes_max
+
+
+class KVService:
+    def __init__(
+        self,
+        group: GroupRunner,
+        machine: KVStateMachine,
+        leader_address: Callable[[], str | None],
+        limits: KVLimits | None = None,
+    ) -> None:
+        self.group = group
+        self.machine = machine
+        self.leader_address = leader_address
+        self.limits = limits or KVLimits()
+        self.pending_writes: list[tuple[wire.KVWrite, Replier]] = []
+        self.flush_scheduled = False
+
+    # --- errors -------------------------------------------------------------------------
+
+    def reject(self, reply: Replier, request_id: int, error: BaseException) -> None:
+        code = error_code(error)
+        hint = self.leader_address() if code is wire.ErrorCode.NOT_LEADER else None
+        reply(
+            wire.ErrorResponse(
+                request_id=request_id, code=code, message=str(error), leader_hint=hint
+            )
+        )
+
+    def bad_request(
+        self, reply: Replier, request_id: int, code: wire.ErrorCode, message: str
+    ) -> None:
+        reply(wire.ErrorResponse(request_id=request_id, code=code, message=message))
+
+    # --- writes -------------------------------------------------------------------------
+
+    def write(self, request: wire.KVWrite, reply: Replier) -> None:
+        problem = self.check_write(request)
+        if problem is not None:
+            code, message = problem
+            self.bad_request(reply, request.request_id, code, message)
+            return
+        if not self.group.core.is_leader:
+            self.reject(
+                reply,
+                request.request_id,
+                NotLeaderError(self.group.node_id, self.group.core.leader_id),
+            )
+            return
+        self.pending_writes.append((request, reply))
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush_writes)
+
+    def check_write(self, request: wire.KVWrite) -> tuple[wire.ErrorCode, str] | None:
+        limits = self.limits
+        if not request.commands:
+            return wire.ErrorCode.BAD_REQUEST, "a write needs at least one command"
+        if len(request.commands) > limits.commands_per_write_max:
+            return (
+                wire.ErrorCode.TOO_LARGE,
+                f"{len(request.commands)} commands; at most {limits.commands_per_write_max}",
+            )
+        for command in request.commands:
+            if command.op not in WRITE_OPS:
+                return wire.ErrorCode.BAD_REQUEST, f"unknown write op {command.op!r}"
+            if len(command.key.encode()) > limits.key_bytes_max:
+                return (
+                    wire.ErrorCode.TOO_LARGE,
+                    f"key of {len(command.key.encode())} bytes; at most {limits.key_bytes_max}",
+                )
+            for value in (command.value, command.expected):
+                if value is not None and len(value.encode()) > limits.value_bytes_max:
+                    return (
+                        wire.ErrorCode.TOO_LARGE,
+                        f"value of {len(value.encode())} bytes; at most {limits.value_bytes_max}",
+                    )
+            if command.op in ("put", "append") and command.value is None:
+                return wire.ErrorCode.BAD_REQUEST, f"{command.op} needs a value"
+        return None
+
+    def flush_writes(self) -> None:
+        self.flush_scheduled = False
+        pending, self.pending_writes = self.pending_writes, []
+        timestamp_ms = int(time.time() * 1000)
+        chunk: list[tuple[wire.KVWrite, Replier]] = []
+        chunk_bytes = 0
+        for request, reply in pending:
+            size = 64 + sum(
+                len(c.key) + len(c.value or "") + len(c.expected or "") + 16
+                for c in request.commands
+            )
+            if chunk and chunk_bytes + size > self.limits.entry_bytes_max:
+                self.propose(chunk, timestamp_ms)
+                chunk, chunk_bytes = [], 0
+            chunk.append((request, reply))
+            chunk_bytes += size
+        if chunk:
+            self.propose(chunk, timestamp_ms)
+
+    def propose(self, chunk: list[tuple[wire.KVWrite, Replier]], timestamp_ms: int) -> None:
+        entry = KVEntry(
+            timestamp_ms=timestamp_ms,
+            batches=[
+                ClientBatch(
+                    client_id=request.client_id,
+                    first_unacknowledged=request.first_unacknowledged,
+                    commands=request.commands,
+                )
+                for request, _ in chunk
+            ],
+        )
+        try:
+            future = self.group.propose(encode_entry(entry))
+        except Exception as error:  # typed refusals from the core: tell every client
+            for request, reply in chunk:
+                self.reject(reply, request.request_id, error)
+            return
+
+        def answer(done: asyncio.Future[Any]) -> None:
+            error = done.exception()
+            if error is not None:
+                for request, reply in chunk:
+                    self.reject(reply, request.request_id, error)
+                return
+            results = done.result()
+            for (request, reply), batch_results in zip(chunk, results, strict=True):
+                reply(wire.KVWriteResult(request_id=request.request_id, results=batch_results))
+
+        future.add_done_callback(answer)
+
+    # --- reads --------------------------------------------------------------------------
+
+    def read(self, request: wire.KVRead, reply: Replier) -> None:
+        if request.stale:
+            self.answer_read(request, reply)
+            return
+        try:
+            future = self.group.linearizable_read()
+        except Exception as error:
+            self.reject(reply, request.request_id, error)
+            return
+
+        def answer(done: asyncio.Future[int]) -> None:
+            error = done.exception()
+            if error is not None:
+                self.reject(reply, request.request_id, error)
+            else:
+                self.answer_read(request, reply)
+
+        future.add_done_callback(answer)
+
+    def answer_read(self, request: wire.KVRead, reply: Replier) -> None:
+        values = [self.machine.get(key) for key in request.keys]
+        reply(wire.KVReadResult(request_id=request.request_id, values=values))

@@ -1,0 +1,278 @@
+"""TCP between nodes and from clients: framed msgspec messages on asyncio.
+
+- One listening socket serves peers and clients; the first frame (`Hello`) says which.
+- One connection per peer pair: the node with the smaller id dials, with backoff; both
+  ends send on it. Raft tolerates loss, so a message for a peer with no live connection
+  (or a full write buffer) is dropped and counted, never queued without bound.
+- Raft messages bound for one peer are coalesced into one `PeerBatch` frame per event
+  loop turn.
+- Anything malformed — garbage bytes, a frame over `frame_bytes_max`, a wrong cluster id,
+  an unexpected message — closes that connection with a logged reason; the node goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Protocol, cast
+
+import msgspec
+
+from quorumlog.codec import wire
+from quorumlog.codec.frame import FRAME_BYTES_MAX_DEFAULT, FrameDecoder, FrameError, encode_frame
+
+log = logging.getLogger("quorumlog.transport")
+
+WRITE_BUFFER_BYTES_MAX = 32 * 1024 * 1024
+"""Past this much unsent data on one connection, further Raft messages are dropped."""
+RECONNECT_DELAY_SECONDS_MIN = 0.05
+RECONNECT_DELAY_SECONDS_MAX = 2.0
+HANDSHAKE_TIMEOUT_SECONDS = 5.0
+
+
+class Handler(Protocol):
+    def on_peer_batch(self, batch: wire.PeerBatch) -> None: ...
+
+    def on_client_request(self, request: wire.ClientRequest, reply: Replier) -> None: ...
+
+
+Replier = Callable[[wire.Frame], None]
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"address {address!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, endpoint: Endpoint, dialed_peer: str | None) -> None:
+        self.endpoint = endpoint
+        self.dialed_peer = dialed_peer
+        self.peer_id: str | None = None
+        self.is_client = False
+        self.ready = False
+        self.decoder = FrameDecoder(endpoint.frame_bytes_max)
+        self.transport: asyncio.Transport | None = None
+        self.closed = asyncio.get_running_loop().create_future()
+        self.description = "?"
+
+    # --- asyncio.Protocol ---------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.endpoint.connections.add(self)
+        peer = transport.get_extra_info("peername")
+        self.description = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if self.dialed_peer is not None:
+            self.write(
+                wire.Hello(
+                    cluster_id=self.endpoint.cluster_id, sender=self.endpoint.node_id, is_peer=True
+                )
+            )
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.endpoint.connections.discard(self)
+        if self.peer_id is not None:
+            self.endpoint.peer_gone(self.peer_id, self)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            payloads = self.decoder.feed(data)
+        except FrameError as error:
+            self.abort(str(error))
+            return
+        for payload in payloads:
+            try:
+                frame = wire.decode(payload)
+            except (msgspec.DecodeError, msgspec.ValidationError) as error:
+                self.abort(f"malformed frame: {error}")
+                return
+            if not self.handle(frame):
+                return
+
+    # --- frames -------------------------------------------------------------------------
+
+    def handle(self, frame: wire.Frame) -> bool:
+        """Act on one frame; False once the connection was closed."""
+        endpoint = self.endpoint
+        if not self.ready:
+            return self.handshake(frame)
+        if isinstance(frame, wire.PeerBatch) and self.peer_id is not None:
+            endpoint.handler.on_peer_batch(frame)
+            return True
+        if self.is_client and isinstance(
+            frame,
+            wire.KVWrite
+            | wire.KVRead
+            | wire.StatusRequest
+            | wire.MemberChangeRequest
+            | wire.TransferLeaderRequest,
+        ):
+            endpoint.handler.on_client_request(frame, self.write)
+            return True
+        self.abort(f"unexpected {type(frame).__name__} on a {self.kind()} connection")
+        return False
+
+    def handshake(self, frame: wire.Frame) -> bool:
+        endpoint = self.endpoint
+        if self.dialed_peer is not None:
+            if isinstance(frame, wire.Welcome) and frame.node_id == self.dialed_peer:
+                self.ready = True
+                self.peer_id = self.dialed_peer
+                endpoint.peer_ready(self.dialed_peer, self)
+                return True
+            self.abort(f"bad handshake answer {frame!r}")
+            return False
+        if not isinstance(frame, wire.Hello):
+            self.abort(f"expected Hello first, got {type(frame).__name__}")
+            return False
+        if frame.cluster_id != endpoint.cluster_id:
+            self.refuse(f"cluster id {frame.cluster_id!r} is not {endpoint.cluster_id!r}")
+            return False
+        if frame.protocol_version != wire.PROTOCOL_VERSION:
+            self.refuse(f"protocol version {frame.protocol_version} is not supported")
+            return False
+        self.ready = True
+        self.write(wire.Welcome(node_id=endpoint.node_id))
+        if frame.is_peer:
+            self.peer_id = frame.sender
+            endpoint.peer_ready(frame.sender, self)
+        else:
+            self.is_client = True
+        return True
+
+    def kind(self) -> str:
+        return "client" if self.is_client else "peer"
+
+    def write(self, frame: wire.Frame) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.transport.write(encode_frame(wire.encode(frame), self.endpoint.frame_bytes_max))
+
+    def buffered_bytes(self) -> int:
+        return self.transport.get_write_buffer_size() if self.transport else 0
+
+    def refuse(self, reason: str) -> None:
+        log.warning("refusing connection from %s: %s", self.description, reason)
+        self.write(wire.Refused(reason=reason))
+        if self.transport is not None:
+            self.transport.close()  # close after the Refused frame is flushed
+
+    def abort(self, reason: str) -> None:
+        log.warning("closing %s connection from %s: %s", self.kind(), self.description, reason)
+        self.endpoint.protocol_errors += 1
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class Endpoint:
+    """This node's network presence: the listener, the peer links, the outgoing queues."""
+
+    def __init__(
+        self,
+        node_id: str,
+        cluster_id: str,
+        peer_addresses: dict[str, str],
+        handler: Handler,
+        frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT,
+    ) -> None:
+        self.node_id = node_id
+        self.cluster_id = cluster_id
+        self.peer_addresses = dict(peer_addresses)
+        self.handler = handler
+        self.frame_bytes_max = frame_bytes_max
+        self.peers: dict[str, Connection] = {}
+        self.connections: set[Connection] = set()
+        self.outgoing: dict[str, list[wire.RaftEnvelope]] = {}
+        self.flush_scheduled = False
+        self.server: asyncio.Server | None = None
+        self.dialers: dict[str, asyncio.Task[None]] = {}
+        self.dropped_messages = 0
+        self.protocol_errors = 0
+        self.stopping = False
+
+    async def listen(self, host: str, port: int) -> int:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: Connection(self, None), host, port)
+        socket = self.server.sockets[0]
+        self.update_peers(self.peer_addresses)
+        return int(socket.getsockname()[1])
+
+    def update_peers(self, peer_addresses: dict[str, str]) -> None:
+        """Dial every known peer whose id sorts after ours (they wait for us to dial)."""
+        self.peer_addresses = {p: a for p, a in peer_addresses.items() if p != self.node_id}
+        for peer, address in sorted(self.peer_addresses.items()):
+            if peer > self.node_id and peer not in self.dialers:
+                self.dialers[peer] = asyncio.create_task(self.dial_forever(peer, address))
+        for peer in [p for p in self.dialers if p not in self.peer_addresses]:
+            self.dialers.pop(peer).cancel()
+
+    async def dial_forever(self, peer: str, address: str) -> None:
+        loop = asyncio.get_running_loop()
+        delay = RECONNECT_DELAY_SECONDS_MIN
+        host, port = parse_address(address)
+        while not self.stopping:
+            connection: Connection | None = None
+            try:
+                _, connection = await asyncio.wait_for(
+                    loop.create_connection(lambda: Connection(self, peer), host, port),
+                    HANDSHAKE_TIMEOUT_SECONDS,
+                )
+            except (OSError, TimeoutError):
+                connection = None
+            if connection is not None:
+                await connection.closed
+                if connection.ready:
+                    delay = RECONNECT_DELAY_SECONDS_MIN  # it worked for a while: retry fast
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_DELAY_SECONDS_MAX)
+
+    def peer_ready(self, peer: str, connection: Connection) -> None:
+        old = self.peers.get(peer)
+        self.peers[peer] = connection
+        if old is not None and old is not connection and old.transport is not None:
+            old.transport.close()  # the peer restarted and dialled again: the new link wins
+
+    def peer_gone(self, peer: str, connection: Connection) -> None:
+        if self.peers.get(peer) is connection:
+            del self.peers[peer]
+
+    def send(self, peer: str, envelope: wire.RaftEnvelope) -> None:
+        queue = self.outgoing.get(peer)
+        if queue is None:
+            queue = self.outgoing[peer] = []
+        queue.append(envelope)
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        outgoing, self.outgoing = self.outgoing, {}
+        for peer, envelopes in outgoing.items():
+            connection = self.peers.get(peer)
+            if connection is None or connection.buffered_bytes() > WRITE_BUFFER_BYTES_MAX:
+                self.dropped_messages += len(envelopes)
+                continue
+            connection.write(wire.PeerBatch(envelopes=envelopes))
+
+    async def close(self) -> None:
+        self.stopping = True
+        for task in self.dialers.values():
+            task.cancel()
+        for task in self.dialers.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.server is not None:
+            self.server.close()
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.close()
+        if self.server is not None:
+            await self.server.wait_closed()
