@@ -8,6 +8,11 @@ of the stream can be deleted.
 Files are allocated with `os.posix_fallocate` before they are mapped: a full disk then shows
 up as ENOSPC (a `DiskFullError`) when the file is created, not as SIGBUS when a store into
 a mapped page finds no block behind it.
+
+Reads and recovery go through the mappings; appends go through `os.pwrite` on the same
+file. Both reach the same page cache pages, so the mapping sees every write at once. pwrite
+is there for speed: the first store into each page of a shared file mapping takes a page
+fault, which made copying a batch into a fresh mapping about 4x slower than writing it.
 """
 
 from __future__ import annotations
@@ -64,6 +69,9 @@ class MappedFileList:
         self.files: list[MappedFile] = []
         self.directory_dirty = False
         """Files were created or removed since the directory was last fsynced."""
+        self._write_path: Path | None = None
+        self._write_descriptor = -1
+        """A descriptor of the file last written, kept open: appends hit one file for long."""
 
     # --- loading ----------------------------------------------------------------------
 
@@ -202,6 +210,8 @@ class MappedFileList:
         self.remove_last(len(self.files))
 
     def _unlink(self, path: Path) -> None:
+        if path == self._write_path:
+            self._close_descriptor()
         with disk_errors(path):
             os.unlink(path)
         self.directory_dirty = True
@@ -209,15 +219,34 @@ class MappedFileList:
     # --- bytes ------------------------------------------------------------------------
 
     def write(self, position: int, data: bytes | bytearray | memoryview) -> None:
-        """Copy `data` into the stream at `position`, across file boundaries if needed."""
+        """Write `data` into the stream at `position`, across file boundaries if needed."""
         with memoryview(data) as view:
             done = 0
             while done < len(view):
                 mapped = self.require(position + done)
                 offset = position + done - mapped.start
                 length = min(len(view) - done, self.file_bytes - offset)
-                mapped.map[offset : offset + length] = view[done : done + length]
+                descriptor = self._descriptor(mapped)
+                with disk_errors(mapped.path), view[done : done + length] as part:
+                    while part:
+                        written = os.pwrite(descriptor, part, offset)
+                        part = part[written:]
+                        offset += written
                 done += length
+
+    def _descriptor(self, mapped: MappedFile) -> int:
+        if mapped.path != self._write_path:
+            self._close_descriptor()
+            with disk_errors(mapped.path):
+                self._write_descriptor = os.open(mapped.path, os.O_WRONLY)
+            self._write_path = mapped.path
+        return self._write_descriptor
+
+    def _close_descriptor(self) -> None:
+        if self._write_path is not None:
+            self._write_path = None
+            os.close(self._write_descriptor)
+            self._write_descriptor = -1
 
     def zero(self, low: int, high: int) -> None:
         """Zero [low, high) of the stream, in the files that exist."""
@@ -273,6 +302,7 @@ class MappedFileList:
         return found
 
     def close(self) -> None:
+        self._close_descriptor()
         for mapped in self.files:
             mapped.map.close()
         self.files = []

@@ -132,7 +132,46 @@ def _find_anchor(data: MappedFileList, index: MappedFileList, meta: Meta) -> tup
     return meta.first_index - 1, meta.first_data_position
 
 
-class _IndexRepair:
+def skip_blank(data: MappedFileList, position: int) -> int:
+    """Past a valid end-of-file blank record at `position`, or `position` itself."""
+    mapped = data.file_at(position)
+    if mapped is None:
+        return position
+    offset = position - mapped.start
+    if offset + BLANK_BYTES > data.file_bytes:
+        return position
+    magic, blank_bytes = BLANK.unpack_from(mapped.map, offset)
+    if magic == BLANK_MAGIC and blank_bytes == data.file_bytes - offset:
+        return mapped.start + data.file_bytes
+    return position
+
+
+def walk_to(
+    data: MappedFileList, repair: IndexRepair, position: int, expected: int, target: int
+) -> EntryHeader:
+    """Walk the data from `position` (where entry `expected` starts, or the blank before it)
+    to entry `target`, rewriting slots that differ; return target's header. Used by reads
+    that find a slot lost in a crash. Raise CorruptLogError where the data is not the next
+    good entry: then the data itself is damaged, not just the index."""
+    while True:
+        position = skip_blank(data, position)
+        header = complete_entry_at(data, position)
+        if isinstance(header, str) or header.index != expected:
+            reason = header if isinstance(header, str) else f"found entry {header.index}"
+            mapped = data.file_at(position)
+            raise CorruptLogError(
+                str(mapped.path if mapped is not None else data.directory),
+                position - mapped.start if mapped is not None else position,
+                f"entry {expected} should start here: {reason}",
+            )
+        repair.put(header)
+        if expected == target:
+            return header
+        position += header.size
+        expected += 1
+
+
+class IndexRepair:
     """Rewrites index slots that differ from the data, remembering what to flush."""
 
     def __init__(self, index: MappedFileList, slot_base_index: int) -> None:
@@ -156,10 +195,9 @@ class _IndexRepair:
 
 
 def _parse_forward(
-    data: MappedFileList, repair: _IndexRepair, position: int, expected: int
+    data: MappedFileList, repair: IndexRepair, position: int, expected: int
 ) -> tuple[int, int, str | None]:
     """Walk good entries from `position`; return (stop position, next index, why it stopped)."""
-    file_bytes = data.file_bytes
     while True:
         mapped = data.file_at(position)
         if mapped is None:
@@ -167,12 +205,11 @@ def _parse_forward(
         offset = position - mapped.start
         (magic,) = MAGIC.unpack_from(mapped.map, offset)
         if magic == BLANK_MAGIC:
-            if offset + BLANK_BYTES <= file_bytes:
-                _, blank_bytes = BLANK.unpack_from(mapped.map, offset)
-                if blank_bytes == file_bytes - offset:
-                    position = mapped.start + file_bytes
-                    continue
-            return position, expected, "bad end-of-file blank record"
+            after_blank = skip_blank(data, position)
+            if after_blank == position:
+                return position, expected, "bad end-of-file blank record"
+            position = after_blank
+            continue
         if magic != ENTRY_MAGIC:
             return position, expected, "end of data" if magic == 0 else f"bad magic {magic:#x}"
         header = complete_entry_at(data, position)
@@ -212,7 +249,7 @@ def recover_tail(
 ) -> RecoveredTail:
     """Find the end of the log, repair a torn tail and the index tail; see the module doc."""
     anchor_index, anchor_end = _find_anchor(data, index, meta)
-    repair = _IndexRepair(index, meta.slot_base_index)
+    repair = IndexRepair(index, meta.slot_base_index)
     stop, next_index, reason = _parse_forward(data, repair, anchor_end, anchor_index + 1)
     torn_end = _judge_tail(data, stop, reason)
     last_index = next_index - 1

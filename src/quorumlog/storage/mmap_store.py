@@ -71,13 +71,22 @@ from quorumlog.storage.mmap_format import (
     encode_meta,
     entry_size,
 )
-from quorumlog.storage.mmap_recovery import recover_tail, redo_pending_cut, slot_position
+from quorumlog.storage.mmap_recovery import (
+    IndexRepair,
+    recover_tail,
+    redo_pending_cut,
+    slot_position,
+    walk_to,
+)
 
 _crc32c = google_crc32c.value
 
 DATA_DIRECTORY = "data"
 INDEX_DIRECTORY = "index"
 META_FILE = "meta"
+
+INDEX_FLUSH_LAG_BYTES = 256 * 1024
+"""Index slots (8192 entries) that `sync` may leave unflushed; see `_flush`."""
 
 DATA_FILE_BYTES_DEFAULT = 64 * 1024 * 1024
 INDEX_FILE_BYTES_DEFAULT = 32 * 1024 * 1024
@@ -273,7 +282,7 @@ class MmapLogStore:
         self._data_end = end
         self._last_index = entries[-1].index
         if self._sync_policy is SyncPolicy.EVERY_APPEND:
-            self._flush()
+            self._flush(index_lag_bytes=INDEX_FLUSH_LAG_BYTES)
 
     def _encode(self, entries: Sequence[LogEntry], start: int) -> tuple[bytearray, bytearray, int]:
         """The data stream bytes from `start` for `entries` (blanks included), their index
@@ -318,16 +327,24 @@ class MmapLogStore:
         """Make every append so far durable (nothing, under `SyncPolicy.NEVER`)."""
         self._check_usable()
         if self._sync_policy is not SyncPolicy.NEVER:
-            self._flush()
+            self._flush(index_lag_bytes=INDEX_FLUSH_LAG_BYTES)
 
-    def _flush(self) -> None:
-        """msync what was written since the last flush, fsync directories that changed."""
+    def _flush(self, *, index_lag_bytes: int = 0) -> None:
+        """msync the data written since the last flush, and the index slots too once more
+        than `index_lag_bytes` of them are waiting; fsync directories that changed.
+
+        The index may lag: it is rebuilt from the data, at open for its tail and on read
+        for any hole. Letting it lag saves a second msync (a second journal commit) per
+        sync; bounding the lag bounds how much data open must parse after a crash.
+        """
         try:
             if self._data_dirty_low is not None:
                 self._data.flush(self._data_dirty_low, self._data_end)
                 self._data_dirty_low = None
-            if self._index_dirty_low is not None:
-                self._index.flush(self._index_dirty_low, self._slot_end())
+            slot_end = self._slot_end()
+            index_low = self._index_dirty_low
+            if index_low is not None and slot_end - index_low > index_lag_bytes:
+                self._index.flush(index_low, slot_end)
                 self._index_dirty_low = None
             self._data.sync_directory()
             self._index.sync_directory()
@@ -343,47 +360,56 @@ class MmapLogStore:
     # --- reading ----------------------------------------------------------------------
 
     def _locate(self, index: int) -> tuple[MappedFile, int, EntryHeader]:
-        """The data file, offset and verified header of entry `index` (known to be in range)."""
+        """The data file, offset and verified header of entry `index` (known to be in range).
+
+        A slot that is missing or disagrees with the data (the index is flushed lazily, so a
+        crash can leave holes in its tail) is rebuilt from the data, walking forward from
+        the nearest earlier slot that agrees; if the data there is bad, that raises.
+        """
+        found = self._locate_by_slot(index)
+        if found is not None:
+            return found
+        anchor = index - 1
+        position = self._first_data_position
+        while anchor >= self._first_index:
+            earlier = self._locate_by_slot(anchor)
+            if earlier is not None:
+                position = earlier[2].position + earlier[2].size
+                break
+            anchor -= 1
+        repair = IndexRepair(self._index, self._slot_base_index)
+        header = walk_to(self._data, repair, position, anchor + 1, index)
+        if repair.low is not None:
+            dirty_low = self._index_dirty_low
+            self._index_dirty_low = repair.low if dirty_low is None else min(dirty_low, repair.low)
+        data_file = self._data.require(header.position)
+        return data_file, header.position - data_file.start, header
+
+    def _locate_by_slot(self, index: int) -> tuple[MappedFile, int, EntryHeader] | None:
+        """Like `_locate`, by the slot alone; None if the slot does not lead to the entry."""
         position = slot_position(index, self._slot_base_index)
         index_file = self._index.file_at(position)
         if index_file is None:
-            raise CorruptLogError(
-                str(self._index.directory), position, f"no index file holds the slot of {index}"
-            )
-        slot_offset = position - index_file.start
+            return None
         magic, data_position, size, slot_index, term = INDEX_SLOT.unpack_from(
-            index_file.map, slot_offset
+            index_file.map, position - index_file.start
         )
         if magic != INDEX_MAGIC or slot_index != index:
-            raise CorruptLogError(
-                str(index_file.path),
-                slot_offset,
-                f"index slot of entry {index} is damaged (magic {magic:#x}, index {slot_index})",
-            )
+            return None
         data_file = self._data.file_at(data_position)
         if data_file is None:
-            raise CorruptLogError(
-                str(index_file.path),
-                slot_offset,
-                f"index slot of entry {index} points at missing data position {data_position}",
-            )
+            return None
         offset = data_position - data_file.start
         header = decode_header(data_file.map[offset : offset + ENTRY_HEADER_BYTES])
         if isinstance(header, str):
-            raise CorruptLogError(str(data_file.path), offset, f"entry {index}: {header}")
+            return None
         if (header.index, header.term, header.position, header.size) != (
             index,
             term,
             data_position,
             size,
         ) or offset + size > self._data_file_bytes:
-            raise CorruptLogError(
-                str(data_file.path),
-                offset,
-                f"entry {index}: data header (index {header.index}, term {header.term}, "
-                f"position {header.position}, size {header.size}) disagrees with its index "
-                f"slot (term {term}, position {data_position}, size {size})",
-            )
+            return None
         return data_file, offset, header
 
     def _read(self, index: int) -> LogEntry:
