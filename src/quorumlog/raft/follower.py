@@ -176,6 +176,7 @@ class FollowerState:
                 kind=push.kind,
                 round=push.round,
                 success=success,
+                index=push.index,
                 match_index=match_index,
                 end_index=self.core.log.last_index,
                 conflict_term=conflict_term,

@@ -68,9 +68,8 @@ class LeaderState:
             self.send_compare(peer, self.progress[peer])
 
     def new_progress(self) -> Progress:
-        # Compare first at our last entry before this term (DLedger starts at ledgerEndIndex).
         progress = Progress(next_index=self.first_index_of_term)
-        progress.enter(COMPARE)
+        progress.enter(COMPARE, self.core.log.last_index)
         progress.recent_active = True
         return progress
 
@@ -106,9 +105,7 @@ class LeaderState:
     def configuration_changed(self) -> None:
         members = set(self.core.peers())
         for peer in sorted(members - set(self.progress)):
-            progress = Progress(next_index=self.core.log.last_index)
-            progress.enter(COMPARE)
-            progress.recent_active = True
+            progress = self.new_progress()
             self.progress[peer] = progress
             self.send_compare(peer, progress)
         for peer in sorted(set(self.progress) - members):
@@ -154,8 +151,7 @@ class LeaderState:
         if progress.state is APPEND:
             if progress.inflight and now - progress.inflight[0][1] >= timeout:
                 # Something was lost: find the match point again rather than guess.
-                progress.next_index = progress.next_index  # compare at the last sent index
-                progress.enter(COMPARE)
+                progress.enter(COMPARE, self.core.log.last_index)
                 self.send_compare(peer, progress)
             return
         if progress.request_tick is None or now - progress.request_tick >= timeout:
@@ -289,12 +285,17 @@ class LeaderState:
                 progress.acknowledge(response.match_index)
                 self.maybe_commit()
         elif progress.state is COMPARE and kind is PushKind.COMPARE:
-            self.handle_compare_response(peer, progress, response)
-        elif progress.state is TRUNCATE and kind is PushKind.TRUNCATE:
+            if response.index == progress.next_index - 1:  # else: an answer to an old probe
+                self.handle_compare_response(peer, progress, response)
+        elif (
+            progress.state is TRUNCATE
+            and kind is PushKind.TRUNCATE
+            and response.index == progress.match_index
+        ):
             if response.success:
                 self.enter_append(peer, progress)
             else:
-                progress.enter(COMPARE)
+                progress.enter(COMPARE, self.core.log.last_index)
                 self.send_compare(peer, progress)
         elif progress.state is APPEND and kind is PushKind.APPEND:
             if response.success:
@@ -302,10 +303,7 @@ class LeaderState:
                 self.maybe_commit()
                 self.send_appends(peer, progress)
             else:
-                progress.next_index = max(
-                    progress.match_index + 1, min(progress.next_index, response.end_index + 1)
-                )
-                progress.enter(COMPARE)
+                progress.enter(COMPARE, self.core.log.last_index)
                 self.send_compare(peer, progress)
         self.maybe_finish_transfer(peer, progress)
 

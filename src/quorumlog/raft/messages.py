@@ -69,6 +69,9 @@ class PushResponse(msgspec.Struct, frozen=True, tag=True, array_like=True):
     kind: PushKind
     round: int
     success: bool
+    index: int = 0
+    """The `index` of the push this answers: a COMPARE may be retried within a round, and
+    the leader must tell which of its probes an answer belongs to."""
     match_index: int = 0
     """On success: the follower's log matches the leader's through this index."""
     end_index: int = 0

@@ -35,8 +35,18 @@ class Progress:
         """Heard from in the current check-quorum window."""
         self.read_sequence_acked = 0
 
-    def enter(self, state: ReplicationState) -> None:
-        """Every new COMPARE or APPEND phase is a new round (see messages.py for why)."""
+    def enter(self, state: ReplicationState, leader_last_index: int | None = None) -> None:
+        """Every new COMPARE or APPEND phase is a new round (see messages.py for why).
+
+        COMPARE always starts at the leader's last index (as DLedger starts at its ledger
+        end): searching down from there, the first match found is the highest one, so the
+        follower's entries after it are all divergent and TRUNCATE may drop them. Starting
+        lower could find a match below entries that match too, and truncate those.
+        """
+        if state is ReplicationState.COMPARE:
+            if leader_last_index is None:
+                raise ValueError("COMPARE starts at the leader's last index")
+            self.next_index = leader_last_index + 1
         self.state = state
         if state in (ReplicationState.COMPARE, ReplicationState.APPEND):
             self.round += 1
