@@ -164,6 +164,132 @@ class Done(msgspec.Struct, frozen=True, tag=True):
     detail: str = ""
 
 
+# --- streams ------------------------------------------------------------------------------
+
+
+class Record(msgspec.Struct, frozen=True, array_like=True):
+    """One record as a producer sends it; the partition leader assigns its offset."""
+
+    value: bytes
+    key: bytes | None = None
+    timestamp_ms: int = 0
+    """0: the leader stamps its clock when it appends the batch."""
+    headers: list[tuple[str, bytes]] = []
+
+
+class RecordBatch(msgspec.Struct, frozen=True, array_like=True):
+    """What one partition log entry holds: a producer's batch, with the leader's stamp.
+
+    Records get offsets base_offset, base_offset + 1, ... in order; the base offset is
+    assigned when the entry is applied (deduplicated batches get none)."""
+
+    producer_id: str
+    base_sequence: int
+    timestamp_ms: int
+    records: list[Record]
+
+
+class TopicSettings(msgspec.Struct, frozen=True, array_like=True):
+    partitions: int
+    replication: int
+    retention_bytes: int = -1
+    """Per partition; -1: unbounded."""
+    retention_ms: int = -1
+    """-1: unbounded."""
+
+
+class TopicDescriptor(msgspec.Struct, frozen=True, array_like=True):
+    """Stored in the metadata group: which nodes replicate each partition, and where."""
+
+    name: str
+    settings: TopicSettings
+    replicas: list[list[str]]
+    """replicas[p]: the node ids hosting partition p."""
+    addresses: dict[str, str]
+    created_ms: int
+
+
+class CreateTopic(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    name: str
+    settings: TopicSettings
+
+
+class DeleteTopic(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    name: str
+
+
+class ListTopics(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+
+
+class TopicList(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    topics: list[TopicDescriptor]
+
+
+class Produce(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    topic: str
+    partition: int
+    producer_id: str
+    base_sequence: int
+    """The sequence of the first record; (producer id, sequence) dedups a retried batch."""
+    records: list[Record]
+
+
+class ProduceResult(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    base_offset: int
+    count: int
+    duplicate: bool = False
+
+
+class Fetch(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    topic: str
+    partition: int
+    offset: int
+    records_max: int = 10_000
+    bytes_max: int = 4 * 1024 * 1024
+
+
+class FetchedBatch(msgspec.Struct, frozen=True, array_like=True):
+    base_offset: int
+    data: bytes
+    """An encoded RecordBatch, exactly as it sits in the log (no re-encoding on the way)."""
+
+
+class FetchResult(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    begin_offset: int
+    end_offset: int
+    """One past the last committed offset (the high watermark)."""
+    batches: list[FetchedBatch]
+
+
+class PartitionStatusRequest(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    topic: str
+    partition: int
+
+
+class PartitionStatus(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    topic: str
+    partition: int
+    node_id: str
+    leader: str | None
+    replicas: list[str]
+    in_sync: list[str]
+    """Replicas whose log matches the leader's commit index (as the leader sees them)."""
+    begin_offset: int
+    end_offset: int
+    term: int
+    commit_index: int
+
+
 Frame = (
     Hello
     | Welcome
@@ -179,9 +305,58 @@ Frame = (
     | MemberChangeRequest
     | TransferLeaderRequest
     | Done
+    | CreateTopic
+    | DeleteTopic
+    | ListTopics
+    | TopicList
+    | Produce
+    | ProduceResult
+    | Fetch
+    | FetchResult
+    | PartitionStatusRequest
+    | PartitionStatus
 )
 
-ClientRequest = KVWrite | KVRead | StatusRequest | MemberChangeRequest | TransferLeaderRequest
+ClientRequest = (
+    KVWrite
+    | KVRead
+    | StatusRequest
+    | MemberChangeRequest
+    | TransferLeaderRequest
+    | CreateTopic
+    | DeleteTopic
+    | ListTopics
+    | Produce
+    | Fetch
+    | PartitionStatusRequest
+)
+
+CLIENT_REQUEST_TYPES: tuple[type, ...] = (
+    KVWrite,
+    KVRead,
+    StatusRequest,
+    MemberChangeRequest,
+    TransferLeaderRequest,
+    CreateTopic,
+    DeleteTopic,
+    ListTopics,
+    Produce,
+    Fetch,
+    PartitionStatusRequest,
+)
+
+_batch_encoder = msgspec.msgpack.Encoder()
+_batch_decoder = msgspec.msgpack.Decoder(RecordBatch)
+
+
+def encode_record_batch(batch: RecordBatch) -> bytes:
+    return _batch_encoder.encode(batch)
+
+
+def decode_record_batch(data: bytes) -> RecordBatch:
+    batch: RecordBatch = _batch_decoder.decode(data)
+    return batch
+
 
 encoder = msgspec.msgpack.Encoder()
 decoder = msgspec.msgpack.Decoder(Frame)

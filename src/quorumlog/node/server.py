@@ -128,6 +128,16 @@ class Node:
             group.step(envelope.message)
 
     def on_client_request(self, request: wire.ClientRequest, reply: Replier) -> None:
+        if not isinstance(
+            request,
+            wire.KVWrite
+            | wire.KVRead
+            | wire.StatusRequest
+            | wire.MemberChangeRequest
+            | wire.TransferLeaderRequest,
+        ):
+            self.on_stream_request(request, reply)
+            return
         group = self.groups.get(request.group)
         if group is None or self.kv is None:
             reply(
@@ -148,6 +158,15 @@ class Node:
             self.change_membership(group, request, reply)
         else:
             self.transfer_leader(group, request, reply)
+
+    def on_stream_request(self, request: wire.ClientRequest, reply: Replier) -> None:
+        reply(
+            wire.ErrorResponse(
+                request_id=request.request_id,
+                code=wire.ErrorCode.UNKNOWN_GROUP,
+                message="streams are not served by this node yet",
+            )
+        )
 
     def status(self, group: GroupRunner, request_id: int) -> wire.StatusResponse:
         core = group.core

@@ -106,15 +106,8 @@ class Connection(asyncio.Protocol):
         if isinstance(frame, wire.PeerBatch) and self.peer_id is not None:
             endpoint.handler.on_peer_batch(frame)
             return True
-        if self.is_client and isinstance(
-            frame,
-            wire.KVWrite
-            | wire.KVRead
-            | wire.StatusRequest
-            | wire.MemberChangeRequest
-            | wire.TransferLeaderRequest,
-        ):
-            endpoint.handler.on_client_request(frame, self.write)
+        if self.is_client and isinstance(frame, wire.CLIENT_REQUEST_TYPES):
+            endpoint.handler.on_client_request(cast(wire.ClientRequest, frame), self.write)
             return True
         self.abort(f"unexpected {type(frame).__name__} on a {self.kind()} connection")
         return False
