@@ -1,0 +1,580 @@
+"""AsyncKVClient: the asyncio KV client for throughput — pipelined and batched.
+
+    async with AsyncKVClient(["127.0.0.1:2379"]) as client:
+        await asyncio.gather(*(client.put(f"k{i}", "v") for i in range(10_000)))
+
+Pipelining: many requests are in flight on one connection, matched to answers by
+`request_id`. Batching: writes issued in one event-loop turn (up to `batch_commands_max`)
+leave as ONE `KVWrite` with many commands, and reads of one turn as one `KVRead`; the node
+turns the writes of its own turn into one log entry. Retries, sequences and errors are
+those of `KVClient`: a batch is retried whole with the same sequences, and each waiting
+call gets its own result or error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Callable, Coroutine
+from types import TracebackType
+from typing import Any, TypeVar
+
+import msgspec
+
+from quorumlog.codec.frame import FrameDecoder, FrameError, encode_frame
+from quorumlog.codec.wire import (
+    ClientRequest,
+    Done,
+    Frame,
+    KVCommand,
+    KVCommandResult,
+    KVRead,
+    KVReadResult,
+    KVWrite,
+    KVWriteResult,
+    MemberChangeRequest,
+    StatusRequest,
+    StatusResponse,
+    TransferLeaderRequest,
+    decode,
+    encode,
+)
+from quorumlog.errors import ClientError, UnknownOutcomeError
+from quorumlog.kv.connection import (
+    CLUSTER_ID_DEFAULT,
+    EndpointSelector,
+    Member,
+    RequestAttempts,
+    SequenceTracker,
+    attempt_timeout_for,
+    check_command_result,
+    check_timeout,
+    command_identity,
+    hello_frame,
+    members_from_status,
+    parse_endpoint,
+    welcome_node_id,
+    write_results,
+)
+
+ResponseType = TypeVar("ResponseType")
+RECEIVE_BYTES = 256 * 1024
+BATCH_COMMANDS_MAX_DEFAULT = 1000
+SEQUENCE_WINDOW_MAX_DEFAULT = 10_000
+"""Sequences handed out beyond the lowest unanswered one; bounds what the cluster must
+remember for this client (its session results)."""
+
+
+class ConnectionLost(ClientError):
+    """The node closed the connection (used inside the client; callers never see it)."""
+
+
+TRANSPORT_ERRORS = (
+    OSError,
+    EOFError,
+    ConnectionLost,
+    FrameError,
+    msgspec.DecodeError,
+    msgspec.ValidationError,
+    asyncio.IncompleteReadError,
+)
+
+
+class StreamConnection:
+    """One connection to one node; a reader task hands each answer to its request."""
+
+    def __init__(
+        self, endpoint: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.endpoint = endpoint
+        self.reader = reader
+        self.writer = writer
+        self.decoder = FrameDecoder()
+        self.node_id = ""
+        self.waiting: dict[int, asyncio.Future[Frame]] = {}
+        self.failure: BaseException | None = None
+        self.reader_task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def open(
+        cls, endpoint: str, cluster_id: str, client_id: str, timeout_seconds: float
+    ) -> StreamConnection:
+        host, port = parse_endpoint(endpoint)
+        async with asyncio.timeout(timeout_seconds):
+            reader, writer = await asyncio.open_connection(host, port)
+            connection = cls(endpoint, reader, writer)
+            try:
+                writer.write(hello_frame(cluster_id, client_id))
+                connection.node_id = welcome_node_id(await connection.read_frame(), endpoint)
+            except BaseException:
+                await connection.close()
+                raise
+        connection.reader_task = asyncio.create_task(connection.read_answers())
+        return connection
+
+    async def read_frame(self) -> Frame:
+        """The handshake answer (before the reader task runs)."""
+        while True:
+            data = await self.reader.read(RECEIVE_BYTES)
+            if not data:
+                raise ConnectionLost(f"{self.endpoint} closed the connection")
+            payloads = self.decoder.feed(data)
+            if len(payloads) > 1:
+                raise ClientError(f"{self.endpoint} sent frames before the handshake ended")
+            if payloads:
+                return decode(payloads[0])
+
+    async def read_answers(self) -> None:
+        try:
+            while True:
+                data = await self.reader.read(RECEIVE_BYTES)
+                if not data:
+                    raise ConnectionLost(f"{self.endpoint} closed the connection")
+                for payload in self.decoder.feed(data):
+                    frame = decode(payload)
+                    request_id = getattr(frame, "request_id", None)
+                    future = self.waiting.pop(request_id, None) if request_id is not None else None
+                    if future is not None and not future.done():
+                        future.set_result(frame)
+        except asyncio.CancelledError:
+            self.fail(ConnectionLost(f"connection to {self.endpoint} closed by the client"))
+            raise
+        except TRANSPORT_ERRORS as error:
+            self.fail(error)
+
+    def fail(self, error: BaseException) -> None:
+        if self.failure is None:
+            self.failure = error
+        waiting, self.waiting = self.waiting, {}
+        for future in waiting.values():
+            if not future.done():
+                future.set_exception(error)
+        self.writer.close()
+
+    @property
+    def usable(self) -> bool:
+        return self.failure is None and not self.writer.is_closing()
+
+    async def request(self, frame: ClientRequest, request_id: int, deadline: float) -> Frame:
+        if self.failure is not None:
+            raise self.failure
+        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        self.waiting[request_id] = future
+        try:
+            self.writer.write(encode_frame(encode(frame)))
+            await self.writer.drain()
+            async with asyncio.timeout_at(deadline):
+                return await future
+        finally:
+            self.waiting.pop(request_id, None)
+
+    async def close(self) -> None:
+        if self.reader_task is not None:
+            self.reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.reader_task
+        self.writer.close()
+        with contextlib.suppress(*TRANSPORT_ERRORS):
+            await self.writer.wait_closed()
+
+
+class PendingCommand:
+    __slots__ = ("command", "deadline", "future")
+
+    def __init__(
+        self, command: KVCommand, deadline: float, future: asyncio.Future[KVCommandResult]
+    ):
+        self.command = command
+        self.deadline = deadline
+        self.future = future
+
+
+class PendingRead:
+    __slots__ = ("deadline", "future", "key")
+
+    def __init__(self, key: str, deadline: float, future: asyncio.Future[str | None]) -> None:
+        self.key = key
+        self.deadline = deadline
+        self.future = future
+
+
+class AsyncKVClient:
+    """An asyncio client of the replicated KV. See the module docstring.
+
+    Use it from one event loop. `batch_commands_max` bounds the commands in one KVWrite
+    (and keys in one KVRead); `sequence_window_max` bounds how far new sequences may run
+    ahead of the lowest unanswered one (calls wait for room).
+    """
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        timeout: float = 5.0,
+        cluster_id: str = CLUSTER_ID_DEFAULT,
+        client_id: str | None = None,
+        attempt_timeout_seconds: float | None = None,
+        batch_commands_max: int = BATCH_COMMANDS_MAX_DEFAULT,
+        sequence_window_max: int = SEQUENCE_WINDOW_MAX_DEFAULT,
+    ) -> None:
+        check_timeout(timeout)
+        if batch_commands_max <= 0:
+            raise ValueError(f"batch_commands_max must be positive, got {batch_commands_max}")
+        if sequence_window_max <= 0:
+            raise ValueError(f"sequence_window_max must be positive, got {sequence_window_max}")
+        self.timeout = timeout
+        self.attempt_timeout_seconds = attempt_timeout_for(timeout, attempt_timeout_seconds)
+        self.cluster_id = cluster_id
+        self.client_id = client_id or uuid.uuid4().hex
+        self.batch_commands_max = batch_commands_max
+        self.sequence_window_max = sequence_window_max
+        self.selector = EndpointSelector(endpoints)
+        self.sequences = SequenceTracker(hold_seconds=timeout)
+        self.connections: dict[str, asyncio.Task[StreamConnection]] = {}
+        self.next_request_id = 1
+        self.pending_writes: list[PendingCommand] = []
+        self.pending_reads: dict[bool, list[PendingRead]] = {False: [], True: []}
+        self.flush_scheduled = False
+        self.window_free = asyncio.Event()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.closed = False
+        self.write_requests_sent = 0
+        """KVWrite frames sent, retries included (for tests and figures)."""
+
+    # --- KV -----------------------------------------------------------------------------
+
+    async def put(self, key: str, value: str) -> None:
+        await self.write("put", key, value, None)
+
+    async def append(self, key: str, value: str) -> None:
+        await self.write("append", key, value, None)
+
+    async def delete(self, key: str) -> None:
+        await self.write("delete", key, None, None)
+
+    async def cas(self, key: str, expected: str | None, new: str | None) -> bool:
+        """Set `key` to `new` if it holds `expected` now (None: missing / delete). True if set."""
+        return (await self.write("cas", key, new, expected)).ok
+
+    async def get(self, key: str, stale: bool = False) -> str | None:
+        """The value of `key`, linearizable; `stale=True` lets any node answer from its state."""
+        self.check_open()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[str | None] = loop.create_future()
+        pending = self.pending_reads[stale]
+        pending.append(PendingRead(key, loop.time() + self.timeout, future))
+        if len(pending) >= self.batch_commands_max:
+            self.flush_reads(stale)
+        else:
+            self.schedule_flush()
+        return await future
+
+    async def write(
+        self, op: str, key: str, value: str | None, expected: str | None
+    ) -> KVCommandResult:
+        self.check_open()
+        loop = asyncio.get_running_loop()
+        while self.sequences.unacknowledged_span() >= self.sequence_window_max:
+            # Checked and cleared with no await in between, so no wake-up is missed.
+            self.window_free.clear()
+            await self.window_free.wait()
+        identity = (op, key, value, expected)
+        sequence = self.sequences.allocate(identity, loop.time())
+        command = KVCommand(sequence, op, key, value, expected)
+        future: asyncio.Future[KVCommandResult] = loop.create_future()
+        self.pending_writes.append(PendingCommand(command, loop.time() + self.timeout, future))
+        if len(self.pending_writes) >= self.batch_commands_max:
+            self.flush_writes()
+        else:
+            self.schedule_flush()
+        try:
+            result = await future
+        except UnknownOutcomeError:
+            self.sequences.hold_unknown(sequence, command_identity(command), loop.time())
+            raise
+        except BaseException:
+            self.acknowledge(sequence)
+            raise
+        self.acknowledge(sequence)
+        return check_command_result(command, result)
+
+    def acknowledge(self, sequence: int) -> None:
+        self.sequences.acknowledge(sequence)
+        if not self.window_free.is_set():
+            self.window_free.set()
+
+    # --- batching -----------------------------------------------------------------------
+
+    def schedule_flush(self) -> None:
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush_all)
+
+    def flush_all(self) -> None:
+        self.flush_scheduled = False
+        self.flush_writes()
+        self.flush_reads(False)
+        self.flush_reads(True)
+
+    def flush_writes(self) -> None:
+        while self.pending_writes:
+            batch = self.pending_writes[: self.batch_commands_max]
+            del self.pending_writes[: self.batch_commands_max]
+            self.spawn(self.send_writes(batch))
+
+    def flush_reads(self, stale: bool) -> None:
+        pending = self.pending_reads[stale]
+        while pending:
+            batch = pending[: self.batch_commands_max]
+            del pending[: self.batch_commands_max]
+            self.spawn(self.send_reads(batch, stale))
+
+    def spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def send_writes(self, batch: list[PendingCommand]) -> None:
+        commands = [pending.command for pending in batch]
+
+        def make_request(request_id: int) -> KVWrite:
+            self.write_requests_sent += 1
+            return KVWrite(
+                request_id=request_id,
+                client_id=self.client_id,
+                commands=commands,
+                first_unacknowledged=self.sequences.first_unacknowledged(),
+            )
+
+        try:
+            response = await self.call(
+                f"write of {len(commands)} commands",
+                make_request,
+                KVWriteResult,
+                side_effects=True,
+                timeout_seconds=min(p.deadline for p in batch) - asyncio.get_running_loop().time(),
+            )
+            results = write_results(response, len(commands), self.selector.choose())
+        except BaseException as error:
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(error)
+            if isinstance(error, asyncio.CancelledError):
+                raise
+            return
+        for pending, result in zip(batch, results, strict=True):
+            if not pending.future.done():
+                pending.future.set_result(result)
+
+    async def send_reads(self, batch: list[PendingRead], stale: bool) -> None:
+        keys = [pending.key for pending in batch]
+        try:
+            response = await self.call(
+                f"read of {len(keys)} keys",
+                lambda request_id: KVRead(request_id=request_id, keys=keys, stale=stale),
+                KVReadResult,
+                side_effects=False,
+                at_leader=not stale,
+                timeout_seconds=min(p.deadline for p in batch) - asyncio.get_running_loop().time(),
+            )
+            if len(response.values) != len(keys):
+                raise ClientError(f"asked for {len(keys)} keys, got {len(response.values)} values")
+        except BaseException as error:
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(error)
+            if isinstance(error, asyncio.CancelledError):
+                raise
+            return
+        for pending, value in zip(batch, response.values, strict=True):
+            if not pending.future.done():
+                pending.future.set_result(value)
+
+    # --- cluster ------------------------------------------------------------------------
+
+    async def status(self, endpoint: str | None = None) -> StatusResponse:
+        """One node's view of the group: `endpoint`'s, or the cached leader's."""
+        return await self.call(
+            "status",
+            lambda request_id: StatusRequest(request_id=request_id),
+            StatusResponse,
+            side_effects=False,
+            at_leader=False,
+            endpoint=endpoint,
+        )
+
+    async def member_list(self) -> list[Member]:
+        status = await self.status()
+        if not status.is_leader and status.leader is not None:
+            leader_address = status.addresses.get(status.leader)
+            if leader_address is not None:
+                status = await self.status(leader_address)
+        return members_from_status(status)
+
+    async def member_add(self, node_id: str, address: str, learner: bool = False) -> str:
+        kind = "add_learner" if learner else "add_voter"
+        return await self.change_members(kind, node_id, address)
+
+    async def member_promote(self, node_id: str) -> str:
+        return await self.change_members("promote_learner", node_id, None)
+
+    async def member_remove(self, node_id: str) -> str:
+        return await self.change_members("remove", node_id, None)
+
+    async def change_members(self, kind: str, node_id: str, address: str | None) -> str:
+        done = await self.call(
+            f"{kind} {node_id}",
+            lambda request_id: MemberChangeRequest(
+                request_id=request_id, kind=kind, node_id=node_id, address=address
+            ),
+            Done,
+            side_effects=True,
+            retry_after_delivery=False,
+        )
+        return done.detail
+
+    async def transfer_leader(self, node_id: str) -> str:
+        done = await self.call(
+            f"transfer leadership to {node_id}",
+            lambda request_id: TransferLeaderRequest(request_id=request_id, target=node_id),
+            Done,
+            side_effects=True,
+            retry_after_delivery=False,
+        )
+        return done.detail
+
+    # --- the request loop ---------------------------------------------------------------
+
+    async def call(
+        self,
+        what: str,
+        make_request: Callable[[int], ClientRequest],
+        expected: type[ResponseType],
+        side_effects: bool,
+        retry_after_delivery: bool = True,
+        at_leader: bool = True,
+        endpoint: str | None = None,
+        timeout_seconds: float | None = None,
+    ) -> ResponseType:
+        """Send until a wanted answer arrives, following the rules of `RequestAttempts`."""
+        self.check_open()
+        attempts = RequestAttempts(
+            what,
+            self.selector,
+            asyncio.get_running_loop().time,
+            self.timeout if timeout_seconds is None else timeout_seconds,
+            self.attempt_timeout_seconds,
+            side_effects=side_effects,
+            retry_after_delivery=retry_after_delivery,
+            fixed_endpoint=endpoint,
+        )
+        while (attempt := attempts.next()) is not None:
+            if attempt.delay_seconds:
+                await asyncio.sleep(attempt.delay_seconds)  # back-off between attempts
+            response = await self.attempt(
+                attempts, attempt.endpoint, attempt.deadline, make_request
+            )
+            if response is None:
+                continue
+            answer = attempts.answered(attempt.endpoint, response, expected)
+            if answer is not None:
+                if at_leader and endpoint is None:
+                    self.selector.succeeded_at_leader(attempt.endpoint)
+                return answer
+        raise attempts.give_up_error()
+
+    async def attempt(
+        self,
+        attempts: RequestAttempts,
+        endpoint: str,
+        deadline: float,
+        make_request: Callable[[int], ClientRequest],
+    ) -> Frame | None:
+        """One try at one node: the frame answered, or None after reporting the failure."""
+        try:
+            connection = await self.connect(endpoint, deadline)
+        except (*TRANSPORT_ERRORS, TimeoutError) as error:
+            attempts.connect_failed(endpoint, error)
+            return None
+        request_id = self.next_request_id
+        self.next_request_id += 1
+        attempts.sent()
+        try:
+            return await connection.request(make_request(request_id), request_id, deadline)
+        except (*TRANSPORT_ERRORS, TimeoutError) as error:
+            # Also on a timeout: the peer may be gone without a word; start afresh.
+            await self.drop_connection(endpoint, connection)
+            attempts.lost(endpoint, error)
+            return None
+
+    async def connect(self, endpoint: str, deadline: float) -> StreamConnection:
+        """The open connection to `endpoint`; concurrent callers share one dial."""
+        task = self.connections.get(endpoint)
+        if task is not None and task.done():
+            error = None if task.cancelled() else task.exception()
+            if error is not None or not task.result().usable:
+                del self.connections[endpoint]
+                task = None
+        if task is None:
+            timeout_seconds = max(deadline - asyncio.get_running_loop().time(), 0.001)
+            task = asyncio.ensure_future(
+                StreamConnection.open(endpoint, self.cluster_id, self.client_id, timeout_seconds)
+            )
+            self.connections[endpoint] = task
+        return await asyncio.shield(task)
+
+    async def drop_connection(self, endpoint: str, connection: StreamConnection) -> None:
+        task = self.connections.get(endpoint)
+        if (
+            task is not None
+            and task.done()
+            and not task.cancelled()
+            and task.exception() is None
+            and task.result() is connection
+        ):
+            del self.connections[endpoint]
+        connection.fail(ConnectionLost(f"gave up on the connection to {endpoint}"))
+        await connection.close()
+
+    # --- lifetime -----------------------------------------------------------------------
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise ClientError("the client is closed")
+
+    async def close(self) -> None:
+        """Fail what is still waiting, and close every connection."""
+        self.closed = True
+        for task in list(self.tasks):
+            task.cancel()
+        if self.tasks:
+            await asyncio.gather(*self.tasks, return_exceptions=True)
+        connections, self.connections = self.connections, {}
+        for opening in connections.values():
+            if not opening.done():
+                opening.cancel()
+            with contextlib.suppress(BaseException):
+                connection = await opening
+                await connection.close()
+        closed = ClientError("the client is closed")
+        for pending in self.pending_writes:
+            if not pending.future.done():
+                pending.future.set_exception(closed)
+        for reads in self.pending_reads.values():
+            for read in reads:
+                if not read.future.done():
+                    read.future.set_exception(closed)
+
+    async def __aenter__(self) -> AsyncKVClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exception_type: type[BaseException] | None,
+        exception: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+__all__ = ["AsyncKVClient"]

@@ -1,0 +1,368 @@
+"""KVClient: the blocking KV client (one request at a time per client).
+
+    from quorumlog import KVClient
+
+    with KVClient(["127.0.0.1:2379", "127.0.0.1:2380"]) as client:
+        client.put("colour", "blue")
+        client.get("colour")  # "blue"
+
+It finds the leader and caches it, follows NOT_LEADER hints, and retries a write with the
+same sequence number until `timeout` seconds pass, so a write takes effect at most once.
+It raises `UnknownOutcomeError` when a write may or may not have happened, and
+`UnavailableError` when no node could take it. Give each thread its own client; a lock
+also serialises concurrent calls on one client, so sharing one is safe, just not fast.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from types import TracebackType
+from typing import TypeVar
+
+import msgspec
+
+from quorumlog.codec.frame import FrameDecoder, FrameError, encode_frame
+from quorumlog.codec.wire import (
+    ClientRequest,
+    Done,
+    Frame,
+    KVCommand,
+    KVCommandResult,
+    KVRead,
+    KVReadResult,
+    KVWrite,
+    KVWriteResult,
+    MemberChangeRequest,
+    StatusRequest,
+    StatusResponse,
+    TransferLeaderRequest,
+    decode,
+    encode,
+)
+from quorumlog.errors import ClientError, UnknownOutcomeError
+from quorumlog.kv.connection import (
+    CLUSTER_ID_DEFAULT,
+    EndpointSelector,
+    Member,
+    RequestAttempts,
+    SequenceTracker,
+    attempt_timeout_for,
+    check_command_result,
+    check_timeout,
+    command_identity,
+    hello_frame,
+    members_from_status,
+    parse_endpoint,
+    welcome_node_id,
+    write_results,
+)
+
+ResponseType = TypeVar("ResponseType")
+RECEIVE_BYTES = 256 * 1024
+
+
+class ConnectionLost(ClientError):
+    """The node closed the connection (used inside the client; callers never see it)."""
+
+
+class BlockingConnection:
+    """One TCP connection to one node, after a successful handshake."""
+
+    def __init__(self, endpoint: str, sock: socket.socket, node_id: str) -> None:
+        self.endpoint = endpoint
+        self.sock = sock
+        self.node_id = node_id
+        self.decoder = FrameDecoder()
+        self.received: list[bytes] = []
+
+    @classmethod
+    def open(
+        cls, endpoint: str, cluster_id: str, client_id: str, deadline: float
+    ) -> BlockingConnection:
+        host, port = parse_endpoint(endpoint)
+        sock = socket.create_connection(
+            (host, port), timeout=max(deadline - time.monotonic(), 0.001)
+        )
+        connection = cls(endpoint, sock, node_id="")
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(hello_frame(cluster_id, client_id))
+            connection.node_id = welcome_node_id(connection.receive_frame(deadline), endpoint)
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    def send(self, frame: ClientRequest) -> None:
+        self.sock.sendall(encode_frame(encode(frame)))
+
+    def receive_frame(self, deadline: float) -> Frame:
+        """The next frame; TimeoutError at the deadline, ConnectionLost if the node closed."""
+        while not self.received:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("no answer before the deadline")
+            self.sock.settimeout(remaining)
+            data = self.sock.recv(RECEIVE_BYTES)
+            if not data:
+                raise ConnectionLost(f"{self.endpoint} closed the connection")
+            self.received.extend(self.decoder.feed(data))
+        return decode(self.received.pop(0))
+
+    def receive(self, request_id: int, deadline: float) -> Frame:
+        """The answer to `request_id`, skipping late answers to attempts already given up."""
+        while True:
+            frame = self.receive_frame(deadline)
+            if getattr(frame, "request_id", None) == request_id:
+                return frame
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# Whatever a broken connection or a garbled frame raises: the attempt is lost.
+TRANSPORT_ERRORS = (
+    OSError,
+    ConnectionLost,
+    FrameError,
+    msgspec.DecodeError,
+    msgspec.ValidationError,
+)
+
+
+class KVClient:
+    """A blocking client of the replicated KV. See the module docstring."""
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        timeout: float = 5.0,
+        cluster_id: str = CLUSTER_ID_DEFAULT,
+        client_id: str | None = None,
+        attempt_timeout_seconds: float | None = None,
+    ) -> None:
+        check_timeout(timeout)
+        self.timeout = timeout
+        self.attempt_timeout_seconds = attempt_timeout_for(timeout, attempt_timeout_seconds)
+        self.cluster_id = cluster_id
+        self.client_id = client_id or uuid.uuid4().hex
+        self.selector = EndpointSelector(endpoints)
+        self.sequences = SequenceTracker(hold_seconds=timeout)
+        self.connection: BlockingConnection | None = None
+        self.next_request_id = 1
+        self.lock = threading.RLock()
+        self.closed = False
+
+    # --- KV -----------------------------------------------------------------------------
+
+    def put(self, key: str, value: str) -> None:
+        self.write("put", key, value, None)
+
+    def append(self, key: str, value: str) -> None:
+        self.write("append", key, value, None)
+
+    def delete(self, key: str) -> None:
+        self.write("delete", key, None, None)
+
+    def cas(self, key: str, expected: str | None, new: str | None) -> bool:
+        """Set `key` to `new` if it holds `expected` now (None: missing / delete). True if set."""
+        return self.write("cas", key, new, expected).ok
+
+    def get(self, key: str, stale: bool = False) -> str | None:
+        """The value of `key`, linearizable; `stale=True` lets any node answer from its state."""
+        response = self.call(
+            f"get {key!r}",
+            lambda request_id: KVRead(request_id=request_id, keys=[key], stale=stale),
+            KVReadResult,
+            side_effects=False,
+            at_leader=not stale,
+        )
+        if len(response.values) != 1:
+            raise ClientError(f"asked for 1 key, got {len(response.values)} values")
+        return response.values[0]
+
+    def write(self, op: str, key: str, value: str | None, expected: str | None) -> KVCommandResult:
+        with self.lock:
+            identity = (op, key, value, expected)
+            sequence = self.sequences.allocate(identity, time.monotonic())
+            command = KVCommand(sequence, op, key, value, expected)
+            try:
+                response = self.call(
+                    f"{op} {key!r}",
+                    lambda request_id: KVWrite(
+                        request_id=request_id,
+                        client_id=self.client_id,
+                        commands=[command],
+                        first_unacknowledged=self.sequences.first_unacknowledged(),
+                    ),
+                    KVWriteResult,
+                    side_effects=True,
+                )
+            except UnknownOutcomeError:
+                self.sequences.hold_unknown(sequence, command_identity(command), time.monotonic())
+                raise
+            except BaseException:
+                self.sequences.acknowledge(sequence)
+                raise
+            self.sequences.acknowledge(sequence)
+            [result] = write_results(response, 1, self.selector.choose())
+            return check_command_result(command, result)
+
+    # --- cluster ------------------------------------------------------------------------
+
+    def status(self, endpoint: str | None = None) -> StatusResponse:
+        """One node's view of the group: `endpoint`'s, or the cached leader's."""
+        return self.call(
+            "status",
+            lambda request_id: StatusRequest(request_id=request_id),
+            StatusResponse,
+            side_effects=False,
+            at_leader=False,
+            endpoint=endpoint,
+        )
+
+    def member_list(self) -> list[Member]:
+        status = self.status()
+        if not status.is_leader and status.leader is not None:
+            # Ask the leader itself: a follower may not know the newest configuration yet.
+            leader_address = status.addresses.get(status.leader)
+            if leader_address is not None:
+                status = self.status(leader_address)
+        return members_from_status(status)
+
+    def member_add(self, node_id: str, address: str, learner: bool = False) -> str:
+        kind = "add_learner" if learner else "add_voter"
+        return self.change_members(kind, node_id, address)
+
+    def member_promote(self, node_id: str) -> str:
+        return self.change_members("promote_learner", node_id, None)
+
+    def member_remove(self, node_id: str) -> str:
+        return self.change_members("remove", node_id, None)
+
+    def change_members(self, kind: str, node_id: str, address: str | None) -> str:
+        done = self.call(
+            f"{kind} {node_id}",
+            lambda request_id: MemberChangeRequest(
+                request_id=request_id, kind=kind, node_id=node_id, address=address
+            ),
+            Done,
+            side_effects=True,
+            retry_after_delivery=False,
+        )
+        return done.detail
+
+    def transfer_leader(self, node_id: str) -> str:
+        done = self.call(
+            f"transfer leadership to {node_id}",
+            lambda request_id: TransferLeaderRequest(request_id=request_id, target=node_id),
+            Done,
+            side_effects=True,
+            retry_after_delivery=False,
+        )
+        return done.detail
+
+    # --- the request loop ---------------------------------------------------------------
+
+    def call(
+        self,
+        what: str,
+        make_request: Callable[[int], ClientRequest],
+        expected: type[ResponseType],
+        side_effects: bool,
+        retry_after_delivery: bool = True,
+        at_leader: bool = True,
+        endpoint: str | None = None,
+    ) -> ResponseType:
+        """Send until a wanted answer arrives, following the rules of `RequestAttempts`."""
+        with self.lock:
+            if self.closed:
+                raise ClientError("the client is closed")
+            attempts = RequestAttempts(
+                what,
+                self.selector,
+                time.monotonic,
+                self.timeout,
+                self.attempt_timeout_seconds,
+                side_effects=side_effects,
+                retry_after_delivery=retry_after_delivery,
+                fixed_endpoint=endpoint,
+            )
+            while (attempt := attempts.next()) is not None:
+                if attempt.delay_seconds:
+                    time.sleep(attempt.delay_seconds)  # back-off between attempts
+                response = self.attempt(attempts, attempt.endpoint, attempt.deadline, make_request)
+                if response is None:
+                    continue
+                answer = attempts.answered(attempt.endpoint, response, expected)
+                if answer is not None:
+                    if at_leader and endpoint is None:
+                        self.selector.succeeded_at_leader(attempt.endpoint)
+                    return answer
+            raise attempts.give_up_error()
+
+    def attempt(
+        self,
+        attempts: RequestAttempts,
+        endpoint: str,
+        deadline: float,
+        make_request: Callable[[int], ClientRequest],
+    ) -> Frame | None:
+        """One try at one node: the frame answered, or None after reporting the failure."""
+        try:
+            connection = self.connect(endpoint, deadline)
+        except TRANSPORT_ERRORS as error:
+            attempts.connect_failed(endpoint, error)
+            return None
+        request_id = self.next_request_id
+        self.next_request_id += 1
+        try:
+            attempts.sent()
+            connection.send(make_request(request_id))
+            return connection.receive(request_id, deadline)
+        except TRANSPORT_ERRORS as error:
+            # Also on a timeout: the connection may hold a late answer or a dead peer.
+            self.drop_connection(connection)
+            attempts.lost(endpoint, error)
+            return None
+
+    def connect(self, endpoint: str, deadline: float) -> BlockingConnection:
+        connection = self.connection
+        if connection is not None and connection.endpoint == endpoint:
+            return connection
+        fresh = BlockingConnection.open(endpoint, self.cluster_id, self.client_id, deadline)
+        if connection is not None:
+            connection.close()
+        self.connection = fresh
+        return fresh
+
+    def drop_connection(self, connection: BlockingConnection) -> None:
+        connection.close()
+        if self.connection is connection:
+            self.connection = None
+
+    # --- lifetime -----------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            if self.connection is not None:
+                self.drop_connection(self.connection)
+
+    def __enter__(self) -> KVClient:
+        return self
+
+    def __exit__(
+        self,
+        exception_type: type[BaseException] | None,
+        exception: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+__all__ = ["KVClient", "Member"]
