@@ -101,6 +101,24 @@ class KVRead(msgspec.Struct, frozen=True, tag=True):
     group: str = "kv"
 
 
+class KVScan(msgspec.Struct, frozen=True, tag=True):
+    """Keys in [start, end) in key order (end None: to the last key), at most `limit`."""
+
+    request_id: int
+    start: str = ""
+    end: str | None = None
+    limit: int = 1000
+    stale: bool = False
+    group: str = "kv"
+
+
+class KVScanResult(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    items: list[tuple[str, str]]
+    next_start: str | None
+    """Where the next page starts, or None when the range is done."""
+
+
 class KVWriteResult(msgspec.Struct, frozen=True, tag=True):
     request_id: int
     results: list[KVCommandResult]
@@ -299,6 +317,8 @@ Frame = (
     | KVRead
     | KVWriteResult
     | KVReadResult
+    | KVScan
+    | KVScanResult
     | ErrorResponse
     | StatusRequest
     | StatusResponse
@@ -320,6 +340,7 @@ Frame = (
 ClientRequest = (
     KVWrite
     | KVRead
+    | KVScan
     | StatusRequest
     | MemberChangeRequest
     | TransferLeaderRequest
@@ -334,6 +355,7 @@ ClientRequest = (
 CLIENT_REQUEST_TYPES: tuple[type, ...] = (
     KVWrite,
     KVRead,
+    KVScan,
     StatusRequest,
     MemberChangeRequest,
     TransferLeaderRequest,

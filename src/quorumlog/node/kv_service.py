@@ -20,6 +20,7 @@ from quorumlog.runtime.group import GroupRunner
 
 Replier = Callable[[wire.Frame], None]
 WRITE_OPS = frozenset({"put", "append", "delete", "cas"})
+SCAN_LIMIT_MAX = 10_000
 
 
 class KVLimits:
@@ -166,7 +167,7 @@ class KVService:
 
     # --- reads --------------------------------------------------------------------------
 
-    def read(self, request: wire.KVRead, reply: Replier) -> None:
+    def read(self, request: wire.KVRead | wire.KVScan, reply: Replier) -> None:
         if request.stale:
             self.answer_read(request, reply)
             return
@@ -185,6 +186,27 @@ class KVService:
 
         future.add_done_callback(answer)
 
-    def answer_read(self, request: wire.KVRead, reply: Replier) -> None:
+    def answer_read(self, request: wire.KVRead | wire.KVScan, reply: Replier) -> None:
+        if isinstance(request, wire.KVScan):
+            reply(self.scan(request))
+            return
         values = [self.machine.get(key) for key in request.keys]
         reply(wire.KVReadResult(request_id=request.request_id, values=values))
+
+    def scan(self, request: wire.KVScan) -> wire.KVScanResult:
+        # Sorting every key per page is O(n log n); fine for tables this store is meant for
+        # (the snapshot sorts the same way). An ordered index is the upgrade path.
+        limit = max(1, min(request.limit, SCAN_LIMIT_MAX))
+        keys = sorted(
+            key
+            for key in self.machine.data
+            if key >= request.start and (request.end is None or key < request.end)
+        )
+        page = keys[:limit]
+        next_start = keys[limit] if len(keys) > limit else None
+        data = self.machine.data
+        return wire.KVScanResult(
+            request_id=request.request_id,
+            items=[(key, data[key]) for key in page],
+            next_start=next_start,
+        )

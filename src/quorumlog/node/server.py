@@ -132,6 +132,7 @@ class Node:
             request,
             wire.KVWrite
             | wire.KVRead
+            | wire.KVScan
             | wire.StatusRequest
             | wire.MemberChangeRequest
             | wire.TransferLeaderRequest,
@@ -150,7 +151,7 @@ class Node:
             return
         if isinstance(request, wire.KVWrite):
             self.kv.write(request, reply)
-        elif isinstance(request, wire.KVRead):
+        elif isinstance(request, wire.KVRead | wire.KVScan):
             self.kv.read(request, reply)
         elif isinstance(request, wire.StatusRequest):
             reply(self.status(group, request.request_id))
