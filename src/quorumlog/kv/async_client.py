@@ -199,6 +199,15 @@ class PendingRead:
         self.future = future
 
 
+def fail_waiting(futures: list[asyncio.Future[Any]], error: BaseException) -> None:
+    """Hand `error` to every call still waiting; a cancelled batch means the client closed."""
+    if isinstance(error, asyncio.CancelledError):
+        error = ClientError("the client is closed")
+    for future in futures:
+        if not future.done():
+            future.set_exception(error)
+
+
 class AsyncKVClient:
     """An asyncio client of the replicated KV. See the module docstring.
 
@@ -356,9 +365,7 @@ class AsyncKVClient:
             )
             results = write_results(response, len(commands), self.selector.choose())
         except BaseException as error:
-            for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(error)
+            fail_waiting([pending.future for pending in batch], error)
             if isinstance(error, asyncio.CancelledError):
                 raise
             return
@@ -380,9 +387,7 @@ class AsyncKVClient:
             if len(response.values) != len(keys):
                 raise ClientError(f"asked for {len(keys)} keys, got {len(response.values)} values")
         except BaseException as error:
-            for pending in batch:
-                if not pending.future.done():
-                    pending.future.set_exception(error)
+            fail_waiting([pending.future for pending in batch], error)
             if isinstance(error, asyncio.CancelledError):
                 raise
             return
@@ -557,13 +562,9 @@ class AsyncKVClient:
                 connection = await opening
                 await connection.close()
         closed = ClientError("the client is closed")
-        for pending in self.pending_writes:
-            if not pending.future.done():
-                pending.future.set_exception(closed)
+        fail_waiting([pending.future for pending in self.pending_writes], closed)
         for reads in self.pending_reads.values():
-            for read in reads:
-                if not read.future.done():
-                    read.future.set_exception(closed)
+            fail_waiting([read.future for read in reads], closed)
 
     async def __aenter__(self) -> AsyncKVClient:
         return self

@@ -38,6 +38,9 @@ class FakeNode:
         self.write_errors: list[wire.ErrorCode] = []
         """Answer the next writes with these codes, one each."""
         self.hide_leader_hint = False
+        self.hold_answers_until_writes = 0
+        """Hold write answers until this many writes arrived (proves pipelining)."""
+        self.held_answers: list[wire.Frame] = []
         self.requests: list[wire.Frame] = []
         self.request_arrived = asyncio.Condition()
 
@@ -130,10 +133,16 @@ class FakeNode:
                 pass
             else:
                 results = cluster.apply(frame)
+                answer = wire.KVWriteResult(request_id=frame.request_id, results=results)
                 if self.unanswered_writes:
                     self.unanswered_writes -= 1
+                elif len(self.writes()) < self.hold_answers_until_writes:
+                    self.held_answers.append(answer)
                 else:
-                    reply(wire.KVWriteResult(request_id=frame.request_id, results=results))
+                    for held in self.held_answers:
+                        reply(held)
+                    self.held_answers.clear()
+                    reply(answer)
         elif isinstance(frame, wire.KVRead):
             if not frame.stale and not self.is_leader:
                 reply(self.not_leader(frame.request_id))
