@@ -94,6 +94,16 @@ def register_node_commands() -> None:
 register_node_commands()
 
 
+def register_kv_commands() -> None:
+    from quorumlog.cli.kv_commands import COMMANDS
+
+    for command in COMMANDS:
+        cli.add_command(command)
+
+
+register_kv_commands()
+
+
 def main() -> None:
     try:
         cli(standalone_mode=True)

@@ -343,6 +343,9 @@ class RequestAttempts:
         self.last_error = f"{endpoint}: {describe(error)}"
         self.selector.failed(endpoint)
         self.failed_once(busy=False)
+        if self.fixed_endpoint is not None:
+            # Only that node can answer (a status query): say so now, not at the deadline.
+            self.finished = True
 
     def sent(self) -> None:
         self.maybe_delivered = True
@@ -352,7 +355,7 @@ class RequestAttempts:
         self.maybe_delivered = True
         self.last_error = f"{endpoint}: {describe(error)}"
         self.selector.failed(endpoint)
-        if not self.retry_after_delivery:
+        if not self.retry_after_delivery or self.fixed_endpoint is not None:
             self.finished = True
         self.failed_once(busy=False)
 

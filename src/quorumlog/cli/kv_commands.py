@@ -1,0 +1,313 @@
+"""`quorumlog kv|status|member|leader`: the KV and cluster commands (etcdctl is the model).
+
+Every command takes `--endpoints` (comma-separated host:port; else $QUORUMLOG_ENDPOINTS;
+else 127.0.0.1:2379, etcd's client port, for a node started with that address),
+`--cluster-id` (else $QUORUMLOG_CLUSTER_ID, else "quorumlog") and `--timeout` seconds.
+`quorumlog dev up` prints the `export QUORUMLOG_ENDPOINTS=...` line for its cluster.
+
+Errors from the cluster (`QuorumLogError`) reach `main()`, which prints one line and
+exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+import msgspec
+
+from quorumlog.errors import QuorumLogError
+from quorumlog.kv.client import KVClient
+from quorumlog.kv.connection import CLUSTER_ID_DEFAULT, Member, parse_endpoint, parse_endpoints
+
+ENDPOINTS_DEFAULT = "127.0.0.1:2379"
+TIMEOUT_SECONDS_DEFAULT = 5.0
+STATUS_COLUMNS = [
+    "endpoint",
+    "id",
+    "is leader",
+    "term",
+    "commit index",
+    "applied index",
+    "last index",
+    "errors",
+]
+
+Command = TypeVar("Command", bound=Callable[..., Any])
+
+
+class ClientSettings(msgspec.Struct, frozen=True):
+    endpoints: list[str]
+    cluster_id: str
+    timeout_seconds: float
+
+    def client(self) -> KVClient:
+        return KVClient(self.endpoints, timeout=self.timeout_seconds, cluster_id=self.cluster_id)
+
+
+def endpoints_callback(context: click.Context, parameter: click.Parameter, value: str) -> list[str]:
+    try:
+        return parse_endpoints(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error), context, parameter) from error
+
+
+def client_options(command: Command) -> Command:
+    """Add --endpoints, --cluster-id and --timeout; the command receives `settings`."""
+
+    def build(
+        endpoints: list[str], cluster_id: str, timeout_seconds: float, **arguments: Any
+    ) -> Any:
+        settings = ClientSettings(endpoints, cluster_id, timeout_seconds)
+        return command(settings=settings, **arguments)
+
+    build.__name__ = command.__name__
+    build.__doc__ = command.__doc__
+    decorated: Any = build
+    for option in (
+        click.option(
+            "--timeout",
+            "timeout_seconds",
+            type=click.FloatRange(min=0.001),
+            default=TIMEOUT_SECONDS_DEFAULT,
+            show_default=True,
+            help="Seconds to keep trying before giving up.",
+        ),
+        click.option(
+            "--cluster-id",
+            envvar="QUORUMLOG_CLUSTER_ID",
+            default=CLUSTER_ID_DEFAULT,
+            show_default=True,
+            help="The cluster to talk to (nodes refuse other ids).  [env: QUORUMLOG_CLUSTER_ID]",
+        ),
+        click.option(
+            "--endpoints",
+            envvar="QUORUMLOG_ENDPOINTS",
+            default=ENDPOINTS_DEFAULT,
+            show_default=True,
+            callback=endpoints_callback,
+            help="Comma-separated host:port of the nodes.  [env: QUORUMLOG_ENDPOINTS]",
+        ),
+    ):
+        decorated = option(decorated)
+    result: Command = decorated
+    return result
+
+
+def output_option(command: Command) -> Command:
+    decorated: Command = click.option(
+        "-w",
+        "--write-out",
+        "write_out",
+        type=click.Choice(["table", "json"]),
+        default="table",
+        show_default=True,
+        help="Output format.",
+    )(command)
+    return decorated
+
+
+# --- kv --------------------------------------------------------------------------------
+
+
+@click.group("kv")
+def kv_group() -> None:
+    """Read and write keys (linearizable unless --stale)."""
+
+
+@kv_group.command("put")
+@click.argument("key")
+@click.argument("value")
+@client_options
+def kv_put(settings: ClientSettings, key: str, value: str) -> None:
+    """Set KEY to VALUE."""
+    with settings.client() as client:
+        client.put(key, value)
+    click.echo("OK")
+
+
+@kv_group.command("get")
+@click.argument("key")
+@click.option("--stale", is_flag=True, help="Let any node answer from its state (may be old).")
+@client_options
+def kv_get(settings: ClientSettings, key: str, stale: bool) -> None:
+    """Print the value of KEY (nothing if it is missing)."""
+    with settings.client() as client:
+        value = client.get(key, stale=stale)
+    if value is not None:
+        click.echo(value)
+
+
+@kv_group.command("append")
+@click.argument("key")
+@click.argument("value")
+@client_options
+def kv_append(settings: ClientSettings, key: str, value: str) -> None:
+    """Append VALUE to KEY (creating it if missing)."""
+    with settings.client() as client:
+        client.append(key, value)
+    click.echo("OK")
+
+
+@kv_group.command("del")
+@click.argument("key")
+@client_options
+def kv_delete(settings: ClientSettings, key: str) -> None:
+    """Delete KEY; print how many keys were deleted (0 or 1), as etcdctl does."""
+    with settings.client() as client:
+        result = client.write("delete", key, None, None)
+    click.echo("1" if result.value is not None else "0")
+
+
+# --- status ----------------------------------------------------------------------------
+
+
+def status_rows(settings: ClientSettings) -> list[dict[str, Any]]:
+    """One row per endpoint; an endpoint that does not answer is a row with its error."""
+    rows: list[dict[str, Any]] = []
+    with settings.client() as client:
+        for endpoint in settings.endpoints:
+            try:
+                status = client.status(endpoint)
+            except QuorumLogError as error:
+                rows.append({"endpoint": endpoint, "errors": [str(error)]})
+                continue
+            row = msgspec.to_builtins(status)
+            del row["request_id"]
+            rows.append({"endpoint": endpoint, **row})
+    return rows
+
+
+def status_cells(row: dict[str, Any]) -> list[str]:
+    if "node_id" not in row:
+        return [row["endpoint"], "", "", "", "", "", "", "; ".join(row["errors"])]
+    return [
+        row["endpoint"],
+        row["node_id"],
+        "true" if row["is_leader"] else "false",
+        str(row["term"]),
+        str(row["commit_index"]),
+        str(row["applied_index"]),
+        str(row["last_index"]),
+        "; ".join(row["errors"]),
+    ]
+
+
+def print_table(columns: list[str], rows: list[list[str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(*(column.upper() for column in columns), show_lines=False)
+    for cells in rows:
+        table.add_row(*cells)
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        # Piped or captured: do not squeeze the columns into 80 characters.
+        console = Console(highlight=False, width=200)
+    console.print(table)
+
+
+@click.command("status")
+@output_option
+@client_options
+def status_command(settings: ClientSettings, write_out: str) -> None:
+    """Ask every endpoint for its view: id, leadership, term and log indexes.
+
+    Exits 1 if any endpoint did not answer (after printing every row)."""
+    rows = status_rows(settings)
+    if write_out == "json":
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        print_table(STATUS_COLUMNS, [status_cells(row) for row in rows])
+    failed = sum(1 for row in rows if "node_id" not in row)
+    if failed:
+        raise QuorumLogError(f"{failed} of {len(rows)} endpoints did not answer")
+
+
+# --- members ---------------------------------------------------------------------------
+
+
+@click.group("member")
+def member_group() -> None:
+    """List and change the members of the group."""
+
+
+@member_group.command("list")
+@output_option
+@client_options
+def member_list(settings: ClientSettings, write_out: str) -> None:
+    """The members as the leader sees them."""
+    with settings.client() as client:
+        members = client.member_list()
+    if write_out == "json":
+        click.echo(json.dumps(msgspec.to_builtins(members), indent=2))
+        return
+    print_table(["id", "address", "role", "is leader"], [member_cells(m) for m in members])
+
+
+def member_cells(member: Member) -> list[str]:
+    return [
+        member.node_id,
+        member.address or "",
+        member.role,
+        "true" if member.is_leader else "false",
+    ]
+
+
+@member_group.command("add")
+@click.argument("node_id", metavar="ID")
+@click.argument("address")
+@click.option("--learner", is_flag=True, help="Add as a learner (no vote) to promote later.")
+@client_options
+def member_add(settings: ClientSettings, node_id: str, address: str, learner: bool) -> None:
+    """Add node ID, listening at ADDRESS (host:port)."""
+    try:
+        parse_endpoint(address)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="ADDRESS") from error
+    with settings.client() as client:
+        detail = client.member_add(node_id, address, learner=learner)
+    click.echo(detail or f"added {node_id} as a {'learner' if learner else 'voter'}")
+
+
+@member_group.command("remove")
+@click.argument("node_id", metavar="ID")
+@client_options
+def member_remove(settings: ClientSettings, node_id: str) -> None:
+    """Remove node ID from the group."""
+    with settings.client() as client:
+        detail = client.member_remove(node_id)
+    click.echo(detail or f"removed {node_id}")
+
+
+@member_group.command("promote")
+@click.argument("node_id", metavar="ID")
+@client_options
+def member_promote(settings: ClientSettings, node_id: str) -> None:
+    """Make learner ID a voter."""
+    with settings.client() as client:
+        detail = client.member_promote(node_id)
+    click.echo(detail or f"promoted {node_id}")
+
+
+# --- leader ----------------------------------------------------------------------------
+
+
+@click.group("leader")
+def leader_group() -> None:
+    """Leadership of the group."""
+
+
+@leader_group.command("transfer")
+@click.argument("node_id", metavar="ID")
+@client_options
+def leader_transfer(settings: ClientSettings, node_id: str) -> None:
+    """Hand leadership to node ID."""
+    with settings.client() as client:
+        detail = client.transfer_leader(node_id)
+    click.echo(detail or f"transferring leadership to {node_id}")
+
+
+COMMANDS = [kv_group, status_command, member_group, leader_group]
