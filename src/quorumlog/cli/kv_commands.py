@@ -175,7 +175,7 @@ def status_rows(settings: ClientSettings) -> list[dict[str, Any]]:
                 rows.append({"endpoint": endpoint, "errors": [str(error)]})
                 continue
             row = msgspec.to_builtins(status)
-            del row["request_id"]
+            del row["request_id"], row["type"]
             rows.append({"endpoint": endpoint, **row})
     return rows
 
