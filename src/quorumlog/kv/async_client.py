@@ -283,10 +283,7 @@ class AsyncKVClient:
     ) -> KVCommandResult:
         self.check_open()
         loop = asyncio.get_running_loop()
-        while self.sequences.unacknowledged_span() >= self.sequence_window_max:
-            # Checked and cleared with no await in between, so no wake-up is missed.
-            self.window_free.clear()
-            await self.window_free.wait()
+        await self.wait_for_window()
         identity = (op, key, value, expected)
         sequence = self.sequences.allocate(identity, loop.time())
         command = KVCommand(sequence, op, key, value, expected)
@@ -306,6 +303,24 @@ class AsyncKVClient:
             raise
         self.acknowledge(sequence)
         return check_command_result(command, result)
+
+    async def wait_for_window(self) -> None:
+        """Wait until a new sequence stays within `sequence_window_max` of the lowest
+        unanswered one: answers free room, and so does the release of reserved sequences."""
+        loop = asyncio.get_running_loop()
+        sequences = self.sequences
+        while True:
+            sequences.release_expired(loop.time())
+            if sequences.unacknowledged_span() < self.sequence_window_max:
+                return
+            # Checked and cleared with no await in between, so no wake-up is missed.
+            self.window_free.clear()
+            release_at = sequences.next_release_at()
+            try:
+                async with asyncio.timeout_at(release_at):
+                    await self.window_free.wait()
+            except TimeoutError:
+                pass
 
     def acknowledge(self, sequence: int) -> None:
         self.sequences.acknowledge(sequence)

@@ -212,6 +212,10 @@ class SequenceTracker:
                 del self.held[identity]
                 self.acknowledge(sequence)
 
+    def next_release_at(self) -> float | None:
+        """When the earliest reserved sequence is released, if any is reserved."""
+        return min((release_at for _, release_at in self.held.values()), default=None)
+
     def first_unacknowledged(self) -> int:
         return self.outstanding[0] if self.outstanding else self.next_sequence
 

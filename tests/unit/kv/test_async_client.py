@@ -157,3 +157,19 @@ def test_close_fails_waiting_calls() -> None:
             await waiting
 
     run(test)
+
+
+def test_reserved_sequences_do_not_block_the_window_forever() -> None:
+    async def test(cluster: FakeCluster) -> None:
+        cluster.node("n1").swallow_writes = True
+        async with AsyncKVClient(cluster.endpoints, timeout=0.2, sequence_window_max=2) as client:
+            outcomes = await asyncio.gather(
+                client.put("a", "1"), client.put("b", "2"), return_exceptions=True
+            )
+            assert all(isinstance(outcome, UnknownOutcomeError) for outcome in outcomes)
+            cluster.node("n1").swallow_writes = False
+            # The window is full of reserved sequences; they are released after `timeout`.
+            await client.put("c", "3")
+        assert cluster.node("n1").writes()[-1].first_unacknowledged == 3
+
+    run(test)
