@@ -19,6 +19,7 @@ from quorumlog.errors import QuorumLogError
 from quorumlog.kv.machine import KVStateMachine
 from quorumlog.node.errors_to_wire import error_code
 from quorumlog.node.kv_service import KVLimits, KVService
+from quorumlog.node.stream_service import StreamService, TopicWatchingMachine
 from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import ChangeKind, Configuration, MembershipChange
 from quorumlog.raft.messages import Message
@@ -51,7 +52,8 @@ class Node:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
         self.node_id = settings.node_id
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fsync")
+        # Each group keeps at most one sync in flight; several groups may sync at once.
+        self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fsync")
         self.addresses: dict[str, str] = dict(settings.peers)
         self.endpoint = Endpoint(settings.node_id, settings.cluster_id, settings.peers, self)
         self.groups: dict[str, GroupRunner] = {}
@@ -67,11 +69,12 @@ class Node:
         self.addresses[self.node_id] = f"{host}:{self.port}"
         voters = () if settings.join else tuple(sorted([*settings.peers, settings.node_id]))
         machine = KVStateMachine()
+        self.streams = StreamService(self, lambda: self.groups[KV_GROUP], machine)
         group = GroupRunner(
             KV_GROUP,
             RaftConfig(node_id=settings.node_id, election_ticks=settings.election_ticks),
             Path(settings.data_dir) / KV_GROUP,
-            machine,
+            TopicWatchingMachine(machine, self.streams.schedule_sync),
             self.send,
             Configuration(voters=voters),
             self.executor,
@@ -88,6 +91,7 @@ class Node:
             group, machine, lambda: self.address_of(group.core.leader_id), KVLimits()
         )
         group.start()
+        self.streams.start()
         log.info(
             "node %s listening on %s:%d (data in %s)",
             self.node_id,
@@ -99,15 +103,19 @@ class Node:
 
     async def stop(self) -> None:
         await self.endpoint.close()
-        for group in self.groups.values():
-            await group.stop()
+        await self.streams.stop()
+        for group in list(self.groups.values()):
+            if not group.stopped:
+                await group.stop()
         self.executor.shutdown(wait=True)
 
     def address_of(self, node_id: str | None) -> str | None:
         return self.addresses.get(node_id) if node_id is not None else None
 
     def configuration_changed(self, configuration: Configuration) -> None:
-        learned = dict(configuration.addresses)
+        self.learn_addresses(dict(configuration.addresses))
+
+    def learn_addresses(self, learned: dict[str, str]) -> None:
         if any(self.addresses.get(member) != address for member, address in learned.items()):
             self.addresses.update(learned)
             self.endpoint.update_peers(
@@ -161,13 +169,7 @@ class Node:
             self.transfer_leader(group, request, reply)
 
     def on_stream_request(self, request: wire.ClientRequest, reply: Replier) -> None:
-        reply(
-            wire.ErrorResponse(
-                request_id=request.request_id,
-                code=wire.ErrorCode.UNKNOWN_GROUP,
-                message="streams are not served by this node yet",
-            )
-        )
+        self.streams.handle(request, reply)
 
     def status(self, group: GroupRunner, request_id: int) -> wire.StatusResponse:
         core = group.core

@@ -36,6 +36,10 @@ log = logging.getLogger("quorumlog.group")
 class StateMachine(Protocol):
     def apply(self, index: int, data: bytes) -> Any: ...
 
+    def mark_applied(self, index: int) -> None:
+        """An entry with nothing for the machine (no-op, configuration) was applied."""
+        ...
+
     def snapshot(self) -> bytes: ...
 
     def restore(self, data: bytes) -> None: ...
@@ -126,6 +130,7 @@ class GroupRunner:
         self.snapshot_in_flight = False
         self.ticker: asyncio.Task[None] | None = None
         self.on_configuration: Callable[[Configuration], None] | None = None
+        self.on_snapshot_saved: Callable[[SnapshotMeta], None] | None = None
         self.last_configuration: Configuration | None = None
 
     # --- life cycle ---------------------------------------------------------------------
@@ -290,6 +295,8 @@ class GroupRunner:
             result: Any = None
             if entry.type is EntryType.DATA:
                 result = self.machine.apply(entry.index, entry.data)
+            else:
+                self.machine.mark_applied(entry.index)
             waiter = self.waiters.pop(entry.index, None)
             if waiter is not None:
                 term, future = waiter
@@ -307,10 +314,16 @@ class GroupRunner:
             self.take_snapshot()
 
     def take_snapshot(self) -> None:
-        if self.snapshot_in_flight:
+        self.snapshot_at(self.core.applied_index, None)
+
+    def snapshot_at(self, index: int, data: bytes | None) -> None:
+        """Snapshot the state machine as of `index` (<= applied) and compact the log.
+
+        `data` None: ask the machine for its state now (index must be the applied index).
+        Machines whose log is their data (stream partitions) pass an older checkpoint."""
+        if self.snapshot_in_flight or index <= self.core.log.snapshot_index:
             return
         core = self.core
-        index = core.applied_index
         term = core.log.term(index)
         if term is None:
             return
@@ -319,13 +332,13 @@ class GroupRunner:
             if config_index <= index:
                 configuration = candidate
         meta = SnapshotMeta(index=index, term=term, configuration=configuration)
-        data = self.machine.snapshot()
+        payload = self.machine.snapshot() if data is None else data
         self.snapshot_in_flight = True
-        job = self.executor.submit(self.snapshots.save, meta, data)
+        job = self.executor.submit(self.snapshots.save, meta, payload)
         loop = asyncio.get_running_loop()
         job.add_done_callback(
             lambda done: loop.call_soon_threadsafe(
-                self.snapshot_saved, meta, data, done.exception()
+                self.snapshot_saved, meta, payload, done.exception()
             )
         )
 
@@ -337,6 +350,8 @@ class GroupRunner:
         self.last_snapshot_index = meta.index
         self.core.snapshot_taken(meta, data)
         keep_from = meta.index + 1 - self.settings.snapshot_trailing_entries
+        if self.on_snapshot_saved is not None:
+            self.on_snapshot_saved(meta)
         if keep_from > self.store.first_index:
             self.pending_compaction = keep_from
         self.schedule()
