@@ -1,0 +1,439 @@
+"""What the stream clients (Admin, Producer, Consumer) share: the I/O thread, topic
+metadata, partition routing and the retry loop for partition requests.
+
+Each client runs one asyncio loop in a background thread (`ClientLoop`) and talks to the
+cluster through an `AsyncKVClient` living on that loop: its connection pool, handshake and
+metadata-group retry rules (NOT_LEADER hints, back-off, unknown outcomes) are reused as
+they are. What the KV client lacks is routing to a *partition*: each partition is its own
+Raft group with its own leader among its replicas, so `StreamTransport` keeps one
+`EndpointSelector` per partition (built from the replicas' addresses in the topic
+descriptor) and runs `RequestAttempts` against it (`partition_call`).
+
+Error codes from partition replicas, besides those the KV client knows:
+- NOT_FOUND: the node does not host the partition, or the topic is unknown there. The
+  metadata is refreshed: if the topic or partition is gone it is `TopicNotFoundError`,
+  else the replica is just not ready (a new topic) and the request is retried elsewhere.
+- OUT_OF_RANGE: for a fetch, an offset outside [begin, end]; for a produce, a sequence the
+  partition did not expect. Raised to the caller, who knows which it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Coroutine
+from concurrent.futures import Future
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+from quorumlog.codec.checksum import crc32c
+from quorumlog.codec.wire import (
+    ClientRequest,
+    ErrorCode,
+    ErrorResponse,
+    ListTopics,
+    TopicDescriptor,
+    TopicList,
+)
+from quorumlog.errors import ClientError, RequestRejectedError
+from quorumlog.kv.async_client import AsyncKVClient
+from quorumlog.kv.connection import (
+    CLUSTER_ID_DEFAULT,
+    EndpointSelector,
+    RequestAttempts,
+    check_timeout,
+)
+
+ResponseType = TypeVar("ResponseType")
+ResultType = TypeVar("ResultType")
+
+LOOP_THREAD_JOIN_SECONDS_MAX = 10.0
+"""How long close() waits for the I/O thread; it only has to close sockets by then."""
+
+
+# --- errors --------------------------------------------------------------------------------
+
+
+class TopicNotFoundError(RequestRejectedError):
+    """The topic does not exist (or has no such partition)."""
+
+    def __init__(self, topic: str, partition: int | None = None) -> None:
+        where = f"topic {topic!r}" if partition is None else f"partition {partition} of {topic!r}"
+        super().__init__(ErrorCode.NOT_FOUND.value, f"{where} does not exist")
+        self.topic = topic
+        self.partition = partition
+
+
+class TopicExistsError(RequestRejectedError):
+    """create_topic of a name already taken."""
+
+    def __init__(self, topic: str) -> None:
+        super().__init__(ErrorCode.ALREADY_EXISTS.value, f"topic {topic!r} already exists")
+        self.topic = topic
+
+
+class OffsetOutOfRangeError(RequestRejectedError, IndexError):
+    """A read at an offset the partition does not hold: deleted by retention (below
+    `begin_offset`) or not written yet (past `end_offset`)."""
+
+    def __init__(
+        self, topic: str, partition: int, offset: int, begin_offset: int, end_offset: int
+    ) -> None:
+        if offset < begin_offset:
+            reason = f"records below offset {begin_offset} were deleted by retention"
+        else:
+            reason = f"the partition ends at offset {end_offset}"
+        super().__init__(
+            ErrorCode.OUT_OF_RANGE.value,
+            f"offset {offset} of {topic!r} partition {partition} is out of range "
+            f"[{begin_offset}, {end_offset}]: {reason}",
+        )
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.begin_offset = begin_offset
+        self.end_offset = end_offset
+
+
+def require(condition: bool, message: str) -> None:
+    """An always-on check (unlike `assert`, it survives `python -O`)."""
+    if not condition:
+        raise ClientError(f"internal check failed: {message}")
+
+
+# --- partitioning --------------------------------------------------------------------------
+
+
+def partition_for_key(key: bytes, partition_count: int) -> int:
+    """The partition of a keyed record: stable across clients, processes and languages."""
+    return crc32c(key) % partition_count
+
+
+# --- the I/O thread ------------------------------------------------------------------------
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; this is for odd platforms
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+class ClientLoop:
+    """An asyncio loop running in a daemon thread; blocking callers hand it coroutines."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = new_event_loop()
+        self.thread = threading.Thread(target=self.run_forever, name=name, daemon=True)
+        self.thread.start()
+
+    def run_forever(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coroutine: Coroutine[Any, Any, ResultType]) -> Future[ResultType]:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def run(self, coroutine: Coroutine[Any, Any, ResultType]) -> ResultType:
+        """Run `coroutine` on the loop and wait for it (its own deadlines bound the wait)."""
+        return self.submit(coroutine).result()
+
+    def call_soon(self, callback: Callable[[], object]) -> None:
+        self.loop.call_soon_threadsafe(callback)
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        if self.thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=LOOP_THREAD_JOIN_SECONDS_MAX)
+        if not self.thread.is_alive():
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.close()
+
+
+class TrackedAttempts(RequestAttempts):
+    """RequestAttempts that also remember whether an attempt *before the latest* may have
+    reached a node: then a refusal such as ALREADY_EXISTS may be the echo of our own
+    earlier attempt having taken effect."""
+
+    earlier_maybe_delivered = False
+
+    def sent(self) -> None:
+        self.earlier_maybe_delivered = self.maybe_delivered
+        super().sent()
+
+
+# --- metadata and partition routing --------------------------------------------------------
+
+
+class StreamTransport:
+    """Topic metadata, partition routing and request retries; lives on one event loop."""
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        timeout: float,
+        cluster_id: str,
+        client_id: str | None,
+        attempt_timeout_seconds: float | None,
+    ) -> None:
+        check_timeout(timeout)
+        self.timeout = timeout
+        self.kv = AsyncKVClient(
+            endpoints,
+            timeout=timeout,
+            cluster_id=cluster_id,
+            client_id=client_id,
+            attempt_timeout_seconds=attempt_timeout_seconds,
+        )
+        self.topics: dict[str, TopicDescriptor] = {}
+        self.selectors: dict[tuple[str, int], tuple[list[str], EndpointSelector]] = {}
+
+    # --- metadata -------------------------------------------------------------------------
+
+    async def metadata_call(
+        self,
+        what: str,
+        make_request: Callable[[int], ClientRequest],
+        expected: type[ResponseType],
+        side_effects: bool,
+        at_leader: bool = True,
+    ) -> ResponseType:
+        """A request to the metadata group: any node takes it, a follower names the leader."""
+        return await self.kv.call(
+            what, make_request, expected, side_effects=side_effects, at_leader=at_leader
+        )
+
+    async def refresh_topics(self) -> dict[str, TopicDescriptor]:
+        # Any node may answer (a stale list is fine for routing), so do not mark it leader.
+        listed = await self.metadata_call(
+            "list topics",
+            lambda request_id: ListTopics(request_id=request_id),
+            TopicList,
+            side_effects=False,
+            at_leader=False,
+        )
+        self.topics = {descriptor.name: descriptor for descriptor in listed.topics}
+        return self.topics
+
+    async def topic(self, name: str, refresh: bool = False) -> TopicDescriptor:
+        """The topic's descriptor (cached); TopicNotFoundError if the cluster has none."""
+        descriptor = None if refresh else self.topics.get(name)
+        if descriptor is None:
+            descriptor = (await self.refresh_topics()).get(name)
+        if descriptor is None:
+            raise TopicNotFoundError(name)
+        return descriptor
+
+    async def partition_exists(self, topic: str, partition: int) -> bool:
+        descriptor = (await self.refresh_topics()).get(topic)
+        return descriptor is not None and 0 <= partition < len(descriptor.replicas)
+
+    def replica_endpoints(self, descriptor: TopicDescriptor, partition: int) -> list[str]:
+        if not 0 <= partition < len(descriptor.replicas):
+            raise TopicNotFoundError(descriptor.name, partition)
+        endpoints = [
+            descriptor.addresses[node_id]
+            for node_id in descriptor.replicas[partition]
+            if node_id in descriptor.addresses
+        ]
+        if not endpoints:
+            raise ClientError(
+                f"partition {partition} of {descriptor.name!r} has no replica with a known address"
+            )
+        return endpoints
+
+    def selector(self, descriptor: TopicDescriptor, partition: int) -> EndpointSelector:
+        """The partition's selector; rebuilt (forgetting its leader) when its replicas move."""
+        endpoints = self.replica_endpoints(descriptor, partition)
+        key = (descriptor.name, partition)
+        cached = self.selectors.get(key)
+        if cached is not None and cached[0] == endpoints:
+            return cached[1]
+        selector = EndpointSelector(endpoints)
+        self.selectors[key] = (endpoints, selector)
+        return selector
+
+    def leader_endpoint(self, topic: str, partition: int) -> str | None:
+        cached = self.selectors.get((topic, partition))
+        return None if cached is None else cached[1].leader
+
+    # --- partition requests ---------------------------------------------------------------
+
+    def attempts(
+        self,
+        what: str,
+        selector: EndpointSelector,
+        side_effects: bool,
+        timeout_seconds: float | None = None,
+        fixed_endpoint: str | None = None,
+    ) -> TrackedAttempts:
+        return TrackedAttempts(
+            what,
+            selector,
+            asyncio.get_running_loop().time,
+            self.timeout if timeout_seconds is None else timeout_seconds,
+            self.kv.attempt_timeout_seconds,
+            side_effects=side_effects,
+            fixed_endpoint=fixed_endpoint,
+        )
+
+    async def partition_call(
+        self,
+        topic: str,
+        partition: int,
+        what: str,
+        make_request: Callable[[int], ClientRequest],
+        expected: type[ResponseType],
+        side_effects: bool,
+        at_leader: bool,
+        timeout_seconds: float | None = None,
+        fixed_endpoint: str | None = None,
+    ) -> ResponseType:
+        """Send to the partition's replicas until a wanted answer arrives.
+
+        `at_leader`: only the leader serves it (a produce), so a success caches the leader.
+        Otherwise any replica may answer (a fetch), preferring the leader if one is known.
+        Raises UnknownOutcomeError / UnavailableError at the deadline (as the KV client
+        does), RequestRejectedError on a refusal, TopicNotFoundError if the topic is gone.
+        """
+        selector = self.selector(await self.topic(topic), partition)
+        attempts = self.attempts(what, selector, side_effects, timeout_seconds, fixed_endpoint)
+        return await self.call_with(
+            attempts,
+            make_request,
+            expected,
+            mark_leader=at_leader and fixed_endpoint is None,
+            partition=(topic, partition),
+        )
+
+    async def call_with(
+        self,
+        attempts: TrackedAttempts,
+        make_request: Callable[[int], ClientRequest],
+        expected: type[ResponseType],
+        mark_leader: bool,
+        partition: tuple[str, int] | None = None,
+    ) -> ResponseType:
+        """The retry loop of `AsyncKVClient.call`, for any selector. With `partition`, a
+        NOT_FOUND answer is checked against fresh metadata (see the module docstring)."""
+        while (attempt := attempts.next()) is not None:
+            if attempt.delay_seconds:
+                await asyncio.sleep(attempt.delay_seconds)  # back-off between attempts
+            response = await self.kv.attempt(
+                attempts, attempt.endpoint, attempt.deadline, make_request
+            )
+            if response is None:
+                continue
+            if (
+                partition is not None
+                and isinstance(response, ErrorResponse)
+                and response.code is ErrorCode.NOT_FOUND
+            ):
+                topic, number = partition
+                await self.replica_not_found(topic, number, attempts, attempt.endpoint, response)
+                continue
+            answer = attempts.answered(attempt.endpoint, response, expected)
+            if answer is not None:
+                if mark_leader:
+                    attempts.selector.succeeded_at_leader(attempt.endpoint)
+                return answer
+        raise attempts.give_up_error()
+
+    async def replica_not_found(
+        self,
+        topic: str,
+        partition: int,
+        attempts: RequestAttempts,
+        endpoint: str,
+        response: ErrorResponse,
+    ) -> None:
+        """A replica does not know the partition: gone for good, or not started yet."""
+        if not await self.partition_exists(topic, partition):
+            self.selectors.pop((topic, partition), None)
+            raise TopicNotFoundError(topic, partition)
+        attempts.last_error = f"{endpoint}: {response.code.value}: {response.message}"
+        attempts.selector.failed(endpoint)
+        attempts.failed_once(busy=True)
+
+    async def close(self) -> None:
+        await self.kv.close()
+
+
+class BlockingClient:
+    """The base of the blocking stream clients: an I/O thread with a `StreamTransport`."""
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        timeout: float = 10.0,
+        cluster_id: str = CLUSTER_ID_DEFAULT,
+        client_id: str | None = None,
+        attempt_timeout_seconds: float | None = None,
+        thread_name: str = "quorumlog-client",
+    ) -> None:
+        if isinstance(endpoints, str):
+            raise TypeError('endpoints is a list of "host:port" strings, not one string')
+        check_timeout(timeout)
+        self.timeout = timeout
+        self.closed = False
+        self.io = ClientLoop(thread_name)
+        try:
+            self.transport = self.io.run(
+                self.make_transport(
+                    list(endpoints), timeout, cluster_id, client_id, attempt_timeout_seconds
+                )
+            )
+        except BaseException:
+            self.io.stop()
+            raise
+
+    @staticmethod
+    async def make_transport(
+        endpoints: list[str],
+        timeout: float,
+        cluster_id: str,
+        client_id: str | None,
+        attempt_timeout_seconds: float | None,
+    ) -> StreamTransport:
+        # Built on the loop, so everything it creates belongs to that loop.
+        return StreamTransport(endpoints, timeout, cluster_id, client_id, attempt_timeout_seconds)
+
+    def run(self, coroutine: Coroutine[Any, Any, ResultType]) -> ResultType:
+        if self.closed:
+            coroutine.close()
+            raise ClientError("the client is closed")
+        return self.io.run(coroutine)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(Exception):
+            self.io.run(self.transport.close())
+        self.io.stop()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exception_type: type[BaseException] | None,
+        exception: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+__all__ = [
+    "BlockingClient",
+    "ClientLoop",
+    "OffsetOutOfRangeError",
+    "StreamTransport",
+    "TopicExistsError",
+    "TopicNotFoundError",
+    "partition_for_key",
+]

@@ -1,0 +1,584 @@
+"""Producer: batched, idempotent writes of records to topic partitions.
+
+    from quorumlog import Producer
+
+    with Producer(["127.0.0.1:2379"]) as producer:
+        future = producer.send("events", b"hello", key=b"user-7")
+        future.result().offset  # once the record is committed
+
+How it works:
+
+- `send` only appends the record to its partition's queue (under one lock) and returns a
+  `concurrent.futures.Future`. The partition is the caller's, else crc32c(key) % P, else
+  a sticky partition for unkeyed records that moves on with every batch taken.
+- An asyncio loop in a background thread runs one sender per partition. A sender waits
+  until its queue holds a full batch (`batch_records_max` / `batch_bytes_max`) or its
+  oldest record has waited `linger_ms`, takes one batch, and sends it to the partition's
+  leader; one batch per partition is in flight at a time, so batches land in order.
+- Idempotence: each partition numbers records from 0 (the sequence); a batch carries its
+  first record's sequence. A batch is retried (at whichever node leads now) with the SAME
+  base sequence until the partition answers, and the partition answers a batch it has
+  already applied with the original offsets, so a retry after a leader change never
+  writes a record twice.
+- A batch unanswered for `delivery_timeout_seconds` fails its futures with
+  UnknownOutcomeError, but stays at the head of its partition and is still retried (with
+  no one waiting on it): until the partition answers for it, the next batch's sequence
+  cannot be known. Records queued behind it meanwhile fail with UnavailableError once they
+  waited that long, never having been sent.
+- Bounds: at most `buffer_bytes_max` of records are waiting or in flight; `send` blocks
+  for room up to `max_block_seconds`, then raises BufferFullError.
+
+Futures complete on the producer's I/O thread: keep their callbacks short.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import random
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future
+
+from quorumlog.codec.wire import ErrorCode, Produce, ProduceResult
+from quorumlog.codec.wire import Record as WireRecord
+from quorumlog.errors import (
+    ClientError,
+    RequestRejectedError,
+    UnavailableError,
+    UnknownOutcomeError,
+)
+from quorumlog.kv.connection import CLUSTER_ID_DEFAULT
+from quorumlog.stream.client_common import BlockingClient, partition_for_key
+from quorumlog.stream.records import RecordMetadata
+
+LINGER_MS_DEFAULT = 5.0
+BATCH_RECORDS_MAX_DEFAULT = 16_384
+BATCH_BYTES_MAX_DEFAULT = 1024 * 1024
+BUFFER_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
+DELIVERY_TIMEOUT_SECONDS_DEFAULT = 30.0
+MAX_BLOCK_SECONDS_DEFAULT = 60.0
+RECORD_OVERHEAD_BYTES = 16
+"""What a record costs besides its key, value and headers (framing, timestamp), roughly."""
+RESEND_BACKOFF_SECONDS = 0.05
+"""Pause before resending a batch whose previous round of attempts timed out."""
+
+Headers = Mapping[str, bytes] | Iterable[tuple[str, bytes]]
+
+
+class BufferFullError(ClientError):
+    """send() waited `max_block_seconds` for buffer room and found none."""
+
+
+class ProducerClosedError(ClientError):
+    """The producer was closed before the record could be sent."""
+
+
+class Batch:
+    """Records taken from a partition queue, sent together with one base sequence."""
+
+    __slots__ = ("base_sequence", "buffered_bytes", "futures", "producer_id", "records")
+
+    def __init__(
+        self,
+        records: list[WireRecord],
+        futures: list[Future[RecordMetadata]],
+        buffered_bytes: int,
+    ) -> None:
+        self.records = records
+        self.futures = futures
+        self.buffered_bytes = buffered_bytes
+        self.producer_id = ""
+        self.base_sequence = -1
+        """Assigned when the batch is first sent, and kept for every retry."""
+
+
+class PartitionQueue:
+    """One partition's records waiting to be batched, and its sequence state.
+
+    The record lists and counters are guarded by the producer's lock; the sequence state
+    and `signal` belong to the I/O loop."""
+
+    def __init__(self, topic: str, partition: int, producer_id: str) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.records: list[WireRecord] = []
+        self.futures: list[Future[RecordMetadata]] = []
+        self.buffered_bytes = 0
+        self.first_record_seconds = 0.0
+        """time.monotonic() when the oldest queued record arrived."""
+        self.full_signalled = False
+        self.accepted_count = 0
+        self.completed_count = 0
+        # Loop side.
+        self.producer_id = producer_id
+        self.epoch = 0
+        self.next_sequence = 0
+        self.signal: asyncio.Event | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.in_flight: Batch | None = None
+
+
+class Producer(BlockingClient):
+    """Batched, idempotent producer. See the module docstring.
+
+    Thread-safe: many threads may call `send` on one producer.
+    """
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        producer_id: str | None = None,
+        linger_ms: float = LINGER_MS_DEFAULT,
+        batch_records_max: int = BATCH_RECORDS_MAX_DEFAULT,
+        batch_bytes_max: int = BATCH_BYTES_MAX_DEFAULT,
+        buffer_bytes_max: int = BUFFER_BYTES_MAX_DEFAULT,
+        delivery_timeout_seconds: float = DELIVERY_TIMEOUT_SECONDS_DEFAULT,
+        max_block_seconds: float = MAX_BLOCK_SECONDS_DEFAULT,
+        timeout: float = 10.0,
+        cluster_id: str = CLUSTER_ID_DEFAULT,
+        attempt_timeout_seconds: float | None = None,
+    ) -> None:
+        check_producer_settings(
+            linger_ms, batch_records_max, batch_bytes_max, buffer_bytes_max, max_block_seconds
+        )
+        if not delivery_timeout_seconds > 0:
+            raise ValueError(
+                f"delivery_timeout_seconds must be positive, got {delivery_timeout_seconds}"
+            )
+        if producer_id is not None and not producer_id:
+            raise ValueError("producer_id must not be empty")
+        self.producer_id = producer_id or uuid.uuid4().hex
+        self.linger_seconds = linger_ms / 1000
+        self.batch_records_max = batch_records_max
+        self.batch_bytes_max = batch_bytes_max
+        self.buffer_bytes_max = buffer_bytes_max
+        self.delivery_timeout_seconds = delivery_timeout_seconds
+        self.max_block_seconds = max_block_seconds
+        self.condition = threading.Condition(threading.Lock())
+        self.queues: dict[tuple[str, int], PartitionQueue] = {}
+        self.partition_counts: dict[str, int] = {}
+        self.sticky_partitions: dict[str, int] = {}
+        self.buffered_bytes = 0
+        self.flush_requests = 0
+        self.closing = False
+        self.random = random.Random()
+        self.batches_sent = 0
+        """Produce requests answered, retries not counted (for tests and figures)."""
+        super().__init__(
+            endpoints,
+            timeout=timeout,
+            cluster_id=cluster_id,
+            client_id=self.producer_id,
+            attempt_timeout_seconds=attempt_timeout_seconds,
+            thread_name="quorumlog-producer",
+        )
+
+    # --- the caller's side --------------------------------------------------------------
+
+    def send(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes | None = None,
+        partition: int | None = None,
+        headers: Headers | None = None,
+        timestamp_ms: int | None = None,
+    ) -> Future[RecordMetadata]:
+        """Queue one record; the future gives its RecordMetadata once it is committed.
+
+        Raises at once for bad arguments, an unknown topic or partition, a closed producer,
+        or BufferFullError; every failure after that is reported through the future.
+        """
+        if self.closing:
+            raise ProducerClosedError("the producer is closed")
+        if value.__class__ is not bytes:
+            value = as_bytes(value, "value")
+        if key is not None and key.__class__ is not bytes:
+            key = as_bytes(key, "key")
+        header_list = check_headers(headers) if headers else []
+        size = len(value) + RECORD_OVERHEAD_BYTES
+        if key is not None:
+            size += len(key)
+        for name, header_value in header_list:
+            size += len(name) + len(header_value)
+        record = WireRecord(value, key, timestamp_ms or 0, header_list)
+        partition = self.choose_partition(topic, key, partition)
+        future: Future[RecordMetadata] = Future()
+        self.enqueue(topic, partition, record, future, size)
+        return future
+
+    def choose_partition(self, topic: str, key: bytes | None, partition: int | None) -> int:
+        count = self.partition_counts.get(topic)
+        if count is None:
+            count = self.partition_count(topic)
+        if partition is not None:
+            if not 0 <= partition < count:
+                raise ValueError(
+                    f"topic {topic!r} has partitions 0 to {count - 1}, not {partition}"
+                )
+            return partition
+        if key is not None:
+            return partition_for_key(key, count)
+        sticky = self.sticky_partitions.get(topic)
+        if sticky is None:
+            sticky = self.sticky_partitions[topic] = self.random.randrange(count)
+        return sticky
+
+    def partition_count(self, topic: str) -> int:
+        """The topic's partition count, asking the cluster when it is not cached."""
+        descriptor = self.run(self.transport.topic(topic))
+        count = len(descriptor.replicas)
+        self.partition_counts[topic] = count
+        return count
+
+    def enqueue(
+        self,
+        topic: str,
+        partition: int,
+        record: WireRecord,
+        future: Future[RecordMetadata],
+        size: int,
+    ) -> None:
+        with self.condition:
+            if self.buffered_bytes + size > self.buffer_bytes_max and self.buffered_bytes:
+                self.wait_for_room(size)
+            queue = self.queues.get((topic, partition))
+            if queue is None:
+                queue = PartitionQueue(topic, partition, self.producer_id)
+                self.queues[(topic, partition)] = queue
+            was_empty = not queue.records
+            if was_empty:
+                queue.first_record_seconds = time.monotonic()
+            queue.records.append(record)
+            queue.futures.append(future)
+            queue.buffered_bytes += size
+            queue.accepted_count += 1
+            self.buffered_bytes += size
+            now_full = not queue.full_signalled and (
+                len(queue.records) >= self.batch_records_max
+                or queue.buffered_bytes >= self.batch_bytes_max
+            )
+            if now_full:
+                queue.full_signalled = True
+        if was_empty or now_full:
+            # Once per batch, not per record: a wake-up through the loop costs microseconds.
+            self.io.call_soon(functools.partial(self.wake, queue))
+
+    def wait_for_room(self, size: int) -> None:
+        """Called with the lock held: block until the buffer has room for `size` bytes."""
+        deadline = time.monotonic() + self.max_block_seconds
+        while self.buffered_bytes + size > self.buffer_bytes_max and self.buffered_bytes:
+            remaining = deadline - time.monotonic()
+            if self.closing:
+                raise ProducerClosedError("the producer is closed")
+            if remaining <= 0:
+                raise BufferFullError(
+                    f"{self.buffered_bytes} bytes of records wait to be sent "
+                    f"(buffer_bytes_max={self.buffer_bytes_max}); none freed in "
+                    f"{self.max_block_seconds:g}s"
+                )
+            self.condition.wait(remaining)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every record sent before this call is acknowledged or failed.
+
+        TimeoutError if `timeout` seconds pass first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.condition:
+            targets = [(queue, queue.accepted_count) for queue in self.queues.values()]
+            self.flush_requests += 1
+        try:
+            for queue, _ in targets:
+                self.io.call_soon(functools.partial(self.wake, queue))
+            with self.condition:
+                for queue, target in targets:
+                    while queue.completed_count < target:
+                        remaining = None if deadline is None else deadline - time.monotonic()
+                        if remaining is not None and remaining <= 0:
+                            raise TimeoutError(f"flush did not finish in {timeout:g}s")
+                        self.condition.wait(remaining)
+        finally:
+            with self.condition:
+                self.flush_requests -= 1
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush, then stop the I/O thread. Records still unsent after `timeout` seconds
+        fail with ProducerClosedError."""
+        if self.closed:
+            return
+        try:
+            if not self.io.loop.is_closed():
+                with contextlib.suppress(TimeoutError):
+                    self.flush(timeout)
+        finally:
+            with self.condition:
+                self.closing = True
+                self.condition.notify_all()
+            with contextlib.suppress(Exception):
+                self.io.run(self.stop_senders())
+            super().close()
+
+    # --- the I/O loop's side ------------------------------------------------------------
+
+    def wake(self, queue: PartitionQueue) -> None:
+        signal = queue.signal
+        if signal is None:
+            signal = queue.signal = asyncio.Event()
+        signal.set()
+        if queue.task is None and not self.closing:
+            queue.task = asyncio.get_running_loop().create_task(self.run_partition(queue, signal))
+
+    async def run_partition(self, queue: PartitionQueue, signal: asyncio.Event) -> None:
+        while True:
+            with self.condition:
+                count = len(queue.records)
+                waited_seconds = time.monotonic() - queue.first_record_seconds
+                full = queue.full_signalled
+            if count == 0:
+                signal.clear()
+                await signal.wait()
+                continue
+            linger = self.linger_seconds - waited_seconds
+            if not full and linger > 0 and not self.flush_requests and not self.closing:
+                signal.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(linger):
+                        await signal.wait()
+                continue
+            batch = self.take_batch(queue)
+            queue.in_flight = batch
+            await self.deliver(queue, batch)
+            queue.in_flight = None
+
+    def take_batch(self, queue: PartitionQueue) -> Batch:
+        with self.condition:
+            count = 0
+            batch_bytes = 0
+            records = queue.records
+            records_max = min(len(records), self.batch_records_max)
+            # Sizes are not kept per record (that would cost every send); recompute them
+            # for the batch only when the queue may exceed the byte bound.
+            if queue.buffered_bytes <= self.batch_bytes_max:
+                count = records_max
+                batch_bytes = queue.buffered_bytes if count == len(records) else -1
+            if batch_bytes < 0 or count == 0:
+                count, batch_bytes = self.fit_batch(records, records_max)
+            batch = Batch(records[:count], queue.futures[:count], batch_bytes)
+            del records[:count]
+            del queue.futures[:count]
+            queue.buffered_bytes -= batch_bytes
+            # Records left behind keep the oldest arrival time: they waited at least as long
+            # as this batch took to fill, so they go next without lingering.
+            queue.full_signalled = False
+            if self.sticky_partitions.get(queue.topic) == queue.partition:
+                count_of_topic = self.partition_counts.get(queue.topic, 1)
+                self.sticky_partitions[queue.topic] = (queue.partition + 1) % count_of_topic
+            return batch
+
+    def fit_batch(self, records: list[WireRecord], records_max: int) -> tuple[int, int]:
+        """How many leading records fit in batch_bytes_max (at least one), and their bytes."""
+        count = 0
+        total = 0
+        for record in records[:records_max]:
+            size = record_size(record)
+            if count and total + size > self.batch_bytes_max:
+                break
+            count += 1
+            total += size
+        return count, total
+
+    async def deliver(self, queue: PartitionQueue, batch: Batch) -> None:
+        """Send `batch` until the partition answers for it; settle its futures."""
+        batch.producer_id = queue.producer_id
+        batch.base_sequence = queue.next_sequence
+        while True:
+            try:
+                result = await self.produce(queue, batch)
+            except UnknownOutcomeError as error:
+                # It may be in the log: its sequence stays taken until the partition answers.
+                self.fail(queue, batch, error)
+                self.expire_queued(queue)
+                if self.closing:
+                    return
+                await asyncio.sleep(RESEND_BACKOFF_SECONDS)
+                continue
+            except RequestRejectedError as error:
+                self.rejected(queue, batch, error)
+                return
+            except ClientError as error:
+                # Certainly not written (UnavailableError, a closed client): the sequence is
+                # free for the next batch.
+                self.fail(queue, batch, error)
+                return
+            self.acknowledged(queue, batch, result)
+            return
+
+    async def produce(self, queue: PartitionQueue, batch: Batch) -> ProduceResult:
+        records = batch.records
+        result = await self.transport.partition_call(
+            queue.topic,
+            queue.partition,
+            f"produce of {len(records)} records to {queue.topic!r} partition {queue.partition}",
+            lambda request_id: Produce(
+                request_id=request_id,
+                topic=queue.topic,
+                partition=queue.partition,
+                producer_id=batch.producer_id,
+                base_sequence=batch.base_sequence,
+                records=records,
+            ),
+            ProduceResult,
+            side_effects=True,
+            at_leader=True,
+            timeout_seconds=self.delivery_timeout_seconds,
+        )
+        self.batches_sent += 1
+        return result
+
+    def acknowledged(self, queue: PartitionQueue, batch: Batch, result: ProduceResult) -> None:
+        count = len(batch.records)
+        if result.count != count or result.base_offset < 0:
+            self.fail(
+                queue,
+                batch,
+                ClientError(
+                    f"{queue.topic!r} partition {queue.partition} answered a batch of {count} "
+                    f"records with {result.count} at offset {result.base_offset}"
+                ),
+            )
+            return
+        queue.next_sequence = batch.base_sequence + count
+        topic = queue.topic
+        partition = queue.partition
+        base_offset = result.base_offset
+        for position, future in enumerate(batch.futures):
+            if not future.done():
+                future.set_result(RecordMetadata(topic, partition, base_offset + position))
+        self.completed(queue, batch)
+
+    def rejected(self, queue: PartitionQueue, batch: Batch, error: RequestRejectedError) -> None:
+        """The partition refused the batch; it was not written, so its sequence is free."""
+        if error.code == ErrorCode.OUT_OF_RANGE.value:
+            # The partition does not know our sequence (it forgot this producer, or another
+            # producer shares its id). Continue this partition under a fresh identity, so
+            # later batches are not refused too.
+            queue.epoch += 1
+            queue.producer_id = f"{self.producer_id}.{queue.epoch}"
+            queue.next_sequence = 0
+        self.fail(queue, batch, error)
+
+    def fail(self, queue: PartitionQueue, batch: Batch, error: BaseException) -> None:
+        for future in batch.futures:
+            if not future.done():
+                future.set_exception(error)
+        self.completed(queue, batch)
+
+    def completed(self, queue: PartitionQueue, batch: Batch) -> None:
+        if batch.buffered_bytes < 0:
+            return  # already counted (a resent batch whose futures failed before)
+        with self.condition:
+            queue.completed_count += len(batch.futures)
+            self.buffered_bytes -= batch.buffered_bytes
+            self.condition.notify_all()
+        batch.buffered_bytes = -1
+
+    def expire_queued(self, queue: PartitionQueue) -> None:
+        """Fail records queued behind a stuck batch once they waited the delivery timeout."""
+        with self.condition:
+            waited_seconds = time.monotonic() - queue.first_record_seconds
+            if not queue.records or waited_seconds < self.delivery_timeout_seconds:
+                return
+            futures = queue.futures
+            expired_bytes = queue.buffered_bytes
+            queue.records = []
+            queue.futures = []
+            queue.buffered_bytes = 0
+            queue.full_signalled = False
+        error = UnavailableError(
+            f"{queue.topic!r} partition {queue.partition} accepted nothing for "
+            f"{self.delivery_timeout_seconds:g}s; the records were never sent"
+        )
+        self.fail(queue, Batch([], futures, expired_bytes), error)
+
+    async def stop_senders(self) -> None:
+        tasks = [queue.task for queue in self.queues.values() if queue.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        closed = ProducerClosedError("the producer was closed before the record was sent")
+        with self.condition:
+            leftovers = [(queue, queue.futures) for queue in self.queues.values()]
+            leftovers += [
+                (queue, queue.in_flight.futures)
+                for queue in self.queues.values()
+                if queue.in_flight is not None
+            ]
+            for queue in self.queues.values():
+                queue.records = []
+                queue.futures = []
+                queue.completed_count = queue.accepted_count
+                queue.buffered_bytes = 0
+            self.buffered_bytes = 0
+            self.condition.notify_all()
+        for _, futures in leftovers:
+            for future in futures:
+                if not future.done():
+                    future.set_exception(closed)
+
+
+# --- checks and sizes ----------------------------------------------------------------------
+
+
+def check_producer_settings(
+    linger_ms: float,
+    batch_records_max: int,
+    batch_bytes_max: int,
+    buffer_bytes_max: int,
+    max_block_seconds: float,
+) -> None:
+    if linger_ms < 0:
+        raise ValueError(f"linger_ms must not be negative, got {linger_ms}")
+    if batch_records_max < 1:
+        raise ValueError(f"batch_records_max must be positive, got {batch_records_max}")
+    if batch_bytes_max < 1:
+        raise ValueError(f"batch_bytes_max must be positive, got {batch_bytes_max}")
+    if buffer_bytes_max < batch_bytes_max:
+        raise ValueError(
+            f"buffer_bytes_max ({buffer_bytes_max}) must hold at least one batch "
+            f"(batch_bytes_max={batch_bytes_max})"
+        )
+    if max_block_seconds < 0:
+        raise ValueError(f"max_block_seconds must not be negative, got {max_block_seconds}")
+
+
+def as_bytes(data: object, what: str) -> bytes:
+    if isinstance(data, bytes | bytearray | memoryview):
+        return bytes(data)  # a copy: the caller may reuse its buffer before we send
+    raise TypeError(f"a record {what} is bytes, not {type(data).__name__}")
+
+
+def check_headers(headers: Headers) -> list[tuple[str, bytes]]:
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    checked: list[tuple[str, bytes]] = []
+    for item in items:
+        name, value = item
+        if not isinstance(name, str):
+            raise TypeError(f"a header name is str, not {type(name).__name__}")
+        checked.append((name, as_bytes(value, f"header {name!r} value")))
+    return checked
+
+
+def record_size(record: WireRecord) -> int:
+    size = len(record.value) + RECORD_OVERHEAD_BYTES
+    if record.key is not None:
+        size += len(record.key)
+    for name, value in record.headers:
+        size += len(name) + len(value)
+    return size
+
+
+__all__ = ["BufferFullError", "Producer", "ProducerClosedError"]

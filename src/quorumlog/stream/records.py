@@ -1,0 +1,65 @@
+"""What stream users see: records read back, metadata of records written, topic descriptions.
+
+These are frozen msgspec structs: cheap to build (a consumer builds hundreds of thousands a
+second) and safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Record(msgspec.Struct, frozen=True):
+    """One committed record, as a consumer reads it.
+
+    `timestamp` is in milliseconds since the Unix epoch: the producer's, if it set one,
+    else the partition leader's clock when it appended the batch. (The field keeps the
+    name outside tools read; the unit is milliseconds, as in Kafka.)
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes
+    timestamp: int
+    headers: list[tuple[str, bytes]]
+
+
+class RecordMetadata(msgspec.Struct, frozen=True):
+    """Where an acknowledged (committed) record landed."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class PartitionDescription(msgspec.Struct, frozen=True):
+    """One partition as its replicas report it (in the style of kafka-topics --describe)."""
+
+    partition: int
+    leader: str | None
+    """The leader's node id, or None if no replica knows of one (or none answered)."""
+    replicas: list[str]
+    in_sync: list[str]
+    begin_offset: int | None
+    """The first retained offset; None when no replica answered."""
+    end_offset: int | None
+    """One past the last committed offset (the high watermark); None when no replica
+    answered."""
+    error: str | None = None
+    """Why the offsets are missing, when they are."""
+
+
+class TopicDescription(msgspec.Struct, frozen=True):
+    name: str
+    partition_count: int
+    replication: int
+    retention_bytes: int
+    """Per partition; -1: unbounded."""
+    retention_ms: int
+    """-1: unbounded."""
+    partitions: list[PartitionDescription]
+
+
+__all__ = ["PartitionDescription", "Record", "RecordMetadata", "TopicDescription"]
