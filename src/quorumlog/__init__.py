@@ -13,8 +13,17 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from quorumlog.kv.async_client import AsyncKVClient
     from quorumlog.kv.client import KVClient
+    from quorumlog.stream.client_admin import Admin
+    from quorumlog.stream.consumer import Consumer
+    from quorumlog.stream.producer import Producer
 
-__all__ = ["AsyncKVClient", "KVClient", "__version__"]
+__all__ = ["Admin", "AsyncKVClient", "Consumer", "KVClient", "Producer", "__version__"]
+
+_STREAM_CLIENTS = {
+    "Admin": "quorumlog.stream.client_admin",
+    "Consumer": "quorumlog.stream.consumer",
+    "Producer": "quorumlog.stream.producer",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -27,4 +36,8 @@ def __getattr__(name: str) -> Any:
         from quorumlog.kv.async_client import AsyncKVClient
 
         return AsyncKVClient
+    if name in _STREAM_CLIENTS:
+        import importlib
+
+        return getattr(importlib.import_module(_STREAM_CLIENTS[name]), name)
     raise AttributeError(f"module 'quorumlog' has no attribute {name!r}")

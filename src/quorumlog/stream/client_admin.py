@@ -19,8 +19,6 @@ from quorumlog.codec.wire import (
     DeleteTopic,
     Done,
     ErrorCode,
-    PartitionStatus,
-    PartitionStatusRequest,
     TopicDescriptor,
     TopicSettings,
 )
@@ -30,39 +28,29 @@ from quorumlog.stream.client_common import (
     StreamTransport,
     TopicExistsError,
     TopicNotFoundError,
+    leader_status,
 )
 from quorumlog.stream.records import PartitionDescription, TopicDescription
-
-TOPIC_NAME_CHARACTERS_MAX = 249
-"""As Kafka: a topic name also names files and KV keys, so keep it short and plain."""
-PARTITION_COUNT_MAX = 10_000
-ALLOWED_NAME_CHARACTERS = frozenset(
-    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
-)
+from quorumlog.stream.topics import PARTITIONS_MAX, TOPIC_NAME
 
 
 def check_topic_name(name: str) -> None:
-    if not name or len(name) > TOPIC_NAME_CHARACTERS_MAX:
-        raise ValueError(
-            f"a topic name has 1 to {TOPIC_NAME_CHARACTERS_MAX} characters, got {name!r}"
-        )
-    if name in (".", "..") or not set(name) <= ALLOWED_NAME_CHARACTERS:
-        raise ValueError(f"topic name {name!r} may only hold letters, digits, '.', '_' and '-'")
+    """The server's rule, checked here too so a bad name fails before any I/O."""
+    if not TOPIC_NAME.match(name):
+        raise ValueError(f"topic name {name!r} must be 1-200 of A-Z a-z 0-9 . _ -")
 
 
 def check_topic_settings(settings: TopicSettings) -> None:
-    if not 1 <= settings.partitions <= PARTITION_COUNT_MAX:
-        raise ValueError(
-            f"partitions must be in [1, {PARTITION_COUNT_MAX}], got {settings.partitions}"
-        )
+    if not 1 <= settings.partitions <= PARTITIONS_MAX:
+        raise ValueError(f"partitions must be in [1, {PARTITIONS_MAX}], got {settings.partitions}")
     if settings.replication < 1:
         raise ValueError(f"replication must be at least 1, got {settings.replication}")
     for name, value in (
         ("retention_bytes", settings.retention_bytes),
         ("retention_ms", settings.retention_ms),
     ):
-        if value < -1 or value == 0:
-            raise ValueError(f"{name} must be positive, or -1 for unbounded; got {value}")
+        if value < -1:
+            raise ValueError(f"{name} must be -1 (unbounded) or at least 0, got {value}")
 
 
 class Admin(BlockingClient):
@@ -163,40 +151,6 @@ async def delete_topic(transport: StreamTransport, name: str) -> None:
     transport.topics.pop(name, None)
     for key in [key for key in transport.selectors if key[0] == name]:
         del transport.selectors[key]
-
-
-async def partition_status(
-    transport: StreamTransport, topic: str, partition: int, endpoint: str | None = None
-) -> PartitionStatus:
-    """A replica's status of the partition: the leader's if known, else any replica's."""
-    return await transport.partition_call(
-        topic,
-        partition,
-        f"status of {topic!r} partition {partition}",
-        lambda request_id: PartitionStatusRequest(
-            request_id=request_id, topic=topic, partition=partition
-        ),
-        PartitionStatus,
-        side_effects=False,
-        at_leader=False,
-        fixed_endpoint=endpoint,
-    )
-
-
-async def leader_status(transport: StreamTransport, topic: str, partition: int) -> PartitionStatus:
-    """The partition's status as its leader sees it (in-sync replicas, the newest end),
-    or as some replica sees it when the leader cannot be reached."""
-    status = await partition_status(transport, topic, partition)
-    if status.leader is None or status.leader == status.node_id:
-        return status
-    descriptor = await transport.topic(topic)
-    leader_address = descriptor.addresses.get(status.leader)
-    if leader_address is None:
-        return status
-    try:
-        return await partition_status(transport, topic, partition, leader_address)
-    except ClientError:
-        return status
 
 
 async def describe_partition(

@@ -33,6 +33,8 @@ from quorumlog.codec.wire import (
     ErrorCode,
     ErrorResponse,
     ListTopics,
+    PartitionStatus,
+    PartitionStatusRequest,
     TopicDescriptor,
     TopicList,
 )
@@ -361,6 +363,43 @@ class StreamTransport:
 
     async def close(self) -> None:
         await self.kv.close()
+
+
+# --- partition status ----------------------------------------------------------------------
+
+
+async def partition_status(
+    transport: StreamTransport, topic: str, partition: int, endpoint: str | None = None
+) -> PartitionStatus:
+    """A replica's status of the partition: the leader's if known, else any replica's."""
+    return await transport.partition_call(
+        topic,
+        partition,
+        f"status of {topic!r} partition {partition}",
+        lambda request_id: PartitionStatusRequest(
+            request_id=request_id, topic=topic, partition=partition
+        ),
+        PartitionStatus,
+        side_effects=False,
+        at_leader=False,
+        fixed_endpoint=endpoint,
+    )
+
+
+async def leader_status(transport: StreamTransport, topic: str, partition: int) -> PartitionStatus:
+    """The partition's status as its leader sees it (in-sync replicas, the newest end),
+    or as some replica sees it when the leader cannot be reached."""
+    status = await partition_status(transport, topic, partition)
+    if status.leader is None or status.leader == status.node_id:
+        return status
+    descriptor = await transport.topic(topic)
+    leader_address = descriptor.addresses.get(status.leader)
+    if leader_address is None:
+        return status
+    try:
+        return await partition_status(transport, topic, partition, leader_address)
+    except ClientError:
+        return status
 
 
 class BlockingClient:
