@@ -1,0 +1,206 @@
+"""An in-process stand-in for a cluster serving streams, speaking the real wire protocol.
+
+It extends the KV fake (tests/unit/kv/fake_cluster.py), whose KV handling serves group
+offsets. Each partition is one real `PartitionMachine` (so sequence dedup is the real
+rule) plus a dict of its encoded batches; every node replicates every partition and reads
+the same state, and one node per partition is its leader. Knobs let a test move a
+partition's leader, make the leader apply a produce without answering, inject error codes,
+or cut a partition by retention.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from quorumlog.codec import wire
+from quorumlog.stream.partition import (
+    OffsetOutOfRangeError,
+    OutOfOrderSequenceError,
+    PartitionMachine,
+    ProduceOutcome,
+)
+from tests.unit.kv.fake_cluster import FakeCluster, FakeNode
+
+
+class FakePartition:
+    def __init__(self, leader_id: str | None) -> None:
+        self.machine = PartitionMachine(checkpoint_entries=1)
+        self.entries: dict[int, bytes] = {}
+        self.next_index = 1
+        self.leader_id = leader_id
+
+    def append(self, batch: wire.RecordBatch) -> ProduceOutcome | Exception:
+        index = self.next_index
+        self.next_index += 1
+        data = wire.encode_record_batch(batch)
+        self.entries[index] = data
+        return self.machine.apply(index, data)
+
+    def cut(self, retention_bytes: int) -> None:
+        checkpoint = self.machine.retention_cut(int(time.time() * 1000), retention_bytes, -1)
+        if checkpoint is not None:
+            self.machine.forget_below(checkpoint)
+
+
+class FakeStreamNode(FakeNode):
+    cluster: FakeStreamCluster
+
+    def __init__(self, cluster: FakeStreamCluster, node_id: str) -> None:
+        super().__init__(cluster, node_id)
+        self.unanswered_produces = 0
+        """Apply this many next produces without answering them."""
+        self.produce_errors: list[wire.ErrorCode] = []
+
+    def produces(self) -> list[wire.Produce]:
+        return [frame for frame in self.requests if isinstance(frame, wire.Produce)]
+
+    def handle(self, frame: wire.Frame, reply: Any) -> None:
+        if isinstance(frame, wire.CreateTopic | wire.DeleteTopic):
+            if not self.is_leader:
+                reply(self.not_leader(frame.request_id))
+            else:
+                reply(self.cluster.change_topic(frame))
+        elif isinstance(frame, wire.ListTopics):
+            topics = list(self.cluster.topics.values())
+            reply(wire.TopicList(request_id=frame.request_id, topics=topics))
+        elif isinstance(frame, wire.Produce):
+            self.produce(frame, reply)
+        elif isinstance(frame, wire.Fetch):
+            self.fetch(frame, reply)
+        elif isinstance(frame, wire.PartitionStatusRequest):
+            self.status_of(frame, reply)
+        else:
+            super().handle(frame, reply)
+
+    def partition_or_refuse(
+        self, request_id: int, topic: str, partition: int, reply: Any
+    ) -> FakePartition | None:
+        found = self.cluster.partitions.get((topic, partition))
+        if found is None:
+            reply(
+                wire.ErrorResponse(request_id, wire.ErrorCode.NOT_FOUND, f"no {topic}/{partition}")
+            )
+        return found
+
+    def produce(self, frame: wire.Produce, reply: Any) -> None:
+        found = self.partition_or_refuse(frame.request_id, frame.topic, frame.partition, reply)
+        if found is None:
+            return
+        if found.leader_id != self.node_id:
+            leader = self.cluster.nodes.get(found.leader_id or "")
+            reply(
+                wire.ErrorResponse(
+                    frame.request_id,
+                    wire.ErrorCode.NOT_LEADER,
+                    f"{self.node_id} does not lead {frame.topic}/{frame.partition}",
+                    leader_hint=None if leader is None else leader.address,
+                )
+            )
+            return
+        if self.produce_errors:
+            code = self.produce_errors.pop(0)
+            reply(wire.ErrorResponse(frame.request_id, code, f"injected {code.value}"))
+            return
+        batch = wire.RecordBatch(
+            frame.producer_id, frame.base_sequence, self.cluster.clock_ms, frame.records
+        )
+        outcome = found.append(batch)
+        if self.unanswered_produces:
+            self.unanswered_produces -= 1
+            return
+        if isinstance(outcome, OutOfOrderSequenceError):
+            reply(wire.ErrorResponse(frame.request_id, wire.ErrorCode.OUT_OF_RANGE, str(outcome)))
+        elif isinstance(outcome, ProduceOutcome):
+            reply(
+                wire.ProduceResult(
+                    frame.request_id, outcome.base_offset, outcome.count, outcome.duplicate
+                )
+            )
+        else:
+            reply(wire.ErrorResponse(frame.request_id, wire.ErrorCode.INTERNAL, str(outcome)))
+
+    def fetch(self, frame: wire.Fetch, reply: Any) -> None:
+        found = self.partition_or_refuse(frame.request_id, frame.topic, frame.partition, reply)
+        if found is None:
+            return
+        machine = found.machine
+        try:
+            located = machine.batches_from(frame.offset, frame.records_max, frame.bytes_max)
+        except OffsetOutOfRangeError as problem:
+            reply(wire.ErrorResponse(frame.request_id, wire.ErrorCode.OUT_OF_RANGE, str(problem)))
+            return
+        reply(
+            wire.FetchResult(
+                request_id=frame.request_id,
+                begin_offset=machine.begin_offset,
+                end_offset=machine.next_offset,
+                batches=[wire.FetchedBatch(base, found.entries[index]) for index, base in located],
+            )
+        )
+
+    def status_of(self, frame: wire.PartitionStatusRequest, reply: Any) -> None:
+        found = self.partition_or_refuse(frame.request_id, frame.topic, frame.partition, reply)
+        if found is None:
+            return
+        replicas = list(self.cluster.nodes)
+        reply(
+            wire.PartitionStatus(
+                request_id=frame.request_id,
+                topic=frame.topic,
+                partition=frame.partition,
+                node_id=self.node_id,
+                leader=found.leader_id,
+                replicas=replicas,
+                in_sync=replicas,
+                begin_offset=found.machine.begin_offset,
+                end_offset=found.machine.next_offset,
+                term=1,
+                commit_index=found.next_index - 1,
+            )
+        )
+
+
+class FakeStreamCluster(FakeCluster):
+    nodes: dict[str, FakeStreamNode]  # type: ignore[assignment]
+
+    def __init__(self, node_count: int = 3) -> None:
+        super().__init__(node_count)
+        self.nodes = {
+            f"n{number}": FakeStreamNode(self, f"n{number}") for number in range(1, node_count + 1)
+        }
+        self.topics: dict[str, wire.TopicDescriptor] = {}
+        self.partitions: dict[tuple[str, int], FakePartition] = {}
+        self.clock_ms = 1_700_000_000_000
+
+    def node(self, node_id: str) -> FakeStreamNode:
+        return self.nodes[node_id]
+
+    def partition(self, topic: str, partition: int) -> FakePartition:
+        return self.partitions[(topic, partition)]
+
+    def change_topic(self, frame: wire.CreateTopic | wire.DeleteTopic) -> wire.Frame:
+        name = frame.name
+        if isinstance(frame, wire.DeleteTopic):
+            if self.topics.pop(name, None) is None:
+                return wire.ErrorResponse(frame.request_id, wire.ErrorCode.NOT_FOUND, name)
+            for key in [key for key in self.partitions if key[0] == name]:
+                del self.partitions[key]
+            return wire.Done(frame.request_id)
+        if name in self.topics:
+            return wire.ErrorResponse(frame.request_id, wire.ErrorCode.ALREADY_EXISTS, name)
+        node_ids = list(self.nodes)
+        replicas = [
+            [node_ids[(p + shift) % len(node_ids)] for shift in range(frame.settings.replication)]
+            for p in range(frame.settings.partitions)
+        ]
+        self.topics[name] = wire.TopicDescriptor(
+            name=name,
+            settings=frame.settings,
+            replicas=replicas,
+            addresses={node.node_id: node.address for node in self.nodes.values()},
+            created_ms=self.clock_ms,
+        )
+        for partition in range(frame.settings.partitions):
+            self.partitions[(name, partition)] = FakePartition(replicas[partition][0])
+        return wire.Done(frame.request_id)
