@@ -291,7 +291,7 @@ def test_reading_a_deleted_offset_names_the_first_kept(
 ) -> None:
     admin.create_topic("events", partitions=1)
     with Producer(cluster.endpoints, linger_ms=0) as producer:
-        for i in range(10):
+        for _ in range(10):
             producer.send("events", b"x" * 100).result(timeout=10)
     cluster.partition("events", 0).cut(retention_bytes=500)
     with Consumer(cluster.endpoints) as consumer:
