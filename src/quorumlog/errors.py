@@ -128,3 +128,8 @@ class RequestRejectedError(ClientError):
 
 class ConnectionRefusedByNodeError(ClientError):
     """A node closed the connection at the handshake (wrong cluster id or protocol)."""
+
+
+class LeadershipLostError(RaftError):
+    """The leader lost its leadership before the proposal's fate was known: it may still
+    commit under the next leader. Retry with the same client sequence (deduplicated)."""

@@ -21,7 +21,12 @@ from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any, Protocol
 
-from quorumlog.errors import NotLeaderError, ProposalDroppedError, QuorumLogError
+from quorumlog.errors import (
+    LeadershipLostError,
+    NotLeaderError,
+    ProposalDroppedError,
+    QuorumLogError,
+)
 from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration, MembershipChange
 from quorumlog.raft.core import RaftCore, Role
@@ -155,7 +160,7 @@ class GroupRunner:
         if self.ticker is not None:
             self.ticker.cancel()
         await self.sync_idle.wait()  # let the fsync in flight land before closing files
-        self.fail_waiters(NotLeaderError(self.node_id, None))
+        self.fail_waiters(LeadershipLostError(f"{self.node_id} is stopping; outcome unknown"))
         self.store.close()
 
     # --- events in ----------------------------------------------------------------------
@@ -406,7 +411,9 @@ class GroupRunner:
         is_leader = self.core.role is Role.LEADER
         if self.was_leader and not is_leader:
             # Outcomes are unknown now; clients retry with the same sequence (deduplicated).
-            self.fail_waiters(NotLeaderError(self.node_id, self.core.leader_id))
+            self.fail_waiters(
+                LeadershipLostError(f"{self.node_id} lost leadership; the outcome is unknown")
+            )
         self.was_leader = is_leader
         configuration = self.core.configuration
         if configuration is not self.last_configuration:
