@@ -94,6 +94,17 @@ def register_node_commands() -> None:
 register_node_commands()
 
 
+def register_stream_commands() -> None:
+    from quorumlog.cli.stream_commands import consume_command, produce_command, topic_group
+
+    cli.add_command(topic_group)
+    cli.add_command(produce_command)
+    cli.add_command(consume_command)
+
+
+register_stream_commands()
+
+
 def register_kv_commands() -> None:
     from quorumlog.cli.kv_commands import COMMANDS
 
