@@ -372,9 +372,7 @@ class ProcessCluster:
         current = [status.node_id for status in leaders if status.term == newest]
         return current[0] if current else None
 
-    def wait_for_leader(
-        self, excluding: Iterable[str] = (), timeout_seconds: float = 10.0
-    ) -> str:
+    def wait_for_leader(self, excluding: Iterable[str] = (), timeout_seconds: float = 10.0) -> str:
         excluded = set(excluding)
 
         def elected() -> str | None:

@@ -1,0 +1,97 @@
+"""`quorumlog dev up | status | down` through the command line, in a temporary directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from quorumlog.cli.node_commands import DEV_STATE_FILE, process_alive
+
+from .process_cluster import query_status, wait_until
+
+COMMAND_TIMEOUT_SECONDS = 30.0
+CLUSTER_ID = "dev-cli-test"
+
+
+def quorumlog(*arguments: str, endpoints: str | None = None) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, "QUORUMLOG_CLUSTER_ID": CLUSTER_ID}
+    if endpoints is not None:
+        environment["QUORUMLOG_ENDPOINTS"] = endpoints
+    return subprocess.run(
+        [sys.executable, "-m", "quorumlog", *arguments],
+        capture_output=True,
+        text=True,
+        timeout=COMMAND_TIMEOUT_SECONDS,
+        env=environment,
+        check=False,
+    )
+
+
+def recorded_pids(directory: Path) -> list[int]:
+    state_path = directory / DEV_STATE_FILE
+    if not state_path.exists():
+        return []
+    state = json.loads(state_path.read_text())
+    return [int(pid) for pid in state["pids"].values()]
+
+
+@pytest.fixture
+def dev_directory(tmp_path: Path) -> Iterator[Path]:
+    """The --dir of the dev cluster; whatever the test did, no node outlives it."""
+    directory = tmp_path / "dev"
+    yield directory
+    pids = recorded_pids(directory)
+    if pids:
+        quorumlog("dev", "down", "--dir", str(directory))
+    for pid in pids:
+        if process_alive(pid):
+            os.kill(pid, signal.SIGKILL)  # not our child (dev up's was): no reaping here
+
+
+def test_dev_up_status_down(dev_directory: Path) -> None:
+    started = quorumlog("dev", "up", "--nodes", "3", "--dir", str(dev_directory))
+    assert started.returncode == 0, started.stderr
+    assert "started 3 nodes" in started.stdout
+    exported = [line for line in started.stdout.splitlines() if "QUORUMLOG_ENDPOINTS=" in line]
+    endpoints = exported[0].split("=", 1)[1]
+    assert len(endpoints.split(",")) == 3
+    pids = recorded_pids(dev_directory)
+    assert len(pids) == 3
+
+    status = quorumlog("dev", "status", "--dir", str(dev_directory))
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.count(" up") == 3, status.stdout
+
+    def one_leader() -> bool:
+        answers = [query_status(endpoint, CLUSTER_ID) for endpoint in endpoints.split(",")]
+        return all(answers) and sum(1 for a in answers if a and a.is_leader) == 1
+
+    wait_until(one_leader, COMMAND_TIMEOUT_SECONDS, "the dev cluster to elect a leader")
+    put = quorumlog("kv", "put", "greeting", "hello", endpoints=endpoints)
+    assert put.returncode == 0, put.stderr
+    get = quorumlog("kv", "get", "greeting", endpoints=endpoints)
+    assert get.returncode == 0, get.stderr
+    assert get.stdout.strip() == "hello"
+    cluster_status = quorumlog("status", "-w", "json", endpoints=endpoints)
+    assert cluster_status.returncode == 0, cluster_status.stderr
+
+    stopped = quorumlog("dev", "down", "--dir", str(dev_directory))
+    assert stopped.returncode == 0, stopped.stderr
+    assert "stopped n1, n2, n3" in stopped.stdout
+    wait_until(
+        lambda: not any(process_alive(pid) for pid in pids),
+        COMMAND_TIMEOUT_SECONDS,
+        "every dev node process to exit",
+    )
+    after = quorumlog("dev", "status", "--dir", str(dev_directory))
+    assert "no dev cluster running" in after.stdout
+    for node_id in ("n1", "n2", "n3"):
+        assert (dev_directory / f"{node_id}.log").exists()
+        assert (dev_directory / node_id / "kv" / "log").is_dir()  # data stays
