@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from quorumlog.errors import CorruptLogError, StorageError
@@ -29,6 +30,8 @@ FILE_NAME_DIGITS = 20
 ZERO_SCAN_CHUNK_BYTES = 1024 * 1024
 _ZERO_CHUNK = bytes(ZERO_SCAN_CHUNK_BYTES)
 _PAGE_BYTES = mmap.PAGESIZE
+_IOV_MAX = os.sysconf("SC_IOV_MAX") if os.sysconf("SC_IOV_MAX") > 0 else 1024
+"""Buffers one pwritev may take (Linux: 1024)."""
 
 
 class MappedFile:
@@ -233,6 +236,31 @@ class MappedFileList:
                         part = part[written:]
                         offset += written
                 done += length
+
+    def write_vectors(
+        self, position: int, buffers: Sequence[bytes | bytearray | memoryview]
+    ) -> None:
+        """Write `buffers` back to back at `position` with pwritev (a gather write). They
+        must fit in the file that holds `position`."""
+        mapped = self.require(position)
+        offset = position - mapped.start
+        total = sum(len(buffer) for buffer in buffers)
+        if offset + total > self.file_bytes:
+            raise StorageError(f"a write of {total} bytes at {position} crosses a file end")
+        descriptor = self._descriptor(mapped)
+        with disk_errors(mapped.path):
+            for first in range(0, len(buffers), _IOV_MAX):
+                chunk = buffers[first : first + _IOV_MAX]
+                chunk_bytes = sum(len(buffer) for buffer in chunk)
+                written = os.pwritev(descriptor, chunk, offset)
+                if written < chunk_bytes:
+                    # Short writes are rare on regular files; finish this chunk plainly.
+                    rest = memoryview(b"".join(chunk))[written:]
+                    while rest:
+                        done = os.pwrite(descriptor, rest, offset + written)
+                        rest = rest[done:]
+                        written += done
+                offset += chunk_bytes
 
     def _descriptor(self, mapped: MappedFile) -> int:
         if mapped.path != self._write_path:

@@ -50,17 +50,12 @@ from quorumlog.storage.base import (
 )
 from quorumlog.storage.entry import LogEntry
 from quorumlog.storage.files import atomic_write, disk_errors, fsync_directory
+from quorumlog.storage.mmap_encode import encode
 from quorumlog.storage.mmap_files import MappedFile, MappedFileList
 from quorumlog.storage.mmap_format import (
-    BLANK,
-    BLANK_MAGIC,
     ENTRY_ALIGNMENT_BYTES,
     ENTRY_HEADER_BYTES,
-    ENTRY_HEADER_CHECKED,
-    ENTRY_HEADER_TAIL,
-    ENTRY_MAGIC,
     ENTRY_SIZE_MAX,
-    HEADER_CHECKED_BYTES,
     INDEX_MAGIC,
     INDEX_SLOT,
     INDEX_SLOT_BYTES,
@@ -90,10 +85,6 @@ INDEX_FLUSH_LAG_BYTES = 256 * 1024
 
 DATA_FILE_BYTES_DEFAULT = 64 * 1024 * 1024
 INDEX_FILE_BYTES_DEFAULT = 32 * 1024 * 1024
-
-# Entry size as a bit trick: header, body, round up to the alignment.
-_SIZE_ROUNDING = ENTRY_HEADER_BYTES + ENTRY_ALIGNMENT_BYTES - 1
-_SIZE_MASK = ~(ENTRY_ALIGNMENT_BYTES - 1)
 
 
 def _check_options(data_file_bytes: int, index_file_bytes: int, entry_bytes_max: int) -> None:
@@ -265,16 +256,18 @@ class MmapLogStore:
         check_append(entries, self._last_index, self._entry_bytes_max)
         start = self._data_end
         slot_low = slot_position(entries[0].index, self._slot_base_index)
-        data_buffer, index_buffer, end = self._encode(entries, start)
+        batch = encode(entries, start, self._data_file_bytes)
+        end = batch.data_end
         # Allocate every file the batch needs before writing a byte of it.
         created = self._data.ensure(start, end)
         try:
-            self._index.ensure(slot_low, slot_low + len(index_buffer))
+            self._index.ensure(slot_low, slot_low + len(batch.index_buffer))
         except BaseException:
             self._data.remove_last(created)
             raise
-        self._data.write(start, data_buffer)
-        self._index.write(slot_low, index_buffer)
+        for position, buffers in batch.pieces:
+            self._data.write_vectors(position, buffers)
+        self._index.write(slot_low, batch.index_buffer)
         if self._data_dirty_low is None:
             self._data_dirty_low = start
         if self._index_dirty_low is None:
@@ -283,43 +276,6 @@ class MmapLogStore:
         self._last_index = entries[-1].index
         if self._sync_policy is SyncPolicy.EVERY_APPEND:
             self._flush(index_lag_bytes=INDEX_FLUSH_LAG_BYTES)
-
-    def _encode(self, entries: Sequence[LogEntry], start: int) -> tuple[bytearray, bytearray, int]:
-        """The data stream bytes from `start` for `entries` (blanks included), their index
-        slots, and the data position just past them."""
-        file_bytes = self._data_file_bytes
-        sizes = [(len(entry.data) + _SIZE_ROUNDING) & _SIZE_MASK for entry in entries]
-        buffer = bytearray(sum(sizes))
-        index_buffer = bytearray(INDEX_SLOT_BYTES * len(entries))
-        file_end = start - start % file_bytes + file_bytes
-        head_pack = ENTRY_HEADER_CHECKED.pack
-        tail_pack_into = ENTRY_HEADER_TAIL.pack_into
-        slot_pack_into = INDEX_SLOT.pack_into
-        crc32c = _crc32c
-        position = start
-        slot = 0
-        for entry, size in zip(entries, sizes, strict=True):
-            if position + size > file_end:
-                # preAppend: fill the rest of this file with a blank, go on in the next one.
-                blank_bytes = file_end - position
-                buffer += bytes(blank_bytes)
-                BLANK.pack_into(buffer, position - start, BLANK_MAGIC, blank_bytes)
-                position = file_end
-                file_end += file_bytes
-            offset = position - start
-            data = entry.data
-            index = entry.index
-            term = entry.term
-            head = head_pack(ENTRY_MAGIC, size, index, term, position, entry.type)
-            buffer[offset : offset + HEADER_CHECKED_BYTES] = head
-            tail_pack_into(
-                buffer, offset + HEADER_CHECKED_BYTES, crc32c(head), crc32c(data), len(data)
-            )
-            buffer[offset + ENTRY_HEADER_BYTES : offset + ENTRY_HEADER_BYTES + len(data)] = data
-            slot_pack_into(index_buffer, slot, INDEX_MAGIC, position, size, index, term)
-            position += size
-            slot += INDEX_SLOT_BYTES
-        return buffer, index_buffer, position
 
     # --- durability -------------------------------------------------------------------
 
