@@ -265,9 +265,16 @@ class MmapLogStore:
         except BaseException:
             self._data.remove_last(created)
             raise
-        for position, buffers in batch.pieces:
-            self._data.write_vectors(position, buffers)
-        self._index.write(slot_low, batch.index_buffer)
+        try:
+            for position, buffers in batch.pieces:
+                self._data.write_vectors(position, buffers)
+            self._index.write(slot_low, batch.index_buffer)
+        except BaseException as error:
+            # Part of the batch may be in the files past the end. Appending on could leave
+            # its entries after different ones, a log that never was; reopening treats them
+            # as the tail of an interrupted append, which they are.
+            self._failure = f"append failed while writing: {error}"
+            raise
         if self._data_dirty_low is None:
             self._data_dirty_low = start
         if self._index_dirty_low is None:

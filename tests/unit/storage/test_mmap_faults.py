@@ -732,6 +732,31 @@ def test_disk_full_while_creating_a_store(tmp_path: Path, monkeypatch: pytest.Mo
     store.close()
 
 
+def test_a_failed_write_stops_appends_until_reopen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "log"
+    store = open_store(path)
+    store.append(make_entries(1, 5))
+    store.sync()
+
+    def failing_pwrite(*args: object) -> int:
+        raise OSError(errno.EIO, "injected I/O error")
+
+    monkeypatch.setattr(os, "pwrite", failing_pwrite)
+    monkeypatch.setattr(os, "pwritev", failing_pwrite)
+    with pytest.raises(StorageError):
+        store.append(make_entries(6, 3))
+    monkeypatch.undo()
+    with pytest.raises(StorageError, match="reopen"):
+        store.append(make_entries(6, 1))
+    assert store.entries(1, 6) == make_entries(1, 5)
+    store.close()
+    store = reopen_and_check(path, make_entries(1, 5))
+    assert store.last_index == 5
+    store.close()
+
+
 # --- options and policies -------------------------------------------------------------
 
 
