@@ -10,6 +10,7 @@ entries a follower needs were compacted. The commit index is the quorum match in
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,7 @@ class LeaderState:
         self.core = core
         self.term = core.term
         self.progress: dict[str, Progress] = {}
+        self.rounds = itertools.count(1)
         self.heartbeat_elapsed = 0
         self.check_quorum_elapsed = 0
         self.read_sequence = 0
@@ -68,7 +70,7 @@ class LeaderState:
             self.send_compare(peer, self.progress[peer])
 
     def new_progress(self) -> Progress:
-        progress = Progress(next_index=self.first_index_of_term)
+        progress = Progress(next_index=self.first_index_of_term, rounds=self.rounds)
         progress.enter(COMPARE, self.core.log.last_index)
         progress.recent_active = True
         return progress

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Iterator
 
 
 class ReplicationState(enum.Enum):
@@ -20,8 +21,11 @@ class ReplicationState(enum.Enum):
 class Progress:
     """Replication progress of one follower, from the leader's side."""
 
-    def __init__(self, next_index: int) -> None:
+    def __init__(self, next_index: int, rounds: Iterator[int]) -> None:
         self.state = ReplicationState.COMPARE
+        self.rounds = rounds
+        """Shared by every follower of one leader, so a follower removed and added back
+        never sees a round number again (its old pushes may still be in flight)."""
         self.round = 0
         self.match_index = 0
         self.next_index = next_index
@@ -36,7 +40,8 @@ class Progress:
         self.read_sequence_acked = 0
 
     def enter(self, state: ReplicationState, leader_last_index: int | None = None) -> None:
-        """Every new COMPARE or APPEND phase is a new round (see messages.py for why).
+        """Every new COMPARE, APPEND or INSTALL_SNAPSHOT phase is a new round (see
+        messages.py for why).
 
         COMPARE always starts at the leader's last index (as DLedger starts at its ledger
         end): searching down from there, the first match found is the highest one, so the
@@ -48,8 +53,8 @@ class Progress:
                 raise ValueError("COMPARE starts at the leader's last index")
             self.next_index = leader_last_index + 1
         self.state = state
-        if state in (ReplicationState.COMPARE, ReplicationState.APPEND):
-            self.round += 1
+        if state is not ReplicationState.TRUNCATE:  # TRUNCATE answers its COMPARE's round
+            self.round = next(self.rounds)
         self.inflight.clear()
         self.request_tick = None
         self.snapshot_offset = 0
