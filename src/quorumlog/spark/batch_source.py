@@ -1,0 +1,234 @@
+"""Batch reads: `spark.read.format("quorumlog")`.
+
+The driver resolves `startingOffsets` / `endingOffsets` against each partition's bounds
+once, splits every partition's [start, end) into offset ranges of at most
+`maxRecordsPerPartition` records (more, smaller ones if `minPartitions` asks for more),
+and each range becomes one Spark task that fetches exactly its offsets and hands them over
+as Arrow batches. `read_range` is shared with the streaming source.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Mapping
+
+import pyarrow as pa  # type: ignore[import-untyped]
+from pyspark.sql.datasource import DataSourceReader, InputPartition
+
+from quorumlog.codec.wire import decode_record_batch
+from quorumlog.errors import RequestRejectedError, UnavailableError
+from quorumlog.spark.arrow import RecordColumns
+from quorumlog.spark.cluster import ClusterAccess, is_out_of_range
+from quorumlog.spark.errors import DataLossError, OptionError
+from quorumlog.spark.offsets import PartitionBounds, PartitionOffsets, TopicPartition, resolve_spec
+from quorumlog.spark.options import SourceOptions
+
+ARROW_BATCH_ROWS_MAX = 10_000
+"""Rows per Arrow batch handed to Spark: large enough to amortise the per-batch cost."""
+STALL_PAUSE_SECONDS = 0.02
+"""Pause before fetching again when a fetch brought nothing new (a lagging replica)."""
+
+
+class OffsetRange(InputPartition):
+    """Offsets [start, end) of one topic partition: one Spark task's share."""
+
+    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
+        super().__init__((topic, partition, start, end))
+        self.topic = topic
+        self.partition = partition
+        self.start = start
+        self.end = end
+
+    @property
+    def topic_partition(self) -> TopicPartition:
+        return (self.topic, self.partition)
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OffsetRange) and self.value == other.value
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __repr__(self) -> str:
+        return f"OffsetRange({self.topic}/{self.partition} [{self.start}, {self.end}))"
+
+
+def plan_ranges(
+    starts: Mapping[TopicPartition, int],
+    ends: Mapping[TopicPartition, int],
+    max_records_per_partition: int,
+    min_partitions: int | None = None,
+) -> list[OffsetRange]:
+    """Split each partition's [start, end) into ranges of near-equal size.
+
+    Each range holds at most `max_records_per_partition` records; with `min_partitions`,
+    ranges shrink until there are at least that many (when there are that many records).
+    Empty partitions get no range. The order is by topic, partition, then offset, so the
+    same offsets always plan the same ranges (a replayed micro-batch reads the same tasks).
+    """
+    total = sum(max(ends[key] - starts[key], 0) for key in starts)
+    size_max = max_records_per_partition
+    if min_partitions is not None and total > 0:
+        size_max = min(size_max, max(math.ceil(total / min_partitions), 1))
+    ranges: list[OffsetRange] = []
+    for key in sorted(starts):
+        start, end = starts[key], ends[key]
+        count = end - start
+        if count <= 0:
+            continue
+        pieces = math.ceil(count / size_max)
+        topic, partition = key
+        for piece in range(pieces):
+            # Even split: piece boundaries at start + count * i / pieces.
+            piece_start = start + count * piece // pieces
+            piece_end = start + count * (piece + 1) // pieces
+            ranges.append(OffsetRange(topic, partition, piece_start, piece_end))
+    return ranges
+
+
+def check_data_loss(
+    starts: PartitionOffsets,
+    bounds: Mapping[TopicPartition, PartitionBounds],
+    fail_on_data_loss: bool,
+) -> PartitionOffsets:
+    """Starts moved up to each partition's begin where retention removed the offsets;
+    DataLossError instead when `failOnDataLoss` is true."""
+    checked: PartitionOffsets = {}
+    for key, start in starts.items():
+        begin = bounds[key].begin
+        if start < begin:
+            topic, partition = key
+            if fail_on_data_loss:
+                raise DataLossError(
+                    f"{topic}/{partition}: offsets [{start}, {begin}) are no longer available "
+                    f"(the partition now begins at {begin})"
+                )
+            start = begin
+        checked[key] = start
+    return checked
+
+
+class FetchSettings:
+    """What a task needs to read a range (picklable; shipped to executors)."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.connection = options.connection
+        self.fail_on_data_loss = options.fail_on_data_loss
+        self.fetch_records_max = options.fetch_records_max
+        self.fetch_bytes_max = options.fetch_bytes_max
+
+
+def read_range(
+    access: ClusterAccess, offset_range: OffsetRange, settings: FetchSettings
+) -> Iterator[pa.RecordBatch]:
+    """Exactly the records of `offset_range` (less what retention removed, if allowed)."""
+    key = offset_range.topic_partition
+    columns = RecordColumns(offset_range.topic, offset_range.partition)
+    offset, end = offset_range.start, offset_range.end
+    stalled_since: float | None = None
+    while offset < end:
+        try:
+            result = access.fetch(
+                key, offset, min(settings.fetch_records_max, end - offset), settings.fetch_bytes_max
+            )
+        except RequestRejectedError as error:
+            if not is_out_of_range(error):
+                raise
+            offset = skip_lost_offsets(access, offset_range, offset, settings)
+            continue
+        before = offset
+        for fetched in result.batches:
+            batch = decode_record_batch(fetched.data)
+            columns.add_batch(fetched.base_offset, batch, offset, end)
+            offset = max(offset, min(end, fetched.base_offset + len(batch.records)))
+        if len(columns) >= ARROW_BATCH_ROWS_MAX:
+            yield columns.take()
+        if offset > before:
+            stalled_since = None
+            continue
+        # Nothing new: the node answering lags behind the watermark the range was planned
+        # with (a new leader catching up). Ask again until the deadline.
+        now = time.monotonic()
+        stalled_since = now if stalled_since is None else stalled_since
+        if now - stalled_since > settings.connection.timeout_seconds:
+            offset = give_up_stalled_range(offset_range, offset, result.end_offset, settings)
+        else:
+            time.sleep(STALL_PAUSE_SECONDS)
+    if len(columns):
+        yield columns.take()
+
+
+def skip_lost_offsets(
+    access: ClusterAccess, offset_range: OffsetRange, offset: int, settings: FetchSettings
+) -> int:
+    """`offset` is gone: fail (failOnDataLoss) or go on from the partition's begin."""
+    bounds = access.bounds(offset_range.topic_partition)
+    if bounds.begin <= offset < bounds.end:
+        return offset  # the offset is back in range (a leader change): just fetch again
+    description = (
+        f"{offset_range.topic}/{offset_range.partition}: offset {offset} is no longer "
+        f"available (the partition now holds [{bounds.begin}, {bounds.end}))"
+    )
+    if settings.fail_on_data_loss:
+        raise DataLossError(description)
+    if offset < bounds.begin:
+        return min(bounds.begin, offset_range.end)
+    return offset_range.end  # the partition lost its tail (recreated): nothing more to read
+
+
+def give_up_stalled_range(
+    offset_range: OffsetRange, offset: int, end_offset: int, settings: FetchSettings
+) -> int:
+    description = (
+        f"{offset_range.topic}/{offset_range.partition}: offsets from {offset} were planned "
+        f"(up to {offset_range.end}) but the partition ends at {end_offset}"
+    )
+    if end_offset > offset:
+        raise UnavailableError(f"{description}; no records came back in time")
+    if settings.fail_on_data_loss:
+        raise DataLossError(description)
+    return offset_range.end
+
+
+class QuorumLogBatchReader(DataSourceReader):
+    """Plans offset ranges on the driver (at construction); reads one range per task."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.settings = FetchSettings(options)
+        with ClusterAccess(options.connection, "spark-plan") as access:
+            starts, ends = resolve_batch_offsets(access, options)
+        self.ranges = plan_ranges(
+            starts, ends, options.max_records_per_partition, options.min_partitions
+        )
+
+    def partitions(self) -> list[InputPartition]:
+        return list(self.ranges)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, OffsetRange):
+            return  # Spark's stand-in partition when there is nothing to read
+        with ClusterAccess(self.settings.connection, "spark-read") as access:
+            yield from read_range(access, partition, self.settings)
+
+
+def resolve_batch_offsets(
+    access: ClusterAccess, options: SourceOptions
+) -> tuple[PartitionOffsets, PartitionOffsets]:
+    """Exact (starts, ends) for every partition of the topics read, checked."""
+    keys = access.topic_partitions(options.topics, options.topic_option)
+    bounds = {key: access.bounds(key) for key in keys}
+    starts = resolve_spec(options.starting, bounds, "startingOffsets")
+    ends = resolve_spec(options.ending, bounds, "endingOffsets")
+    starts = check_data_loss(starts, bounds, options.fail_on_data_loss)
+    for key in keys:
+        if starts[key] > ends[key]:
+            topic, partition = key
+            raise OptionError(
+                "startingOffsets",
+                f"{topic}/{partition}: starts at {starts[key]}, after endingOffsets {ends[key]}",
+            )
+    return starts, ends

@@ -1,0 +1,260 @@
+"""Options of the `quorumlog` and `quorumlog-kv` formats, named as the Kafka source names them.
+
+Spark hands options over case-insensitively (lower-cased), so every name here is matched
+without case. Each parse function checks every option it is given and raises `OptionError`
+naming the option for a bad value, a missing required one, one that does not apply (such
+as `endingOffsets` on a stream), or a name it does not know (with the nearest known name).
+
+Source options (`spark.read` / `spark.readStream`):
+
+| option | value | default |
+|---|---|---|
+| endpoints | "host:port,host:port,..." | env QUORUMLOG_ENDPOINTS |
+| topic / subscribe | one topic / comma-separated topics | required (one of them) |
+| startingOffsets | earliest, latest, or {"t":{"0":23,"1":-2}} | batch earliest, stream latest |
+| endingOffsets | latest or JSON (batch only) | latest |
+| maxOffsetsPerTrigger | records per micro-batch, over all partitions (stream only) | none |
+| failOnDataLoss | true / false | true |
+| minPartitions | at least this many Spark partitions | one per topic partition |
+| maxRecordsPerPartition | at most this many records per Spark partition | 250000 |
+| fetchRecordsMax / fetchBytesMax | per Fetch request | 10000 / 4 MiB |
+| clusterId, timeoutMs | handshake cluster id; per-request deadline | quorumlog, 30000 |
+
+Sink options: endpoints, topic (else a `topic` column), clusterId, timeoutMs.
+KV table options: endpoints, startKey, endKey, pageSize, stale, clusterId, timeoutMs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Mapping
+
+import msgspec
+
+from quorumlog.kv.connection import CLUSTER_ID_DEFAULT, parse_endpoints
+from quorumlog.spark.errors import OptionError
+from quorumlog.spark.offsets import OffsetSpec, parse_offset_spec
+
+ENDPOINTS_ENVIRONMENT_VARIABLE = "QUORUMLOG_ENDPOINTS"
+TIMEOUT_MS_DEFAULT = 30_000
+MAX_RECORDS_PER_PARTITION_DEFAULT = 250_000
+FETCH_RECORDS_MAX_DEFAULT = 10_000
+FETCH_BYTES_MAX_DEFAULT = 4 * 1024 * 1024
+PAGE_SIZE_DEFAULT = 1_000
+
+# Options Spark itself adds (or users add for Spark) that are not ours to judge.
+SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
+
+CONNECTION_OPTIONS = ("endpoints", "clusterId", "timeoutMs")
+SOURCE_OPTIONS = (
+    *CONNECTION_OPTIONS,
+    "topic",
+    "subscribe",
+    "startingOffsets",
+    "endingOffsets",
+    "maxOffsetsPerTrigger",
+    "failOnDataLoss",
+    "minPartitions",
+    "maxRecordsPerPartition",
+    "fetchRecordsMax",
+    "fetchBytesMax",
+)
+BATCH_ONLY_OPTIONS = ("endingOffsets",)
+STREAM_ONLY_OPTIONS = ("maxOffsetsPerTrigger",)
+SINK_OPTIONS = (*CONNECTION_OPTIONS, "topic")
+TABLE_OPTIONS = (*CONNECTION_OPTIONS, "startKey", "endKey", "pageSize", "stale")
+
+
+class ConnectionOptions(msgspec.Struct, frozen=True):
+    endpoints: list[str]
+    cluster_id: str = CLUSTER_ID_DEFAULT
+    timeout_seconds: float = TIMEOUT_MS_DEFAULT / 1000
+
+
+class SourceOptions(msgspec.Struct, frozen=True):
+    connection: ConnectionOptions
+    topics: list[str]
+    topic_option: str
+    """"topic" or "subscribe": the option that named the topics (for error messages)."""
+    starting: OffsetSpec
+    ending: OffsetSpec
+    max_offsets_per_trigger: int | None
+    fail_on_data_loss: bool
+    min_partitions: int | None
+    max_records_per_partition: int
+    fetch_records_max: int
+    fetch_bytes_max: int
+
+
+class SinkOptions(msgspec.Struct, frozen=True):
+    connection: ConnectionOptions
+    topic: str | None
+    """None: each row names its topic in a `topic` column."""
+
+
+class TableOptions(msgspec.Struct, frozen=True):
+    connection: ConnectionOptions
+    start_key: str
+    end_key: str | None
+    page_size: int
+    stale: bool
+
+
+class Options:
+    """The user's options with case-insensitive lookup, checked against the known names."""
+
+    def __init__(self, options: Mapping[str, str], known: tuple[str, ...], what: str) -> None:
+        self.values = {str(name).lower(): str(value) for name, value in options.items()}
+        self.names = {name.lower(): name for name in known}
+        for given in self.values:
+            if given in self.names or given in SPARK_OPTIONS:
+                continue
+            close = difflib.get_close_matches(given, list(self.names), n=1)
+            hint = f"; did you mean {self.names[close[0]]!r}?" if close else ""
+            raise OptionError(
+                given, f"not an option of {what}{hint} (known: {', '.join(sorted(known))})"
+            )
+
+    def text(self, name: str) -> str | None:
+        return self.values.get(name.lower())
+
+    def given(self, name: str) -> bool:
+        return name.lower() in self.values
+
+    def integer(self, name: str, default: int | None, minimum: int) -> int | None:
+        text = self.text(name)
+        if text is None:
+            return default
+        try:
+            value = int(text.strip())
+        except ValueError:
+            raise OptionError(name, f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise OptionError(name, f"must be at least {minimum}, got {value}")
+        return value
+
+    def required_integer(self, name: str, default: int, minimum: int) -> int:
+        value = self.integer(name, default, minimum)
+        return default if value is None else value
+
+    def boolean(self, name: str, default: bool) -> bool:
+        text = self.text(name)
+        if text is None:
+            return default
+        lowered = text.strip().lower()
+        if lowered not in ("true", "false"):
+            raise OptionError(name, f"must be true or false, got {text!r}")
+        return lowered == "true"
+
+
+def parse_connection(options: Options) -> ConnectionOptions:
+    text = options.text("endpoints")
+    if text is None:
+        text = os.environ.get(ENDPOINTS_ENVIRONMENT_VARIABLE)
+    if text is None or not text.strip():
+        raise OptionError(
+            "endpoints",
+            'required: .option("endpoints", "host:port,host:port,...") '
+            f"(or set {ENDPOINTS_ENVIRONMENT_VARIABLE})",
+        )
+    try:
+        endpoints = parse_endpoints(text)
+    except ValueError as error:
+        raise OptionError("endpoints", str(error)) from None
+    cluster_id = options.text("clusterId") or CLUSTER_ID_DEFAULT
+    timeout_ms = options.required_integer("timeoutMs", TIMEOUT_MS_DEFAULT, minimum=1)
+    return ConnectionOptions(endpoints, cluster_id, timeout_ms / 1000)
+
+
+def parse_topics(options: Options) -> list[str]:
+    topic = options.text("topic")
+    subscribe = options.text("subscribe")
+    if topic is not None and subscribe is not None:
+        raise OptionError("topic", "give either 'topic' or 'subscribe', not both")
+    if topic is None and subscribe is None:
+        raise OptionError("topic", 'required: .option("topic", "name") (or "subscribe")')
+    if topic is not None:
+        if not topic.strip() or "," in topic:
+            raise OptionError("topic", f"{topic!r} is not one topic name (use 'subscribe')")
+        return [topic.strip()]
+    topics = [name.strip() for name in (subscribe or "").split(",") if name.strip()]
+    if not topics:
+        raise OptionError("subscribe", "names no topic")
+    if len(set(topics)) != len(topics):
+        raise OptionError("subscribe", f"names a topic twice: {subscribe!r}")
+    return topics
+
+
+def parse_source_options(given: Mapping[str, str], streaming: bool) -> SourceOptions:
+    what = "spark.readStream.format('quorumlog')" if streaming else "spark.read.format('quorumlog')"
+    options = Options(given, SOURCE_OPTIONS, what)
+    not_here = BATCH_ONLY_OPTIONS if streaming else STREAM_ONLY_OPTIONS
+    for name in not_here:
+        if options.given(name):
+            kind = "batch" if streaming else "streaming"
+            raise OptionError(name, f"applies only to {kind} reads, not to {what}")
+    connection = parse_connection(options)
+    topics = parse_topics(options)
+    starting_text = options.text("startingOffsets") or ("latest" if streaming else "earliest")
+    # A batch read cannot start at "latest" (it would read nothing), as in Kafka.
+    starting = parse_offset_spec(starting_text, "startingOffsets", allow_latest=streaming)
+    ending = parse_offset_spec(
+        options.text("endingOffsets") or "latest", "endingOffsets", allow_earliest=False
+    )
+    check_spec_topics(starting, topics, "startingOffsets")
+    check_spec_topics(ending, topics, "endingOffsets")
+    return SourceOptions(
+        connection=connection,
+        topics=topics,
+        topic_option="topic" if options.given("topic") else "subscribe",
+        starting=starting,
+        ending=ending,
+        max_offsets_per_trigger=options.integer("maxOffsetsPerTrigger", None, minimum=1),
+        fail_on_data_loss=options.boolean("failOnDataLoss", True),
+        min_partitions=options.integer("minPartitions", None, minimum=1),
+        max_records_per_partition=options.required_integer(
+            "maxRecordsPerPartition", MAX_RECORDS_PER_PARTITION_DEFAULT, minimum=1
+        ),
+        fetch_records_max=options.required_integer(
+            "fetchRecordsMax", FETCH_RECORDS_MAX_DEFAULT, minimum=1
+        ),
+        fetch_bytes_max=options.required_integer(
+            "fetchBytesMax", FETCH_BYTES_MAX_DEFAULT, minimum=1024
+        ),
+    )
+
+
+def check_spec_topics(spec: OffsetSpec, topics: list[str], option: str) -> None:
+    """JSON offsets may only name topics the read subscribes to."""
+    named = {topic for topic, _ in spec.specific}
+    others = sorted(named - set(topics))
+    if others:
+        raise OptionError(
+            option, f"names topics that are not read: {', '.join(others)} (reading {topics})"
+        )
+
+
+def parse_sink_options(given: Mapping[str, str]) -> SinkOptions:
+    options = Options(given, SINK_OPTIONS, "df.write.format('quorumlog')")
+    connection = parse_connection(options)
+    topic = options.text("topic")
+    if topic is not None and (not topic.strip() or "," in topic):
+        raise OptionError("topic", f"{topic!r} is not one topic name")
+    return SinkOptions(connection, topic.strip() if topic is not None else None)
+
+
+def parse_table_options(given: Mapping[str, str]) -> TableOptions:
+    options = Options(given, TABLE_OPTIONS, "spark.read.format('quorumlog-kv')")
+    connection = parse_connection(options)
+    start_key = options.text("startKey") or ""
+    end_key = options.text("endKey")
+    if end_key is not None and end_key <= start_key:
+        raise OptionError("endKey", f"{end_key!r} must sort after startKey {start_key!r}")
+    return TableOptions(
+        connection=connection,
+        start_key=start_key,
+        end_key=end_key,
+        page_size=options.required_integer("pageSize", PAGE_SIZE_DEFAULT, minimum=1),
+        stale=options.boolean("stale", False),
+    )
