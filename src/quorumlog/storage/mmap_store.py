@@ -15,9 +15,12 @@ Python objects are kept: the index files are the index.
 An entry that does not fit in the rest of a data file is preceded by a blank record that
 fills the file (DLedger's preAppend), and goes at the start of the next file.
 
-Writes go into the mappings; `sync` msyncs the ranges written since the last sync and fsyncs
-the directories if files were created. Files are created with posix_fallocate before any
-byte is written, so a full disk fails the append cleanly (see mmap_files).
+Appends are written with pwrite/pwritev into the files (faster than storing into fresh
+mapped pages; see mmap_files); reads and recovery go through the mappings. `sync` msyncs the
+data written since the last sync and fsyncs directories that changed. Index slots are
+flushed lazily, a bounded number behind: they are rebuilt from the data, at open for the
+tail and on read for a hole. Files are created with posix_fallocate before any byte is
+written, so a full disk fails the append cleanly.
 
 What open does with damage is in mmap_recovery. The rules it relies on, kept here:
 - nothing but zeros follows the end of either stream (truncations zero what they drop);
@@ -49,22 +52,26 @@ from quorumlog.storage.base import (
     check_truncate_suffix,
 )
 from quorumlog.storage.entry import LogEntry
-from quorumlog.storage.files import atomic_write, disk_errors, fsync_directory
+from quorumlog.storage.files import atomic_write
 from quorumlog.storage.mmap_encode import encode
 from quorumlog.storage.mmap_files import MappedFile, MappedFileList
 from quorumlog.storage.mmap_format import (
-    ENTRY_ALIGNMENT_BYTES,
     ENTRY_HEADER_BYTES,
-    ENTRY_SIZE_MAX,
     INDEX_MAGIC,
     INDEX_SLOT,
     INDEX_SLOT_BYTES,
     EntryHeader,
     Meta,
     decode_header,
-    decode_meta,
     encode_meta,
-    entry_size,
+)
+from quorumlog.storage.mmap_meta import (
+    DATA_DIRECTORY,
+    INDEX_DIRECTORY,
+    META_FILE,
+    check_options,
+    largest_entry_bytes,
+    open_meta,
 )
 from quorumlog.storage.mmap_recovery import (
     IndexRepair,
@@ -76,44 +83,12 @@ from quorumlog.storage.mmap_recovery import (
 
 _crc32c = google_crc32c.value
 
-DATA_DIRECTORY = "data"
-INDEX_DIRECTORY = "index"
-META_FILE = "meta"
 
 INDEX_FLUSH_LAG_BYTES = 256 * 1024
 """Index slots (8192 entries) that `sync` may leave unflushed; see `_flush`."""
 
 DATA_FILE_BYTES_DEFAULT = 64 * 1024 * 1024
 INDEX_FILE_BYTES_DEFAULT = 32 * 1024 * 1024
-
-
-def _check_options(data_file_bytes: int, index_file_bytes: int, entry_bytes_max: int) -> None:
-    if entry_bytes_max < 0:
-        raise ValueError(f"entry_bytes_max must be >= 0, got {entry_bytes_max}")
-    if entry_size(entry_bytes_max) > ENTRY_SIZE_MAX:
-        raise ValueError(f"entry_bytes_max={entry_bytes_max} does not fit the u32 size field")
-    if data_file_bytes <= 0 or data_file_bytes % ENTRY_ALIGNMENT_BYTES:
-        raise ValueError(
-            f"data_file_bytes must be a positive multiple of {ENTRY_ALIGNMENT_BYTES}, "
-            f"got {data_file_bytes}"
-        )
-    if entry_size(entry_bytes_max) > data_file_bytes:
-        raise ValueError(
-            f"an entry of entry_bytes_max={entry_bytes_max} bytes takes "
-            f"{entry_size(entry_bytes_max)} bytes with its header and must fit one data file "
-            f"of data_file_bytes={data_file_bytes}"
-        )
-    if index_file_bytes <= 0 or index_file_bytes % INDEX_SLOT_BYTES:
-        raise ValueError(
-            f"index_file_bytes must be a positive multiple of {INDEX_SLOT_BYTES}, "
-            f"got {index_file_bytes}"
-        )
-
-
-def largest_entry_bytes(data_file_bytes: int) -> int:
-    """The most entry data that fits one data file of `data_file_bytes` with its header."""
-    usable = data_file_bytes - data_file_bytes % ENTRY_ALIGNMENT_BYTES
-    return max(0, usable - ENTRY_HEADER_BYTES)
 
 
 def _round_up(position: int, file_bytes: int) -> int:
@@ -179,11 +154,11 @@ class MmapLogStore:
         """
         if entry_bytes_max is None:
             entry_bytes_max = min(ENTRY_BYTES_MAX_DEFAULT, largest_entry_bytes(data_file_bytes))
-        _check_options(data_file_bytes, index_file_bytes, entry_bytes_max)
+        check_options(data_file_bytes, index_file_bytes, entry_bytes_max)
         if not isinstance(sync_policy, SyncPolicy):
             raise ValueError(f"sync_policy must be a SyncPolicy, got {sync_policy!r}")
         root = Path(path)
-        meta = _open_meta(root, data_file_bytes, index_file_bytes)
+        meta = open_meta(root, data_file_bytes, index_file_bytes)
         data = MappedFileList(root / DATA_DIRECTORY, data_file_bytes)
         index = MappedFileList(root / INDEX_DIRECTORY, index_file_bytes)
         try:
@@ -546,46 +521,6 @@ class MmapLogStore:
         self._closed = True
         self._data.close()
         self._index.close()
-
-
-def _open_meta(root: Path, data_file_bytes: int, index_file_bytes: int) -> Meta:
-    """Read the meta file, or create the store's directories and a fresh meta."""
-    meta_path = root / META_FILE
-    with disk_errors(root):
-        for directory in (root, root / DATA_DIRECTORY, root / INDEX_DIRECTORY):
-            directory.mkdir(parents=True, exist_ok=True)
-        encoded = meta_path.read_bytes() if meta_path.exists() else None
-    if encoded is None:
-        for name in (DATA_DIRECTORY, INDEX_DIRECTORY):
-            if any(entry.isdigit() for entry in os.listdir(root / name)):
-                raise CorruptLogError(
-                    str(meta_path), 0, f"the meta file is missing but {name}/ holds files"
-                )
-        meta = Meta(
-            data_file_bytes=data_file_bytes,
-            index_file_bytes=index_file_bytes,
-            first_index=1,
-            slot_base_index=1,
-            first_data_position=0,
-            first_entry_present=False,
-        )
-        atomic_write(meta_path, encode_meta(meta))
-        with disk_errors(root):
-            fsync_directory(root)
-            fsync_directory(root.parent)
-        return meta
-    decoded = decode_meta(encoded)
-    if isinstance(decoded, str):
-        raise CorruptLogError(str(meta_path), 0, decoded)
-    if (decoded.data_file_bytes, decoded.index_file_bytes) != (data_file_bytes, index_file_bytes):
-        raise ValueError(
-            f"the store at {root} was created with data_file_bytes={decoded.data_file_bytes} "
-            f"and index_file_bytes={decoded.index_file_bytes}; open it with the same sizes "
-            f"(got {data_file_bytes} and {index_file_bytes})"
-        )
-    if decoded.first_data_position % ENTRY_ALIGNMENT_BYTES or decoded.first_index < 1:
-        raise CorruptLogError(str(meta_path), 0, f"meta holds impossible values: {decoded}")
-    return decoded
 
 
 __all__ = ["DATA_FILE_BYTES_DEFAULT", "INDEX_FILE_BYTES_DEFAULT", "MmapLogStore"]
