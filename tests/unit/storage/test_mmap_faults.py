@@ -18,6 +18,7 @@ from quorumlog.storage import (
     LogEntry,
     MmapLogStore,
     StorageError,
+    StoreClosedError,
     SyncPolicy,
 )
 from quorumlog.storage.files import atomic_write
@@ -857,3 +858,16 @@ def test_the_index_lives_in_files_not_in_python_memory(tmp_path: Path) -> None:
     tracemalloc.stop()
     store.close()
     assert (after - before) / (256 * 40) < 32
+
+
+def test_the_store_is_a_log_store(tmp_path: Path) -> None:
+    from quorumlog.storage import LogStore
+
+    store = open_store(tmp_path / "log")
+    assert isinstance(store, LogStore)
+    store.close()
+    store.close()  # closing twice is harmless
+    with pytest.raises(StoreClosedError):
+        store.append(make_entries(1, 1))
+    with pytest.raises(StoreClosedError):
+        store.entry(1)
