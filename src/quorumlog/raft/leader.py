@@ -155,6 +155,8 @@ class LeaderState:
                 # Something was lost: find the match point again rather than guess.
                 progress.enter(COMPARE, self.core.log.last_index)
                 self.send_compare(peer, progress)
+            elif not progress.inflight:
+                self.send_appends(peer, progress)  # entries waiting and nothing in flight
             return
         if progress.request_tick is None or now - progress.request_tick >= timeout:
             if progress.state is COMPARE:
@@ -286,6 +288,8 @@ class LeaderState:
             if response.success and response.match_index > progress.match_index:
                 progress.acknowledge(response.match_index)
                 self.maybe_commit()
+                if progress.state is APPEND:
+                    self.send_appends(peer, progress)  # the ack may have freed the window
         elif progress.state is COMPARE and kind is PushKind.COMPARE:
             if response.index == progress.next_index - 1:  # else: an answer to an old probe
                 self.handle_compare_response(peer, progress, response)
