@@ -381,9 +381,9 @@ class ProcessCluster:
 
         return wait_until(elected, timeout_seconds, f"a leader other than {sorted(excluded)}")
 
-    def client(self, timeout: float = 5.0, **options: float) -> KVClient:
+    def client(self, timeout: float = 5.0) -> KVClient:
         """A blocking client of every node, closed with the cluster."""
-        client = KVClient(self.endpoints, timeout=timeout, cluster_id=self.cluster_id, **options)
+        client = KVClient(self.endpoints, timeout=timeout, cluster_id=self.cluster_id)
         self.clients.append(client)
         return client
 

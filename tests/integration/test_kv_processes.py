@@ -274,13 +274,14 @@ class HistoryClient:
         operation_id = self.history.invoke(
             self.client_number, kind, key, argument, time.monotonic_ns()
         )
+        output: str | None = None
         try:
             if kind == "get":
                 output = client.get(key)
             elif kind == "put":
-                output = client.put(key, argument or "")
+                client.put(key, argument or "")
             else:
-                output = client.append(key, argument or "")
+                client.append(key, argument or "")
         except UnavailableError:
             self.history.fail(operation_id, time.monotonic_ns())  # never accepted
         except (UnknownOutcomeError, ClientError, OSError):

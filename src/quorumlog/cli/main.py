@@ -41,6 +41,24 @@ def bench_storage(as_json: bool, directory: str | None, quick: bool) -> None:
     run_storage_benchmark(as_json=as_json, directory=directory, quick=quick)
 
 
+@bench.command("kv")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
+@click.option("--seconds", type=click.FloatRange(0.5, 600), default=8.0, show_default=True)
+@click.option("--clients", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.option("--concurrency", type=click.IntRange(1, 100_000), default=2000, show_default=True)
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None)
+def bench_kv(
+    as_json: bool, seconds: float, clients: int, concurrency: int, directory: str | None
+) -> None:
+    """Committed puts/s and latency on 3 node processes (fsync on), against PySyncObj."""
+    from quorumlog.bench.kv import KVBenchSettings, run_kv_benchmark
+
+    settings = KVBenchSettings(
+        seconds=seconds, clients=clients, concurrency=concurrency, directory=directory
+    )
+    run_kv_benchmark(settings, as_json=as_json)
+
+
 @cli.group()
 def sim() -> None:
     """Deterministic simulations: seeded faults on virtual time."""

@@ -1,0 +1,330 @@
+"""`quorumlog bench kv`: committed puts per second on a real 3-node cluster, against PySyncObj.
+
+Phases, each printed as one JSON object with a "phase" name:
+
+- `disk`: fdatasync latency of the benchmark directory (4 KiB writes). It is the floor
+  under every commit latency below: a put is answered after two of three nodes synced.
+- `quorumlog-throughput`: 3 `quorumlog node` processes on loopback, fsync on, driven for
+  `--seconds` by `--clients` load processes, each an `AsyncKVClient` with `--concurrency`
+  puts in flight (100-byte values; the client batches and pipelines them). Reports
+  committed puts/s, latency percentiles, and each node's CPU use per put.
+- `quorumlog-paced`: one load process starting 1,000 puts/s whatever the answers do (open
+  loop), against the same cluster: latency at a moderate, steady load.
+- `quorumlog-nodes`: the peak RSS of each node process (VmHWM from /proc).
+- `pysyncobj-throughput`: 3 PySyncObj processes on loopback (a SyncObj with a
+  `@replicated` put, log in memory — its design), the same puts for the same time, driven
+  from inside the leader's process (PySyncObj has no client protocol; followers would only
+  forward to it).
+
+The last line sums it up: ops_per_s, p50_ms, p99_ms, pysyncobj_ops_per_s,
+ratio_to_pysyncobj, p99_ms_at_1000_ops, node_rss_mb_max.
+
+A put counts when it is answered inside the measured window; load processes warm up
+(connect, find the leader) before it. Latencies come from log-scale histograms (0.5 %
+buckets) merged across processes. The machine's other load shows up in the figures: the
+`quorumlog-throughput` line carries the load average at its start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from quorumlog.bench.kv_load import LatencyHistogram, LoadResult
+from quorumlog.bench.kv_processes import (
+    NodeCluster,
+    cpu_seconds,
+    free_ports,
+    last_json_line,
+    peak_rss_megabytes,
+    run_processes,
+)
+
+CLUSTER_ID = "bench-kv"
+WARM_UP_SECONDS = 1.0
+PYSYNCOBJ_ELECTION_SECONDS = 3.0
+"""PySyncObj elects within 0.4 to 1.4 s after its peers connect; its load starts after."""
+PACED_RATE_OPS_PER_SECOND = 1000.0
+PACED_SECONDS_MAX = 5.0
+DISK_SYNCS = 50
+PROCESS_SLACK_SECONDS = 30.0
+
+
+class KVBenchSettings:
+    def __init__(
+        self,
+        seconds: float = 8.0,
+        clients: int = 2,
+        concurrency: int = 2000,
+        pysyncobj_concurrency: int = 1000,
+        paced_seconds: float | None = None,
+        directory: str | None = None,
+    ) -> None:
+        self.seconds = seconds
+        self.clients = clients
+        self.concurrency = concurrency
+        """Puts in flight per load process."""
+        self.pysyncobj_concurrency = pysyncobj_concurrency
+        self.paced_seconds = (
+            min(PACED_SECONDS_MAX, seconds) if paced_seconds is None else paced_seconds
+        )
+        self.directory = directory
+
+
+def run_kv_benchmark(settings: KVBenchSettings, as_json: bool) -> dict[str, Any]:
+    """Run every phase, printing each; returns (and prints last) the summary."""
+    base = Path(tempfile.mkdtemp(prefix="quorumlog-bench-kv-", dir=settings.directory))
+    try:
+        emit(disk_phase(base), as_json)
+        throughput, paced, nodes = quorumlog_phases(base / "quorumlog", settings, as_json)
+        pysyncobj = pysyncobj_phase(settings)
+        emit(pysyncobj, as_json)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    ops_per_s = throughput["ops_per_s"]
+    pysyncobj_ops_per_s = pysyncobj["ops_per_s"]
+    summary = {
+        "ops_per_s": ops_per_s,
+        "p50_ms": throughput["p50_ms"],
+        "p99_ms": throughput["p99_ms"],
+        "pysyncobj_ops_per_s": pysyncobj_ops_per_s,
+        "ratio_to_pysyncobj": (
+            round(ops_per_s / pysyncobj_ops_per_s, 2) if pysyncobj_ops_per_s else None
+        ),
+        "p99_ms_at_1000_ops": paced["p99_ms"],
+        "node_rss_mb_max": nodes["node_rss_mb_max"],
+    }
+    emit(summary, as_json)
+    return summary
+
+
+def emit(figures: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(figures), flush=True)
+    else:
+        print("  ".join(f"{key}={value}" for key, value in figures.items()), flush=True)
+
+
+# --- phases ------------------------------------------------------------------------------
+
+
+def disk_phase(directory: Path) -> dict[str, Any]:
+    path = directory / "fsync-probe"
+    latencies: list[float] = []
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        block = b"\0" * 4096
+        for _ in range(DISK_SYNCS):
+            os.write(descriptor, block)
+            started = time.perf_counter()
+            os.fdatasync(descriptor)
+            latencies.append(time.perf_counter() - started)
+    finally:
+        os.close(descriptor)
+        path.unlink()
+    latencies.sort()
+    return {
+        "phase": "disk",
+        "fdatasync_p50_ms": round(statistics.median(latencies) * 1000, 3),
+        "fdatasync_p99_ms": round(latencies[int(0.99 * (len(latencies) - 1))] * 1000, 3),
+    }
+
+
+def quorumlog_phases(
+    directory: Path, settings: KVBenchSettings, as_json: bool
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    directory.mkdir(parents=True)
+    cluster = NodeCluster(directory, node_count=3, cluster_id=CLUSTER_ID)
+    try:
+        leader = cluster.start()
+        throughput = quorumlog_throughput(cluster, leader, settings)
+        emit(throughput, as_json)
+        paced = quorumlog_paced(cluster, settings)
+        emit(paced, as_json)
+        rss = {node_id: round(peak_rss_megabytes(pid), 1) for node_id, pid in cluster.pids.items()}
+        nodes = {"phase": "quorumlog-nodes", "rss_mb": rss, "node_rss_mb_max": max(rss.values())}
+        emit(nodes, as_json)
+    finally:
+        cluster.stop()
+    return throughput, paced, nodes
+
+
+def load_command(
+    endpoints: list[str], start_at: float, seconds: float, client_number: int, **options: float
+) -> list[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "quorumlog.bench.kv_load",
+        "--endpoints",
+        ",".join(endpoints),
+        "--cluster-id",
+        CLUSTER_ID,
+        "--start-at",
+        repr(start_at),
+        "--seconds",
+        repr(seconds),
+        "--client-number",
+        str(client_number),
+    ]
+    for name, value in options.items():
+        command += [f"--{name.replace('_', '-')}", repr(value)]
+    return command
+
+
+def quorumlog_throughput(
+    cluster: NodeCluster, leader: str, settings: KVBenchSettings
+) -> dict[str, Any]:
+    start_at = time.monotonic() + WARM_UP_SECONDS + 0.5 * settings.clients
+    commands = [
+        load_command(
+            cluster.endpoints, start_at, settings.seconds, number, concurrency=settings.concurrency
+        )
+        for number in range(settings.clients)
+    ]
+    load_average = os.getloadavg()[0]
+    cpu = CpuMeter(cluster.pids, start_at, start_at + settings.seconds)
+    outputs = run_processes(
+        commands, settings.seconds + PROCESS_SLACK_SECONDS + start_at - time.monotonic()
+    )
+    results = [last_json_line(output, LoadResult) for output in outputs]
+    figures = load_figures(results, settings.seconds)
+    ops = max(figures["ops"], 1)
+    return {
+        "phase": "quorumlog-throughput",
+        "fsync": True,
+        "clients": settings.clients,
+        "concurrency_per_client": settings.concurrency,
+        "value_bytes": 100,
+        "leader": leader,
+        **figures,
+        "node_cpu_us_per_op": {
+            node_id: round(seconds * 1e6 / ops, 2) for node_id, seconds in cpu.used().items()
+        },
+        "load_average_at_start": round(load_average, 2),
+    }
+
+
+def quorumlog_paced(cluster: NodeCluster, settings: KVBenchSettings) -> dict[str, Any]:
+    start_at = time.monotonic() + WARM_UP_SECONDS
+    command = load_command(
+        cluster.endpoints, start_at, settings.paced_seconds, 99, rate=PACED_RATE_OPS_PER_SECOND
+    )
+    [output] = run_processes(
+        [command], settings.paced_seconds + PROCESS_SLACK_SECONDS + WARM_UP_SECONDS
+    )
+    result = last_json_line(output, LoadResult)
+    figures = load_figures([result], settings.paced_seconds)
+    return {
+        "phase": "quorumlog-paced",
+        "target_ops_per_s": PACED_RATE_OPS_PER_SECOND,
+        "started": getattr(result, "started", 0),
+        **figures,
+    }
+
+
+def pysyncobj_phase(settings: KVBenchSettings) -> dict[str, Any]:
+    addresses = [f"127.0.0.1:{port}" for port in free_ports(3)]
+    start_at = time.monotonic() + PYSYNCOBJ_ELECTION_SECONDS
+    commands = [
+        [
+            sys.executable,
+            "-m",
+            "quorumlog.bench.kv_pysyncobj",
+            "--self",
+            address,
+            "--partners",
+            ",".join(other for other in addresses if other != address),
+            "--start-at",
+            repr(start_at),
+            "--seconds",
+            repr(settings.seconds),
+            "--concurrency",
+            str(settings.pysyncobj_concurrency),
+            "--leader-only",
+        ]
+        for address in addresses
+    ]
+    outputs = run_processes(
+        commands, settings.seconds + PROCESS_SLACK_SECONDS + PYSYNCOBJ_ELECTION_SECONDS
+    )
+    results = [last_json_line(output, LoadResult) for output in outputs]
+    return {
+        "phase": "pysyncobj-throughput",
+        "log": "memory",
+        "concurrency": settings.pysyncobj_concurrency,
+        "value_bytes": 100,
+        **load_figures(results, settings.seconds),
+    }
+
+
+# --- figures -----------------------------------------------------------------------------
+
+
+def load_figures(results: list[Any], seconds: float) -> dict[str, Any]:
+    histogram = LatencyHistogram()
+    ops = errors = total_ops = 0
+    cpu_seconds_used = 0.0
+    for result in results:
+        ops += result.ops
+        errors += result.errors
+        total_ops += result.total_ops
+        cpu_seconds_used += result.cpu_seconds
+        histogram.merge(LatencyHistogram({int(k): v for k, v in result.histogram.items()}))
+    return {
+        "ops": ops,
+        "errors": errors,
+        "ops_per_s": round(ops / seconds, 1),
+        "p50_ms": histogram.percentile_ms(0.50),
+        "p99_ms": histogram.percentile_ms(0.99),
+        "p999_ms": histogram.percentile_ms(0.999),
+        "client_cpu_us_per_op": (
+            round(cpu_seconds_used * 1e6 / total_ops, 2) if total_ops else None
+        ),
+    }
+
+
+class CpuMeter:
+    """CPU seconds each process uses between two monotonic times, read from /proc.
+
+    It samples on a background thread at `start` and `end`, so the load processes need not
+    be interrupted."""
+
+    def __init__(self, pids: dict[str, int], start: float, end: float) -> None:
+        import threading
+
+        self.pids = pids
+        self.before: dict[str, float] = {}
+        self.after: dict[str, float] = {}
+        self.thread = threading.Thread(target=self.run, args=(start, end), daemon=True)
+        self.thread.start()
+
+    def run(self, start: float, end: float) -> None:
+        time.sleep(max(start - time.monotonic(), 0))  # a timer, not a wait for a condition
+        self.before = self.sample()
+        time.sleep(max(end - time.monotonic(), 0))
+        self.after = self.sample()
+
+    def sample(self) -> dict[str, float]:
+        samples = {}
+        for node_id, pid in self.pids.items():
+            try:
+                samples[node_id] = cpu_seconds(pid)
+            except OSError:
+                continue
+        return samples
+
+    def used(self) -> dict[str, float]:
+        self.thread.join()
+        return {
+            node_id: self.after[node_id] - self.before[node_id]
+            for node_id in self.before
+            if node_id in self.after
+        }

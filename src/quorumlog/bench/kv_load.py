@@ -1,0 +1,238 @@
+"""One load process of `quorumlog bench kv`: puts through `AsyncKVClient` in a timed window.
+
+    python -m quorumlog.bench.kv_load --endpoints 127.0.0.1:4001,... --start-at T \
+        --seconds 5 --concurrency 1000
+
+Closed loop (the default): `--concurrency` coroutines each put, wait for the answer, put
+again; the client batches what they issue in one loop turn into one `KVWrite` and pipelines
+those on one connection. Paced (`--rate N`): one put is started every 1/N s whatever the
+answers do (open loop), so a slow answer cannot slow the offered load down.
+
+The window is [start_at, start_at + seconds) on the system-wide monotonic clock, which every
+process on the machine shares: puts before it warm up (connections, leader discovery). A put
+counts if it is answered inside the window; its latency is recorded if it also started there.
+The process prints one JSON line (see `LoadResult`) and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import sys
+import time
+
+import msgspec
+
+from quorumlog.errors import ClientError
+from quorumlog.kv.async_client import AsyncKVClient
+
+HISTOGRAM_BUCKETS_PER_E = 200
+"""Buckets per factor of e in latency: neighbouring bounds differ by 0.5 %."""
+KEY_SPACE_DEFAULT = 10_000
+VALUE_BYTES_DEFAULT = 100
+
+
+class LatencyHistogram:
+    """Counts of latencies in logarithmic buckets: cheap to fill, exact to merge."""
+
+    def __init__(self, counts: dict[int, int] | None = None) -> None:
+        self.counts: dict[int, int] = dict(counts or {})
+
+    def record(self, seconds: float) -> None:
+        microseconds = max(seconds * 1e6, 1.0)
+        bucket = int(math.log(microseconds) * HISTOGRAM_BUCKETS_PER_E)
+        self.counts[bucket] = self.counts.get(bucket, 0) + 1
+
+    def merge(self, other: LatencyHistogram) -> None:
+        for bucket, count in other.counts.items():
+            self.counts[bucket] = self.counts.get(bucket, 0) + count
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def percentile_ms(self, fraction: float) -> float | None:
+        """The latency below which `fraction` of the recorded ones fall (bucket top)."""
+        total = self.total
+        if total == 0:
+            return None
+        rank = max(1, math.ceil(fraction * total))
+        seen = 0
+        for bucket in sorted(self.counts):
+            seen += self.counts[bucket]
+            if seen >= rank:
+                return round(math.exp((bucket + 1) / HISTOGRAM_BUCKETS_PER_E) / 1000, 3)
+        raise AssertionError("rank beyond the total")  # unreachable: rank <= total
+
+
+class LoadResult(msgspec.Struct):
+    ops: int
+    """Puts answered inside the window."""
+    errors: int
+    seconds: float
+    histogram: dict[int, int]
+    """Latency bucket -> count (see `LatencyHistogram`)."""
+    started: int = 0
+    """Paced runs: puts started inside the window."""
+    total_ops: int = 0
+    """Puts answered over the whole run, warm-up included."""
+    cpu_seconds: float = 0.0
+    """CPU time this process used over the whole run (to charge the client its share)."""
+
+
+class Window:
+    def __init__(self, start: float, seconds: float) -> None:
+        self.start = start
+        self.end = start + seconds
+
+
+class LoadCounters:
+    def __init__(self) -> None:
+        self.ops = 0
+        self.errors = 0
+        self.started = 0
+        self.total_ops = 0
+        self.histogram = LatencyHistogram()
+
+    def finished(self, window: Window, started: float, error: bool) -> None:
+        finished = time.monotonic()
+        self.total_ops += not error
+        if not window.start <= finished < window.end:
+            return
+        if error:
+            self.errors += 1
+            return
+        self.ops += 1
+        if started >= window.start:
+            self.histogram.record(finished - started)
+
+
+async def closed_loop(
+    client: AsyncKVClient,
+    worker: int,
+    value: str,
+    key_space: int,
+    window: Window,
+    counters: LoadCounters,
+) -> None:
+    number = worker
+    while True:
+        started = time.monotonic()
+        if started >= window.end:
+            return
+        key = f"key-{number % key_space}"
+        number += 7919  # a prime stride: workers walk the key space without colliding
+        try:
+            await client.put(key, value)
+        except ClientError:
+            counters.finished(window, started, error=True)
+            continue
+        counters.finished(window, started, error=False)
+
+
+async def one_paced_put(
+    client: AsyncKVClient, key: str, value: str, window: Window, counters: LoadCounters
+) -> None:
+    started = time.monotonic()
+    try:
+        await client.put(key, value)
+    except ClientError:
+        counters.finished(window, started, error=True)
+        return
+    counters.finished(window, started, error=False)
+
+
+async def paced(
+    client: AsyncKVClient,
+    rate: float,
+    value: str,
+    key_space: int,
+    window: Window,
+    counters: LoadCounters,
+    warm_up_start: float,
+) -> None:
+    interval = 1.0 / rate
+    next_at = warm_up_start
+    number = 0
+    running: set[asyncio.Task[None]] = set()
+    while next_at < window.end:
+        delay = next_at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if window.start <= next_at:
+            counters.started += 1
+        task = asyncio.create_task(
+            one_paced_put(client, f"key-{number % key_space}", value, window, counters)
+        )
+        running.add(task)
+        task.add_done_callback(running.discard)
+        number += 1
+        next_at += interval
+    if running:
+        await asyncio.wait(running)
+
+
+async def run_load(arguments: argparse.Namespace) -> LoadResult:
+    endpoints = arguments.endpoints.split(",")
+    window = Window(arguments.start_at, arguments.seconds)
+    value = "v" * arguments.value_bytes
+    counters = LoadCounters()
+    async with AsyncKVClient(
+        endpoints,
+        timeout=10.0,
+        cluster_id=arguments.cluster_id,
+        client_id=f"bench-{arguments.client_number}-{time.time_ns()}",
+    ) as client:
+        # One put first: connects, finds the leader, and fails fast if the cluster is down.
+        await client.put("warm-up", value)
+        if arguments.rate > 0:
+            warm_up_start = min(time.monotonic(), window.start)
+            await paced(
+                client, arguments.rate, value, arguments.key_space, window, counters, warm_up_start
+            )
+        else:
+            workers = [
+                closed_loop(client, worker, value, arguments.key_space, window, counters)
+                for worker in range(arguments.concurrency)
+            ]
+            await asyncio.gather(*workers)
+    return LoadResult(
+        ops=counters.ops,
+        errors=counters.errors,
+        seconds=arguments.seconds,
+        histogram=counters.histogram.counts,
+        started=counters.started,
+        total_ops=counters.total_ops,
+        cpu_seconds=round(time.process_time(), 3),
+    )
+
+
+def parse_arguments(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--endpoints", required=True)
+    parser.add_argument("--cluster-id", default="quorumlog")
+    parser.add_argument("--start-at", type=float, required=True, help="time.monotonic() value")
+    parser.add_argument("--seconds", type=float, required=True)
+    parser.add_argument("--concurrency", type=int, default=1000)
+    parser.add_argument("--rate", type=float, default=0.0, help="puts/s; 0: closed loop")
+    parser.add_argument("--value-bytes", type=int, default=VALUE_BYTES_DEFAULT)
+    parser.add_argument("--key-space", type=int, default=KEY_SPACE_DEFAULT)
+    parser.add_argument("--client-number", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    arguments = parse_arguments(sys.argv[1:] if argv is None else argv)
+    try:
+        import uvloop
+
+        result = uvloop.run(run_load(arguments))
+    except ImportError:  # pragma: no cover - uvloop is a dependency; for odd platforms
+        result = asyncio.run(run_load(arguments))
+    sys.stdout.write(msgspec.json.encode(result).decode() + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""Processes for `quorumlog bench kv`: a node cluster, load processes, /proc figures.
+
+Ports are asked of the OS (bind port 0, read it, close); a node that loses its port to
+another process before binding makes the start fail and try again with fresh ports.
+Every process started here is stopped and reaped by whoever started it (`NodeCluster.stop`,
+`run_processes`), also when the benchmark fails half-way.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+
+from quorumlog.codec.frame import FrameDecoder, encode_frame
+from quorumlog.codec.wire import StatusRequest, StatusResponse, decode, encode
+from quorumlog.kv.connection import hello_frame
+
+LOOPBACK = "127.0.0.1"
+START_ATTEMPTS_MAX = 3
+START_TIMEOUT_SECONDS = 20.0
+STOP_TIMEOUT_SECONDS = 10.0
+POLL_INTERVAL_SECONDS = 0.05
+CLOCK_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+
+
+class BenchError(RuntimeError):
+    """The benchmark could not run (a process failed); the message says which and why."""
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the OS hands out now; held open together so they differ, then released."""
+    held: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(sock)
+            sock.bind((LOOPBACK, 0))
+        return [sock.getsockname()[1] for sock in held]
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def query_status(address: str, cluster_id: str, timeout_seconds: float) -> StatusResponse | None:
+    """One node's status on a fresh connection, or None if it does not answer in time."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_seconds
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_seconds) as sock:
+            sock.sendall(hello_frame(cluster_id, "bench-status"))
+            sock.sendall(encode_frame(encode(StatusRequest(request_id=1))))
+            decoder = FrameDecoder()
+            payloads: list[bytes] = []
+            while len(payloads) < 2:
+                sock.settimeout(max(deadline - time.monotonic(), 0.001))
+                data = sock.recv(65536)
+                if not data:
+                    return None
+                payloads.extend(decoder.feed(data))
+    except OSError:
+        return None
+    frame = decode(payloads[1])
+    return frame if isinstance(frame, StatusResponse) else None
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process has used so far (from /proc/<pid>/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    # After the command name: state is field 3, utime 14 and stime 15 (1-based, man proc).
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_SECOND
+
+
+def peak_rss_megabytes(pid: int) -> float:
+    """The process's peak resident set size so far (VmHWM), in MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024 / 1e6
+    raise BenchError(f"no VmHWM in /proc/{pid}/status")
+
+
+class NodeCluster:
+    """Three (or N) `quorumlog node` processes on loopback, fsync on, logs in files."""
+
+    def __init__(self, directory: Path, node_count: int, cluster_id: str) -> None:
+        self.directory = directory
+        self.node_count = node_count
+        self.cluster_id = cluster_id
+        self.addresses: dict[str, str] = {}
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def endpoints(self) -> list[str]:
+        return list(self.addresses.values())
+
+    @property
+    def pids(self) -> dict[str, int]:
+        return {node_id: process.pid for node_id, process in self.processes.items()}
+
+    def start(self) -> str:
+        """Start every node; returns the leader's id once one is elected."""
+        for _ in range(START_ATTEMPTS_MAX):
+            ports = free_ports(self.node_count)
+            self.addresses = {
+                f"n{number}": f"{LOOPBACK}:{port}" for number, port in enumerate(ports, start=1)
+            }
+            for node_id in self.addresses:
+                self.launch(node_id)
+            leader = self.wait_for_leader(START_TIMEOUT_SECONDS)
+            if leader is not None:
+                return leader
+            self.stop()  # a node exited at start: most likely its port was taken
+        raise BenchError(f"the node cluster did not start; logs in {self.directory}")
+
+    def launch(self, node_id: str) -> None:
+        peers = ",".join(f"{other}={a}" for other, a in self.addresses.items() if other != node_id)
+        command = [
+            sys.executable,
+            "-m",
+            "quorumlog",
+            "node",
+            "--id",
+            node_id,
+            "--listen",
+            self.addresses[node_id],
+            "--peers",
+            peers,
+            "--data-dir",
+            str(self.directory / node_id),
+            "--cluster-id",
+            self.cluster_id,
+        ]
+        with open(self.directory / f"{node_id}.log", "ab") as log_file:
+            self.processes[node_id] = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file
+            )
+
+    def wait_for_leader(self, timeout_seconds: float) -> str | None:
+        """The leader's id once one is elected; None if a node exits first."""
+        deadline = time.monotonic() + timeout_seconds
+        while time.monotonic() < deadline:
+            if any(process.poll() is not None for process in self.processes.values()):
+                return None
+            for node_id, address in self.addresses.items():
+                status = query_status(address, self.cluster_id, 0.5)
+                if status is not None and status.is_leader:
+                    return node_id
+            time.sleep(POLL_INTERVAL_SECONDS)
+        raise BenchError(f"no leader elected in {timeout_seconds}s; logs in {self.directory}")
+
+    def stop(self) -> None:
+        """SIGTERM every node; SIGKILL those still up after STOP_TIMEOUT_SECONDS; reap all."""
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT_SECONDS
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(deadline - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.processes = {}
+
+
+def run_processes(commands: Sequence[list[str]], timeout_seconds: float) -> list[bytes]:
+    """Run the commands at once; return each one's stdout. BenchError if one fails."""
+    processes = [
+        subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        for command in commands
+    ]
+    outputs: list[bytes] = []
+    failures: list[str] = []
+    try:
+        for command, process in zip(commands, processes, strict=True):
+            try:
+                stdout, stderr = process.communicate(timeout=timeout_seconds)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                stdout, stderr = process.communicate()
+                failures.append(f"{' '.join(command[2:4])}: timed out")
+                continue
+            if process.returncode != 0:
+                tail = stderr.decode(errors="replace").strip().splitlines()[-5:]
+                failures.append(f"{' '.join(command[2:4])}: exit {process.returncode}: {tail}")
+            outputs.append(stdout)
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    if failures:
+        raise BenchError("; ".join(failures))
+    return outputs
+
+
+def last_json_line(output: bytes, kind: type[msgspec.Struct]) -> msgspec.Struct:
+    lines = [line for line in output.decode().splitlines() if line.strip()]
+    if not lines:
+        raise BenchError("a load process printed nothing")
+    return msgspec.json.decode(lines[-1], type=kind)
