@@ -330,8 +330,18 @@ class LeaderState:
         if response.conflict_term == 0:
             candidate = min(response.end_index, compared - 1)
         else:
-            ours = self.core.log.last_index_of_term(response.conflict_term)
-            candidate = ours if ours is not None else response.conflict_index - 1
+            log = self.core.log
+            ours = log.last_index_of_term(response.conflict_term)
+            if ours is not None:
+                candidate = ours
+            else:
+                # We hold no entry of that term — or it was compacted away. Entries at or
+                # below our compaction point are committed, so they match on the follower
+                # too: never probe below it (probing lower could TRUNCATE committed data).
+                floor = log.first_index - 1
+                if log.term(floor) is None:
+                    floor = log.snapshot_index
+                candidate = max(response.conflict_index - 1, floor)
             candidate = min(candidate, compared - 1)
         progress.next_index = max(candidate, 0) + 1
         progress.request_tick = None
