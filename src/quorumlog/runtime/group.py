@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from quorumlog.errors import (
+    DiskFullError,
     LeadershipLostError,
     NotLeaderError,
     ProposalDroppedError,
@@ -36,6 +37,8 @@ from quorumlog.runtime.stable import HardStateFile, SnapshotStore
 from quorumlog.storage import EntryType, LogEntry, SegmentLogStore
 
 log = logging.getLogger("quorumlog.group")
+
+DISK_FULL_RETRY_SECONDS = 0.5
 
 
 class StateMachine(Protocol):
@@ -119,6 +122,8 @@ class GroupRunner:
             snapshot_data=snapshot.data if snapshot else None,
             random=random.Random(),
         )
+        self.unwritten_ready: Ready | None = None
+        self.disk_full_logged = False
         self.syncing = False
         self.sync_idle = asyncio.Event()
         self.sync_idle.set()
@@ -214,18 +219,33 @@ class GroupRunner:
         self.scheduled = False
         if self.syncing or self.failure is not None or self.stopped:
             return
+        ready = self.unwritten_ready
         try:
-            self.compact_if_due()
-            self.request_reads()
-            if not self.core.has_ready():
-                return
-            ready = self.core.ready()
-            for message in ready.messages:
-                self.send_message(self.group_id, message.target, message)
+            if ready is None:
+                self.compact_if_due()
+                self.request_reads()
+                if not self.core.has_ready():
+                    return
+                ready = self.core.ready()
+                for message in ready.messages:
+                    self.send_message(self.group_id, message.target, message)
+            self.unwritten_ready = None
             needs_sync = self.write(ready)
+        except DiskFullError as error:
+            # The store rolled the failed write back; keep this Ready and try it again
+            # (nothing after it may be written first). The node keeps serving reads.
+            self.unwritten_ready = ready
+            if not self.disk_full_logged:
+                log.error("group %s: disk full, retrying writes: %s", self.group_id, error)
+                self.disk_full_logged = True
+            asyncio.get_running_loop().call_later(DISK_FULL_RETRY_SECONDS, self.schedule)
+            return
         except QuorumLogError as error:
             self.fail(error)
             return
+        if self.disk_full_logged:
+            log.warning("group %s: writes go through again", self.group_id)
+            self.disk_full_logged = False
         hard_state = ready.hard_state
         save_hard_state = hard_state is not None and self.hard_state_file.needs_save(hard_state)
         if needs_sync or save_hard_state:
