@@ -63,16 +63,25 @@ class QuorumLogSource(DataSource):
         return QuorumLogStreamReader(parse_source_options(self.options, streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        check_append_only(overwrite)
         options = parse_sink_options(self.options)
         check_sink_schema(schema, options)
         check_sink_cluster(options)
         return QuorumLogBatchWriter(options)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        check_append_only(overwrite)
         options = parse_sink_options(self.options)
         check_sink_schema(schema, options)
         check_sink_cluster(options)
         return QuorumLogStreamWriter(options)
+
+
+def check_append_only(overwrite: bool) -> None:
+    if overwrite:
+        raise OptionError(
+            "mode", "a topic is append-only: write with .mode('append') (or outputMode append)"
+        )
 
 
 def check_sink_cluster(options: SinkOptions) -> None:
