@@ -871,3 +871,60 @@ def test_the_store_is_a_log_store(tmp_path: Path) -> None:
         store.append(make_entries(1, 1))
     with pytest.raises(StoreClosedError):
         store.entry(1)
+
+
+def record_durability_events(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> None:
+    """Log flushes (per directory) and meta writes in the order the store makes them."""
+    from quorumlog.storage import mmap_files, mmap_store
+
+    real_flush = mmap_files.MappedFileList.flush
+    real_zero = mmap_files.MappedFileList.zero
+    real_atomic_write = atomic_write
+
+    def flush(self: mmap_files.MappedFileList, low: int, high: int) -> None:
+        events.append(f"flush {self.directory.name}")
+        real_flush(self, low, high)
+
+    def zero(self: mmap_files.MappedFileList, low: int, high: int) -> None:
+        events.append(f"zero {self.directory.name}")
+        real_zero(self, low, high)
+
+    def recording_atomic_write(path: Path, data: bytes) -> None:
+        meta = decode_meta(data)
+        assert not isinstance(meta, str)
+        events.append("meta cut pending" if meta.cut_pending else "meta")
+        real_atomic_write(path, data)
+
+    monkeypatch.setattr(mmap_files.MappedFileList, "flush", flush)
+    monkeypatch.setattr(mmap_files.MappedFileList, "zero", zero)
+    monkeypatch.setattr(mmap_store, "atomic_write", recording_atomic_write)
+
+
+def test_truncate_prefix_makes_the_data_durable_before_the_meta_claims_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_store(tmp_path / "log")
+    store.append(make_entries(1, 20))  # not synced
+    events: list[str] = []
+    record_durability_events(monkeypatch, events)
+    store.truncate_prefix(10)
+    store.close()
+    assert "meta" in events
+    assert "flush data" in events[: events.index("meta")]
+
+
+def test_truncate_suffix_records_the_cut_before_zeroing_and_clears_it_after(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_store(tmp_path / "log")
+    store.append(make_entries(1, 20))
+    store.sync()
+    events: list[str] = []
+    record_durability_events(monkeypatch, events)
+    store.truncate_suffix(12)
+    store.close()
+    assert events[0] == "meta cut pending"
+    assert events[-1] == "meta"
+    middle = events[1:-1]
+    assert {"zero data", "zero index", "flush data", "flush index"} <= set(middle)
+    assert middle.index("zero data") < middle.index("flush data")
