@@ -27,6 +27,7 @@ from quorumlog.testing.linearizability import LinearizabilityResult, check_linea
 from quorumlog.testing.sim.checks import InvariantViolation, SimulationError, require
 from quorumlog.testing.sim.events import EventQueue, derive_random
 from quorumlog.testing.sim.invariants import InvariantChecker
+from quorumlog.testing.sim.kv_machine import KvCommand, encode_command
 from quorumlog.testing.sim.network import NetworkFaults, SimNetwork
 from quorumlog.testing.sim.node import ClientReply, NodeOptions, SimNode
 from quorumlog.testing.sim.trace import TraceRecorder
@@ -34,6 +35,8 @@ from quorumlog.testing.sim.workload import SimClient, Workload, WorkloadOptions
 
 SCRIPT_CLIENT_ID = 1_000_000
 """The client id of the scripted helpers (`put`, `get`, ...), apart from workload clients."""
+NOTE_CLIENT_ID = 1_000_001
+"""The client id of `propose` markers."""
 
 
 class SimOptions(msgspec.Struct, frozen=True):
@@ -91,6 +94,7 @@ class SimCluster:
             rng=derive_random(seed, "workload"),
             history=self.history,
         )
+        self.note_sequence = 0
         self.script_client = SimClient(
             SCRIPT_CLIENT_ID,
             events=self.events,
@@ -236,12 +240,15 @@ class SimCluster:
         value = self.request("get", key, None, ticks_max)
         return value if value is None else str(value)
 
-    def propose(self, data: bytes, node_id: str | None = None) -> tuple[int, int] | ClientReply:
-        """Propose raw data at `node_id` (default: the leader): (index, term) or a refusal."""
+    def propose(self, note: str, node_id: str | None = None) -> tuple[int, int] | ClientReply:
+        """Propose a marker entry (a KV "note", which changes no key) at `node_id` (default:
+        the leader), outside any client's history: (index, term) or the refusal."""
         target = node_id if node_id is not None else self.leader()
         if target is None:
             return ClientReply("redirect", reason="no leader")
-        return self.nodes[target].propose_raw(data)
+        self.note_sequence += 1
+        command = KvCommand(NOTE_CLIENT_ID, self.note_sequence, "note", "", note)
+        return self.nodes[target].propose_raw(encode_command(command))
 
     def change_membership(self, change: MembershipChange) -> int | None:
         """Propose a membership change at the leader; None if it cannot take one now."""

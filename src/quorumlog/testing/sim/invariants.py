@@ -9,9 +9,11 @@ Each check looks only at what changed since the last one, against global maps:
   everything below: that is the whole log matching property, at O(1) per appended entry;
 - state-machine safety: `committed` maps each index to the one entry committed (or
   applied) there, by any node;
-- leader completeness: a new leader must hold the newest committed entry (and by log
-  matching, all before it); an entry newly known committed must be in the log of every
-  current leader of a later term; no node ever truncates a committed entry it holds;
+- leader completeness: an entry committed in term T (bounded above by the term of the first
+  node seen to know it committed) is in the log of every leader of a term after T: checked
+  when a node becomes leader (the newest such entry, and by log matching all before it)
+  and when an entry becomes known committed (every current leader of a later term); and
+  no node ever truncates a committed entry it holds;
 - commit and applied indexes never go back within one run of a node, and after a restart
   they are no lower than what was durable;
 - snapshots of one index, taken or installed by any node, hold the same state.
@@ -30,6 +32,10 @@ from quorumlog.testing.sim.checks import InvariantViolation, check_invariant
 if TYPE_CHECKING:
     from quorumlog.testing.sim.node import SimNode
 
+NEW_LEADER_SCAN_STEPS_MAX = 10_000
+"""How far below the newest committed entry a new leader's check looks for one committed
+before its term (entries committed in its own term or later need not be in its log)."""
+
 EntryIdentity = tuple[int, EntryType, bytes]
 """(term, type, data): what makes two entries at one index the same entry."""
 
@@ -44,6 +50,8 @@ class InvariantChecker:
         self.leaders: dict[int, str] = {}
         self.committed: dict[int, EntryIdentity] = {}
         self.committed_index_max = 0
+        self.commit_term_bounds: dict[int, int] = {}
+        """Index -> a term in which (or before which) the entry there was committed."""
         self.written: dict[tuple[int, int], tuple[EntryType, bytes]] = {}
         self.predecessor_terms: dict[tuple[int, int], int] = {}
         self.node_commit: dict[str, int] = {}
@@ -123,10 +131,15 @@ class InvariantChecker:
         low = max(previous + 1, log.first_index)
         if low > commit:
             return  # all covered by a snapshot just installed, checked on install
+        term = node.core.term
         for entry in log.entries(low, commit + 1):
-            self._note_committed(entry.index, _identity(entry), node.node_id)
+            self._note_committed(entry.index, _identity(entry), node.node_id, term)
 
-    def _note_committed(self, index: int, identity: EntryIdentity, source: str) -> None:
+    def _note_committed(
+        self, index: int, identity: EntryIdentity, source: str, observer_term: int
+    ) -> None:
+        """`observer_term`: the term of a node that knows the entry is committed. The entry
+        was committed in that term or earlier, so every leader of a later term holds it."""
         existing = self.committed.get(index)
         if existing is not None:
             if existing != identity:
@@ -134,23 +147,31 @@ class InvariantChecker:
                     f"state-machine safety: {source} has {_show(identity)} committed at {index}, "
                     f"another node {_show(existing)}"
                 )
-            return
-        self.committed[index] = identity
-        if index > self.committed_index_max:
-            self.committed_index_max = index
-        term = identity[0]
+            if observer_term >= self.commit_term_bounds[index]:
+                return
+        else:
+            self.committed[index] = identity
+            if index > self.committed_index_max:
+                self.committed_index_max = index
+        self.commit_term_bounds[index] = observer_term
         for leader_id, leader_term in self.node_leader_term.items():
-            if leader_term > term:
+            if leader_term > observer_term:
                 self._check_holds(self.nodes[leader_id], index, identity, "leader completeness")
 
     def _check_new_leader(self, node: SimNode) -> None:
+        """The newest entry known committed before this leader's term must be in its log;
+        by log matching, so is every entry before it."""
+        term = node.core.term
+        bounds = self.commit_term_bounds
         index = self.committed_index_max
-        if index > 0:
-            self._check_holds(node, index, self.committed[index], "leader completeness")
-        acknowledged = self.acknowledged_index_max
-        if acknowledged > 0 and acknowledged in self.committed:
-            identity = self.committed[acknowledged]
-            self._check_holds(node, acknowledged, identity, "acknowledged write lost")
+        steps = 0
+        while index > 0 and steps < NEW_LEADER_SCAN_STEPS_MAX:
+            bound = bounds.get(index)
+            if bound is not None and bound < term:
+                self._check_holds(node, index, self.committed[index], "leader completeness")
+                return
+            index -= 1
+            steps += 1
 
     def _check_holds(self, node: SimNode, index: int, identity: EntryIdentity, what: str) -> None:
         log = node.core.log
@@ -244,7 +265,7 @@ class InvariantChecker:
         )
 
     def on_apply(self, node: SimNode, entry: LogEntry) -> None:
-        self._note_committed(entry.index, _identity(entry), node.node_id)
+        self._note_committed(entry.index, _identity(entry), node.node_id, node.core.term)
 
     def on_acknowledged(self, node: SimNode, entry: LogEntry) -> None:
         identity = self.committed.get(entry.index)

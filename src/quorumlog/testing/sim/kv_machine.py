@@ -19,7 +19,7 @@ class KvCommand(msgspec.Struct, frozen=True, array_like=True):
     client_id: int
     sequence: int
     kind: str
-    """"put", "append", "delete" or "cas"."""
+    """"put", "append", "delete", "cas", or "note" (no effect: a test's marker entry)."""
     key: str
     value: str = ""
     expected: str | None = None
@@ -81,6 +81,8 @@ class KvMachine:
             return None
         if kind == "delete":
             self.data.pop(command.key, None)
+            return None
+        if kind == "note":
             return None
         if kind == "cas":
             if self.data.get(command.key) != command.expected:
