@@ -154,8 +154,8 @@ GroupMessage = PullRequest | PullResponse | DeleteRequest | DeleteResponse
 # --- encoding -------------------------------------------------------------------------------
 
 _encoder = msgspec.msgpack.Encoder()
-_entry_decoder = msgspec.msgpack.Decoder(GroupEntry)
-_message_decoder = msgspec.msgpack.Decoder(GroupMessage)
+_entry_decoder: msgspec.msgpack.Decoder[GroupEntry] = msgspec.msgpack.Decoder(GroupEntry)
+_message_decoder: msgspec.msgpack.Decoder[GroupMessage] = msgspec.msgpack.Decoder(GroupMessage)
 
 
 def encode_entry(entry: GroupEntry) -> bytes:

@@ -1,0 +1,618 @@
+"""A shard group's replicated state machine: per-shard data, dedup sessions and migration state.
+
+Every replica of a shard group applies the group's committed log entries here, in order.
+Nothing here reads a clock or does I/O (time is the leader's stamp on `ClientWrites`), so
+replicas that apply the same entries hold the same state and snapshot to the same bytes.
+What the leader should propose, and what to ask other groups, is `shard.group_driver`'s job.
+
+Each shard has its own data and its own dedup sessions (`SessionTable`), so a shard moves
+with exactly the sessions that can tell a retry of a write applied to it from a new write.
+
+Shard states (the reference's names in brackets)
+-------------------------------------------------
+
+* SERVING [Serving] — the resting state. Serves reads and writes if this group owns the
+  shard in the current configuration; otherwise holds nothing and waits.
+* PULLING [Pulling] — owned now, owned by another group in the previous configuration; the
+  data has not arrived yet. Does not serve.
+* BE_PULLING [BePulling] — owned in the previous configuration, not now; the data is frozen
+  (nothing writes it) until the new owner has it. Does not serve.
+* GARBAGE_COLLECTING [GCing] — owned now; the data arrived, but the previous owner still
+  holds its copy. Serves (as in the reference): only the clean-up is pending.
+
+Transitions (N = the group's current configuration number; anything else is ignored)
+------------------------------------------------------------------------------------
+
+| entry                         | shard state before       | after                          |
+|-------------------------------|--------------------------|--------------------------------|
+| NewConfiguration N+1, all     | not owned → owned,       | SERVING, empty data            |
+|   shards SERVING              |   previous owner gid 0   |                                |
+|                               | not owned → owned,       | PULLING                        |
+|                               |   previous owner a group |                                |
+|                               | owned → owned by a group | BE_PULLING                     |
+|                               | owned → gid 0            | SERVING, data dropped (*)      |
+|                               | otherwise                | unchanged (keeps serving)      |
+| InsertShards N                | PULLING                  | GARBAGE_COLLECTING, data and   |
+|                               |                          |   sessions from the entry      |
+|                               | any other                | unchanged (a replayed insert)  |
+| DeleteShards N                | BE_PULLING               | SERVING, data and sessions     |
+|                               |                          |   dropped (not owned)          |
+|                               | GARBAGE_COLLECTING       | SERVING                        |
+|                               | any other                | unchanged (a replayed delete)  |
+
+A configuration whose number is not N + 1, or that arrives while a shard is not SERVING, is
+ignored: the previous change must finish first, one configuration at a time. An insert or
+delete for a configuration other than N is ignored too; a delete for an older one is
+reported accepted (its work was done before this group could leave N), a newer one not.
+
+The checks on both the configuration number and the shard's state are what make replay
+safe: after a restart the driver may see a PULLING shard mid-replay and pull it again, but
+by the time that second insert is applied, the first one was, and the shard is no longer
+PULLING — so writes applied in between are never overwritten.
+
+(*) When every group leaves, shards go to gid 0 and no group can pull them: their data is
+dropped (the reference loses it too). The controller should refuse to remove the last group
+while it matters.
+
+Clients: a write or read for a shard this group does not own in the current configuration,
+or owns but is PULLING, gets `WrongGroup` and changes nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from quorumlog.codec.wire import KVCommand, KVCommandResult
+from quorumlog.kv.machine import REJECTED_RESULT, MalformedEntryError
+from quorumlog.kv.sessions import (
+    SESSION_COUNT_MAX_DEFAULT,
+    SESSION_RESULTS_MAX_DEFAULT,
+    SESSION_TTL_MS_DEFAULT,
+    Session,
+    SessionRecord,
+    SessionTable,
+    lookup_duplicate,
+)
+from quorumlog.raft.invariants import require
+from quorumlog.shard.config import (
+    SHARD_COUNT_DEFAULT,
+    UNASSIGNED_GID,
+    ShardConfiguration,
+    check_configuration,
+    check_shard_count,
+    empty_configuration,
+    shard_for_key,
+)
+from quorumlog.shard.group_commands import (
+    ClientWrites,
+    ControlApplied,
+    DeleteShards,
+    EmptyEntry,
+    GroupApplyResult,
+    GroupEntry,
+    InsertShards,
+    NewConfiguration,
+    PullResponse,
+    PullStatus,
+    WriteResult,
+    WritesApplied,
+    WrongGroup,
+    decode_entry,
+)
+
+SNAPSHOT_FORMAT_VERSION = 1
+
+SESSION_SWEEP_INTERVAL_MS = 1_000
+"""How often (in entry time) idle sessions of every serving shard are expired. Between
+sweeps only the shards a batch touches expire theirs, so an entry costs O(shards touched)."""
+
+
+class ShardState(enum.Enum):
+    SERVING = "serving"
+    PULLING = "pulling"
+    BE_PULLING = "be_pulling"
+    GARBAGE_COLLECTING = "garbage_collecting"
+
+
+SERVABLE_STATES = frozenset({ShardState.SERVING, ShardState.GARBAGE_COLLECTING})
+
+
+class Shard:
+    """One shard's state, keys and values, and dedup sessions."""
+
+    __slots__ = ("data", "sessions", "state")
+
+    def __init__(self, sessions: SessionTable) -> None:
+        self.state = ShardState.SERVING
+        self.data: dict[str, str] = {}
+        self.sessions = sessions
+
+
+class ShardRecord(msgspec.Struct, frozen=True, array_like=True):
+    state: ShardState
+    data: dict[str, str]
+    """Sorted by key."""
+    sessions: list[SessionRecord]
+
+
+class GroupSnapshot(msgspec.Struct, frozen=True, array_like=True):
+    format_version: int
+    gid: int
+    shard_count: int
+    applied_index: int
+    clock_ms: int
+    current: ShardConfiguration
+    previous: ShardConfiguration
+    shards: list[ShardRecord]
+
+
+_snapshot_encoder = msgspec.msgpack.Encoder()
+_snapshot_decoder = msgspec.msgpack.Decoder(GroupSnapshot)
+
+
+class ShardGroupMachine:
+    """The state of shard group `gid`: every shard's state, data and sessions, and the
+    current and previous configurations."""
+
+    def __init__(
+        self,
+        gid: int,
+        shard_count: int = SHARD_COUNT_DEFAULT,
+        session_ttl_ms: int = SESSION_TTL_MS_DEFAULT,
+        session_count_max: int = SESSION_COUNT_MAX_DEFAULT,
+        session_results_max: int = SESSION_RESULTS_MAX_DEFAULT,
+    ) -> None:
+        if gid <= UNASSIGNED_GID:
+            raise ValueError(f"gid must be positive, got {gid}")
+        check_shard_count(shard_count)
+        self.gid = gid
+        self.shard_count = shard_count
+        self.session_ttl_ms = session_ttl_ms
+        self.session_count_max = session_count_max
+        self.session_results_max = session_results_max
+        self.shards = [Shard(self.new_session_table()) for _ in range(shard_count)]
+        self.current = empty_configuration(shard_count)
+        self.previous = self.current
+        self.clock_ms = 0
+        self._applied_index = 0
+        self.duplicate_count = 0
+
+    def new_session_table(self) -> SessionTable:
+        return SessionTable(self.session_ttl_ms, self.session_count_max, self.session_results_max)
+
+    # --- reads --------------------------------------------------------------------------
+
+    @property
+    def applied_index(self) -> int:
+        return self._applied_index
+
+    @property
+    def current_configuration(self) -> ShardConfiguration:
+        return self.current
+
+    @property
+    def previous_configuration(self) -> ShardConfiguration:
+        """The configuration before the current one (the current one while it is 0)."""
+        return self.previous
+
+    def shard_for_key(self, key: str) -> int:
+        return shard_for_key(key, self.shard_count)
+
+    def shard_state(self, shard: int) -> ShardState:
+        return self.shards[shard].state
+
+    def shards_in_state(self, state: ShardState) -> list[int]:
+        """The shards in `state`, ascending."""
+        return [index for index, shard in enumerate(self.shards) if shard.state is state]
+
+    def all_serving(self) -> bool:
+        """True when no migration is under way: the next configuration may be applied."""
+        return all(shard.state is ShardState.SERVING for shard in self.shards)
+
+    def owns(self, shard: int) -> bool:
+        return self.current.shards[shard] == self.gid
+
+    def can_serve(self, shard: int) -> bool:
+        """Owned in the current configuration and holding its data (SERVING or GC pending)."""
+        return self.owns(shard) and self.shards[shard].state in SERVABLE_STATES
+
+    def can_serve_key(self, key: str) -> bool:
+        return self.can_serve(self.shard_for_key(key))
+
+    def get(self, key: str) -> str | WrongGroup | None:
+        """The value of `key` (None when missing), or WrongGroup if its shard is not served.
+
+        Linearizable only behind a read barrier (read index) taken by the runtime.
+        """
+        shard = self.shard_for_key(key)
+        if not self.can_serve(shard):
+            return WrongGroup(shard, self.current.number)
+        return self.shards[shard].data.get(key)
+
+    def shard_data(self, shard: int) -> dict[str, str]:
+        """A copy of one shard's keys and values, whatever its state (for tests and tools)."""
+        return dict(self.shards[shard].data)
+
+    def stored_key_count(self) -> int:
+        return sum(len(shard.data) for shard in self.shards)
+
+    def pull_request_for(self, configuration_number: int, shards: list[int]) -> PullResponse:
+        """This group's answer, as the previous owner, to a pull of `shards` for
+        `configuration_number`: their data and sessions as frozen when they became
+        BE_PULLING. A pure read; any replica that applied the configuration gives the same
+        answer, because nothing changes a BE_PULLING shard until it is dropped."""
+        number = self.current.number
+        if number < configuration_number:
+            return PullResponse(self.gid, configuration_number, PullStatus.NOT_READY)
+        ready = sorted(
+            {
+                shard
+                for shard in shards
+                if 0 <= shard < self.shard_count
+                and self.shards[shard].state is ShardState.BE_PULLING
+            }
+        )
+        if number > configuration_number or not ready:
+            return PullResponse(self.gid, configuration_number, PullStatus.GONE)
+        insert = InsertShards(
+            configuration_number=configuration_number,
+            shards={shard: dict(sorted(self.shards[shard].data.items())) for shard in ready},
+            sessions={shard: self.shards[shard].sessions.to_records() for shard in ready},
+        )
+        return PullResponse(self.gid, configuration_number, PullStatus.OK, insert)
+
+    # --- apply --------------------------------------------------------------------------
+
+    def apply(self, index: int, data: bytes) -> GroupApplyResult | None:
+        """Apply the entry at `index`. An index at or below `applied_index` is already in
+        the state (a restored snapshot covers it): it is skipped and returns None."""
+        if index <= self._applied_index:
+            return None
+        try:
+            entry = decode_entry(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            raise MalformedEntryError(
+                f"shard group {self.gid}: log entry {index} ({len(data)} bytes) does not "
+                f"decode: {error}"
+            ) from error
+        result = self.apply_entry(entry)
+        self._applied_index = index
+        return result
+
+    def mark_applied(self, index: int) -> None:
+        """Record an entry that carries nothing for the machine (Raft no-op, membership)."""
+        if index > self._applied_index:
+            self._applied_index = index
+
+    def apply_entry(self, entry: GroupEntry) -> GroupApplyResult:
+        if isinstance(entry, ClientWrites):
+            return self.apply_client_writes(entry)
+        if isinstance(entry, NewConfiguration):
+            return self.apply_new_configuration(entry.configuration)
+        if isinstance(entry, InsertShards):
+            return self.apply_insert_shards(entry)
+        if isinstance(entry, DeleteShards):
+            return self.apply_delete_shards(entry)
+        require(isinstance(entry, EmptyEntry), f"unknown shard group entry {entry!r}")
+        return ControlApplied(accepted=True, configuration_number=self.current.number)
+
+    def apply_client_writes(self, entry: ClientWrites) -> WritesApplied:
+        self.advance_clock(entry.timestamp_ms)
+        all_results: list[list[WriteResult]] = []
+        for batch in entry.batches:
+            # A batch may span shards; each shard keeps its own session for the client.
+            touched: dict[int, Session] = {}
+            batch_results: list[WriteResult] = []
+            for command in batch.commands:
+                index = self.shard_for_key(command.key)
+                if not self.can_serve(index):
+                    batch_results.append(WrongGroup(index, self.current.number))
+                    continue
+                shard = self.shards[index]
+                session = touched.get(index)
+                if session is None:
+                    shard.sessions.advance_clock(self.clock_ms)
+                    session = shard.sessions.touch(batch.client_id, batch.first_unacknowledged)
+                    touched[index] = session
+                result = lookup_duplicate(session, command.sequence)
+                if result is None:
+                    result = execute_write(shard.data, command)
+                    shard.sessions.remember(session, command.sequence, result)
+                else:
+                    self.duplicate_count += 1
+                batch_results.append(result)
+            all_results.append(batch_results)
+        return WritesApplied(all_results)
+
+    def advance_clock(self, timestamp_ms: int) -> None:
+        """Move entry time forward (never back) and, once per sweep interval, expire idle
+        sessions of the shards being served. BE_PULLING and PULLING shards are left alone:
+        their sessions must stay as frozen as their data until they move."""
+        before_ms = self.clock_ms
+        if timestamp_ms > before_ms:
+            self.clock_ms = timestamp_ms
+        if self.clock_ms // SESSION_SWEEP_INTERVAL_MS == before_ms // SESSION_SWEEP_INTERVAL_MS:
+            return
+        for shard in self.shards:
+            if shard.state in SERVABLE_STATES:
+                shard.sessions.advance_clock(self.clock_ms)
+
+    def apply_new_configuration(self, configuration: ShardConfiguration) -> ControlApplied:
+        number = self.current.number
+        if configuration.number != number + 1:
+            return self.refused(f"configuration {configuration.number} is not {number + 1}")
+        if not self.all_serving():
+            busy = [
+                index
+                for index, shard in enumerate(self.shards)
+                if shard.state is not ShardState.SERVING
+            ]
+            return self.refused(f"shards {busy} are still migrating")
+        if configuration.shard_count != self.shard_count:
+            return self.refused(
+                f"configuration {configuration.number} has {configuration.shard_count} shards, "
+                f"not {self.shard_count}"
+            )
+        try:
+            check_configuration(configuration)
+        except ValueError as error:
+            return self.refused(str(error))
+        changed: list[int] = []
+        for index, (old_owner, new_owner) in enumerate(
+            zip(self.current.shards, configuration.shards, strict=True)
+        ):
+            if self.change_ownership(index, old_owner, new_owner):
+                changed.append(index)
+        self.previous = self.current
+        self.current = configuration
+        return ControlApplied(
+            accepted=True, configuration_number=configuration.number, shards=changed
+        )
+
+    def change_ownership(self, index: int, old_owner: int, new_owner: int) -> bool:
+        """Set one shard's state for a new configuration; True if it changed."""
+        gid = self.gid
+        shard = self.shards[index]
+        if new_owner == gid and old_owner != gid:
+            # Not owned and SERVING means empty: deletes and drops leave nothing behind.
+            require(
+                not shard.data and not len(shard.sessions),
+                f"group {gid}: shard {index} holds data it does not own",
+            )
+            shard.state = ShardState.SERVING if old_owner == UNASSIGNED_GID else ShardState.PULLING
+            return True
+        if old_owner == gid and new_owner != gid:
+            if new_owner == UNASSIGNED_GID:
+                self.drop(shard)  # no group will ever pull it (see the module docstring)
+            else:
+                shard.state = ShardState.BE_PULLING
+            return True
+        return False
+
+    def apply_insert_shards(self, entry: InsertShards) -> ControlApplied:
+        number = self.current.number
+        if entry.configuration_number != number:
+            return self.refused(
+                f"insert for configuration {entry.configuration_number}, current is {number}"
+            )
+        inserted: list[int] = []
+        for index in sorted(entry.shards):
+            if not 0 <= index < self.shard_count:
+                continue
+            shard = self.shards[index]
+            if shard.state is not ShardState.PULLING:
+                continue  # inserted before: overwriting would lose writes applied since
+            shard.data = dict(entry.shards[index])
+            merge_session_records(shard.sessions, entry.sessions.get(index, []), self.clock_ms)
+            shard.state = ShardState.GARBAGE_COLLECTING
+            inserted.append(index)
+        return ControlApplied(accepted=True, configuration_number=number, shards=inserted)
+
+    def apply_delete_shards(self, entry: DeleteShards) -> ControlApplied:
+        number = self.current.number
+        if entry.configuration_number > number:
+            return self.refused(
+                f"delete for configuration {entry.configuration_number}, current is {number}"
+            )
+        if entry.configuration_number < number:
+            # This group left that configuration, which needed every shard SERVING: the
+            # delete was done then.
+            return ControlApplied(accepted=True, configuration_number=number)
+        deleted: list[int] = []
+        for index in sorted(set(entry.shards)):
+            if not 0 <= index < self.shard_count:
+                continue
+            shard = self.shards[index]
+            if shard.state is ShardState.BE_PULLING:
+                self.drop(shard)
+            elif shard.state is ShardState.GARBAGE_COLLECTING:
+                shard.state = ShardState.SERVING
+            else:
+                continue
+            deleted.append(index)
+        return ControlApplied(accepted=True, configuration_number=number, shards=deleted)
+
+    def drop(self, shard: Shard) -> None:
+        shard.state = ShardState.SERVING
+        shard.data = {}
+        shard.sessions = self.new_session_table()
+
+    def refused(self, reason: str) -> ControlApplied:
+        return ControlApplied(
+            accepted=False, configuration_number=self.current.number, reason=reason
+        )
+
+    # --- snapshots ----------------------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        """The whole state as deterministic bytes (keys sorted, sessions in activity order)."""
+        snapshot = GroupSnapshot(
+            format_version=SNAPSHOT_FORMAT_VERSION,
+            gid=self.gid,
+            shard_count=self.shard_count,
+            applied_index=self._applied_index,
+            clock_ms=self.clock_ms,
+            current=self.current,
+            previous=self.previous,
+            shards=[
+                ShardRecord(
+                    state=shard.state,
+                    data=dict(sorted(shard.data.items())),
+                    sessions=shard.sessions.to_records(),
+                )
+                for shard in self.shards
+            ],
+        )
+        return _snapshot_encoder.encode(snapshot)
+
+    def restore(self, data: bytes) -> None:
+        """Replace the whole state with a snapshot's; the state is unchanged if it fails."""
+        try:
+            snapshot = _snapshot_decoder.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            raise MalformedEntryError(
+                f"shard group {self.gid}: snapshot ({len(data)} bytes) does not decode: {error}"
+            ) from error
+        self.check_snapshot(snapshot)
+        shards: list[Shard] = []
+        for record in snapshot.shards:
+            shard = Shard(self.new_session_table())
+            shard.state = record.state
+            shard.data = dict(record.data)
+            try:
+                shard.sessions.load_records(snapshot.clock_ms, record.sessions)
+            except ValueError as error:
+                raise MalformedEntryError(f"shard group {self.gid} snapshot: {error}") from error
+            shards.append(shard)
+        self.shards = shards
+        self.current = snapshot.current
+        self.previous = snapshot.previous
+        self.clock_ms = snapshot.clock_ms
+        self._applied_index = snapshot.applied_index
+
+    def check_snapshot(self, snapshot: GroupSnapshot) -> None:
+        """Raise MalformedEntryError unless the snapshot fits this group and is consistent."""
+        problem = snapshot_problem(snapshot, self.gid, self.shard_count)
+        if problem is not None:
+            raise MalformedEntryError(f"shard group {self.gid} snapshot: {problem}")
+
+
+def snapshot_problem(snapshot: GroupSnapshot, gid: int, shard_count: int) -> str | None:
+    if snapshot.format_version != SNAPSHOT_FORMAT_VERSION:
+        return f"format {snapshot.format_version}; this build reads {SNAPSHOT_FORMAT_VERSION}"
+    if snapshot.gid != gid:
+        return f"taken by group {snapshot.gid}"
+    if snapshot.shard_count != shard_count or len(snapshot.shards) != shard_count:
+        # Shard count is fixed for a cluster's life: keys would hash to other shards.
+        return f"has {len(snapshot.shards)} shards, this machine {shard_count}"
+    current, previous = snapshot.current, snapshot.previous
+    for configuration in (current, previous):
+        if configuration.shard_count != shard_count:
+            return f"configuration {configuration.number} has {configuration.shard_count} shards"
+        try:
+            check_configuration(configuration)
+        except ValueError as error:
+            return str(error)
+    # Configuration 0 is its own previous; every later one follows the one before it.
+    if previous.number != max(current.number - 1, 0):
+        return f"configurations {previous.number} and {current.number} do not follow each other"
+    for index, record in enumerate(snapshot.shards):
+        owned = current.shards[index] == gid
+        if record.state in (ShardState.PULLING, ShardState.GARBAGE_COLLECTING) and not owned:
+            return f"shard {index} is {record.state.value} but not owned"
+        if record.state is ShardState.BE_PULLING and owned:
+            return f"shard {index} is be_pulling but owned"
+        if record.state is ShardState.SERVING and not owned and record.data:
+            return f"shard {index} holds data it does not own"
+    return None
+
+
+def execute_write(data: dict[str, str], command: KVCommand) -> KVCommandResult:
+    """Carry out one write that is not a duplicate; the same rules as `KVStateMachine`."""
+    key = command.key
+    operation = command.op
+    if operation == "put":
+        if command.value is None:
+            return REJECTED_RESULT
+        previous = data.get(key)
+        data[key] = command.value
+        return KVCommandResult(ok=True, value=previous)
+    if operation == "append":
+        if command.value is None:
+            return REJECTED_RESULT
+        previous = data.get(key)
+        data[key] = command.value if previous is None else previous + command.value
+        return KVCommandResult(ok=True, value=previous)
+    if operation == "delete":
+        return KVCommandResult(ok=True, value=data.pop(key, None))
+    if operation == "cas":
+        current = data.get(key)
+        if current != command.expected:
+            return KVCommandResult(ok=False, value=current)
+        if command.value is None:  # "cas to missing" deletes
+            data.pop(key, None)
+        else:
+            data[key] = command.value
+        return KVCommandResult(ok=True, value=current)
+    return REJECTED_RESULT
+
+
+def merge_session_records(table: SessionTable, records: list[SessionRecord], clock_ms: int) -> None:
+    """Merge sessions that arrived with a shard into `table`, per client keeping everything
+    either side knows: the higher `first_unacknowledged` and every stored result at or
+    above it. A retry of any write applied on either side is then still a duplicate.
+
+    Merged sessions count as active now (`clock_ms`, this group's entry time) and go to the
+    back of the activity order: the other group's clock is not ours, and keeping the order
+    sorted by activity is what makes expiry look only at the front.
+    """
+    table.advance_clock(clock_ms)
+    sessions = table.sessions
+    for record in records:
+        require(
+            len(record.sequences) == len(record.results),
+            f"session {record.client_id!r}: sequences and results differ in length",
+        )
+        existing = sessions.pop(record.client_id, None)
+        first_unacknowledged = record.first_unacknowledged
+        results: dict[int, KVCommandResult] = {}
+        if existing is not None:
+            first_unacknowledged = max(first_unacknowledged, existing.first_unacknowledged)
+            results = {
+                sequence: result
+                for sequence, result in existing.results.items()
+                if sequence >= first_unacknowledged
+            }
+        for sequence, result in zip(record.sequences, record.results, strict=True):
+            if sequence >= first_unacknowledged:
+                results.setdefault(sequence, result)
+        merged = Session(
+            last_active_ms=table.clock_ms,
+            first_unacknowledged=first_unacknowledged,
+            results=dict(sorted(results.items())),
+        )
+        while len(merged.results) > table.session_results_max:
+            # Same rule as SessionTable.remember: forget the lowest, never apply it twice.
+            lowest = next(iter(merged.results))
+            del merged.results[lowest]
+            merged.first_unacknowledged = max(merged.first_unacknowledged, lowest + 1)
+        if len(sessions) >= table.session_count_max:
+            del sessions[next(iter(sessions))]
+            table.evicted_count += 1
+        sessions[record.client_id] = merged
+
+
+__all__ = [
+    "SERVABLE_STATES",
+    "SESSION_SWEEP_INTERVAL_MS",
+    "GroupSnapshot",
+    "Shard",
+    "ShardGroupMachine",
+    "ShardRecord",
+    "ShardState",
+    "execute_write",
+    "merge_session_records",
+    "snapshot_problem",
+]
