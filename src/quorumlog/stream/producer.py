@@ -40,8 +40,10 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
+from concurrent.futures._base import PENDING as FUTURE_PENDING
+from typing import cast
 
 from quorumlog.codec.wire import ErrorCode, Produce, ProduceResult
 from quorumlog.codec.wire import Record as WireRecord
@@ -67,6 +69,10 @@ RESEND_BACKOFF_SECONDS = 0.05
 """Pause before resending a batch whose previous round of attempts timed out."""
 
 Headers = Mapping[str, bytes] | Iterable[tuple[str, bytes]]
+NO_HEADERS = cast(list[tuple[str, bytes]], ())
+"""What a record without headers carries: an empty tuple, which encodes as the empty list
+does, but leaves the record untracked by the garbage collector (a list would not; records
+wait in queues by the hundred thousand). Never mutated: records are only encoded."""
 
 
 class BufferFullError(ClientError):
@@ -75,6 +81,43 @@ class BufferFullError(ClientError):
 
 class ProducerClosedError(ClientError):
     """The producer was closed before the record could be sent."""
+
+
+class RecordFuture(Future[RecordMetadata]):
+    """A `concurrent.futures.Future` whose lock is shared by all of its producer's futures.
+
+    The standard Future builds a Condition (and an RLock and a deque) of its own; kept alive
+    until its batch is acknowledged, hundreds of thousands of them make the garbage
+    collector cost about 20 µs per send (measured), ten times the rest of `send`. Sharing
+    one Condition means a waiter may wake for another future, so `result` and `exception`
+    wait in a loop until this future is done (the standard ones wait once).
+    """
+
+    def __init__(self, condition: threading.Condition) -> None:
+        # Deliberately not Future.__init__ (see the class docstring); the same fields.
+        self._condition = condition
+        self._state = FUTURE_PENDING
+        self._result = None
+        self._exception = None
+        self._waiters = []
+        self._done_callbacks: list[Callable[[Future[RecordMetadata]], object]] = []
+
+    def result(self, timeout: float | None = None) -> RecordMetadata:
+        self.wait_done(timeout)
+        return super().result(0)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self.wait_done(timeout)
+        return super().exception(0)
+
+    def wait_done(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._condition:
+            while not self.done():
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return
+                self._condition.wait(remaining)
 
 
 class Batch:
@@ -158,7 +201,12 @@ class Producer(BlockingClient):
         self.buffer_bytes_max = buffer_bytes_max
         self.delivery_timeout_seconds = delivery_timeout_seconds
         self.max_block_seconds = max_block_seconds
-        self.condition = threading.Condition(threading.Lock())
+        self.lock = threading.Lock()
+        """Guards the partition queues and buffer counts (`with self.lock` on the send path:
+        entering the Condition built on it costs a Python call more)."""
+        self.condition = threading.Condition(self.lock)
+        self.futures_condition = threading.Condition()
+        """Shared by every RecordFuture of this producer (reentrant, as a Future's is)."""
         self.queues: dict[tuple[str, int], PartitionQueue] = {}
         self.partition_counts: dict[str, int] = {}
         self.sticky_partitions: dict[str, int] = {}
@@ -199,7 +247,7 @@ class Producer(BlockingClient):
             value = as_bytes(value, "value")
         if key is not None and key.__class__ is not bytes:
             key = as_bytes(key, "key")
-        header_list = check_headers(headers) if headers else []
+        header_list = check_headers(headers) if headers else NO_HEADERS
         size = len(value) + RECORD_OVERHEAD_BYTES
         if key is not None:
             size += len(key)
@@ -207,7 +255,7 @@ class Producer(BlockingClient):
             size += len(name) + len(header_value)
         record = WireRecord(value, key, timestamp_ms or 0, header_list)
         partition = self.choose_partition(topic, key, partition)
-        future: Future[RecordMetadata] = Future()
+        future = RecordFuture(self.futures_condition)
         self.enqueue(topic, partition, record, future, size)
         return future
 
@@ -243,7 +291,7 @@ class Producer(BlockingClient):
         future: Future[RecordMetadata],
         size: int,
     ) -> None:
-        with self.condition:
+        with self.lock:
             if self.buffered_bytes + size > self.buffer_bytes_max and self.buffered_bytes:
                 self.wait_for_room(size)
             queue = self.queues.get((topic, partition))

@@ -9,12 +9,16 @@ from __future__ import annotations
 import msgspec
 
 
-class Record(msgspec.Struct, frozen=True):
+class Record(msgspec.Struct, frozen=True, gc=False):
     """One committed record, as a consumer reads it.
 
     `timestamp` is in milliseconds since the Unix epoch: the producer's, if it set one,
     else the partition leader's clock when it appended the batch. (The field keeps the
     name outside tools read; the unit is milliseconds, as in Kafka.)
+
+    Records are not tracked by the garbage collector (a consumer holds hundreds of
+    thousands; tracking them made collections cost more than reading): do not put a
+    record inside its own `headers`.
     """
 
     topic: str

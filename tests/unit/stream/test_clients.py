@@ -374,3 +374,19 @@ def test_queue_checker_finds_nothing_lost_or_doubled_across_leader_changes(
     result = check_queue(produced, consumed, all_acknowledged_read=True)
     assert result.ok, result.explanation
     assert result.consumed_count == 500
+
+
+def test_consumer_batch_layout_decodes_like_the_wire_record_batch() -> None:
+    from quorumlog.stream.consumer import FetchedRecord, batch_decoder
+
+    records = [
+        wire.Record(b"v", b"k", 5, [("h", b"1")]),
+        wire.Record(b"w"),
+        wire.Record(b"", None, 0, []),
+    ]
+    data = wire.encode_record_batch(wire.RecordBatch("p", 7, 99, records))
+    decoded = batch_decoder.decode(data)
+    assert (decoded.producer_id, decoded.base_sequence, decoded.timestamp_ms) == ("p", 7, 99)
+    assert decoded.records == [
+        FetchedRecord(r.value, r.key, r.timestamp_ms, r.headers) for r in records
+    ]
