@@ -100,7 +100,7 @@ class Admin(BlockingClient):
 
     def list_topics(self) -> list[str]:
         """The names of all topics, sorted."""
-        return sorted(self.run(self.transport.refresh_topics()))
+        return sorted(self.run(self.transport.refresh_topics(fresh=True)))
 
     def topic_descriptor(self, name: str) -> TopicDescriptor:
         """The stored descriptor (settings, replicas and their addresses)."""
@@ -125,12 +125,12 @@ async def create_topic(transport: StreamTransport, name: str, settings: TopicSet
             raise
         # An earlier attempt of ours may have created it (its answer lost): then the topic
         # is there with exactly the settings asked for.
-        existing = (await transport.refresh_topics()).get(name)
+        existing = await transport.lookup_topic(name)
         if not attempts.earlier_maybe_delivered or existing is None:
             raise TopicExistsError(name) from None
         if existing.settings != settings:
             raise TopicExistsError(name) from None
-    await transport.refresh_topics()
+    await transport.lookup_topic(name)
 
 
 async def delete_topic(transport: StreamTransport, name: str) -> None:

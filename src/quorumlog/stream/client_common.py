@@ -46,6 +46,7 @@ from quorumlog.kv.connection import (
     RequestAttempts,
     check_timeout,
 )
+from quorumlog.stream.topics import decode_descriptor, topic_key
 
 ResponseType = TypeVar("ResponseType")
 ResultType = TypeVar("ResultType")
@@ -196,42 +197,66 @@ class StreamTransport:
 
     # --- metadata -------------------------------------------------------------------------
 
-    async def metadata_call(
-        self,
-        what: str,
-        make_request: Callable[[int], ClientRequest],
-        expected: type[ResponseType],
-        side_effects: bool,
-        at_leader: bool = True,
-    ) -> ResponseType:
-        """A request to the metadata group: any node takes it, a follower names the leader."""
-        return await self.kv.call(
-            what, make_request, expected, side_effects=side_effects, at_leader=at_leader
-        )
+    async def refresh_topics(self, fresh: bool = False) -> dict[str, TopicDescriptor]:
+        """Every topic's descriptor. Any node may answer, so a topic created a moment ago
+        may be missing; `fresh` asks the metadata leader (falling back to any node)."""
+        leader = await self.metadata_leader() if fresh else None
+        listed = None
+        if leader is not None:
+            with contextlib.suppress(ClientError):
+                listed = await self.list_topics_at(leader)
+        if listed is None:
+            listed = await self.list_topics_at(None)
+        self.topics = {descriptor.name: descriptor for descriptor in listed.topics}
+        return self.topics
 
-    async def refresh_topics(self) -> dict[str, TopicDescriptor]:
-        # Any node may answer (a stale list is fine for routing), so do not mark it leader.
-        listed = await self.metadata_call(
+    async def list_topics_at(self, endpoint: str | None) -> TopicList:
+        # A node answering ListTopics may be a follower, so it is never cached as leader.
+        return await self.kv.call(
             "list topics",
             lambda request_id: ListTopics(request_id=request_id),
             TopicList,
             side_effects=False,
             at_leader=False,
+            endpoint=endpoint,
         )
-        self.topics = {descriptor.name: descriptor for descriptor in listed.topics}
-        return self.topics
+
+    async def metadata_leader(self) -> str | None:
+        """Where the metadata group's leader listens, as far as any node knows."""
+        if self.kv.selector.leader is not None:
+            return self.kv.selector.leader
+        with contextlib.suppress(ClientError):
+            status = await self.kv.status()
+            if status.leader is not None:
+                return status.addresses.get(status.leader)
+        return None
 
     async def topic(self, name: str, refresh: bool = False) -> TopicDescriptor:
-        """The topic's descriptor (cached); TopicNotFoundError if the cluster has none."""
+        """The topic's descriptor (cached); TopicNotFoundError if the cluster has none.
+
+        A miss in the cached (or any node's) list is checked with a linearizable read of
+        the descriptor, so a topic created a moment ago is found."""
         descriptor = None if refresh else self.topics.get(name)
-        if descriptor is None:
+        if descriptor is None and not refresh:
             descriptor = (await self.refresh_topics()).get(name)
+        if descriptor is None:
+            descriptor = await self.lookup_topic(name)
         if descriptor is None:
             raise TopicNotFoundError(name)
         return descriptor
 
+    async def lookup_topic(self, name: str) -> TopicDescriptor | None:
+        """The descriptor as the metadata group's leader has it (linearizable)."""
+        text = await self.kv.get(topic_key(name))
+        if text is None:
+            self.topics.pop(name, None)
+            return None
+        descriptor = decode_descriptor(text)
+        self.topics[name] = descriptor
+        return descriptor
+
     async def partition_exists(self, topic: str, partition: int) -> bool:
-        descriptor = (await self.refresh_topics()).get(topic)
+        descriptor = await self.lookup_topic(topic)
         return descriptor is not None and 0 <= partition < len(descriptor.replicas)
 
     def replica_endpoints(self, descriptor: TopicDescriptor, partition: int) -> list[str]:

@@ -20,6 +20,7 @@ from quorumlog.stream.partition import (
     PartitionMachine,
     ProduceOutcome,
 )
+from quorumlog.stream.topics import TOPIC_PREFIX, encode_descriptor
 from tests.unit.kv.fake_cluster import FakeCluster, FakeNode
 
 
@@ -51,6 +52,8 @@ class FakeStreamNode(FakeNode):
         self.unanswered_produces = 0
         """Apply this many next produces without answering them."""
         self.produce_errors: list[wire.ErrorCode] = []
+        self.stale_topic_list = False
+        """Answer ListTopics as a follower that has not applied any topic yet."""
 
     def produces(self) -> list[wire.Produce]:
         return [frame for frame in self.requests if isinstance(frame, wire.Produce)]
@@ -62,7 +65,7 @@ class FakeStreamNode(FakeNode):
             else:
                 reply(self.cluster.change_topic(frame))
         elif isinstance(frame, wire.ListTopics):
-            topics = list(self.cluster.topics.values())
+            topics = [] if self.stale_topic_list else list(self.cluster.topics.values())
             reply(wire.TopicList(request_id=frame.request_id, topics=topics))
         elif isinstance(frame, wire.Produce):
             self.produce(frame, reply)
@@ -70,6 +73,10 @@ class FakeStreamNode(FakeNode):
             self.fetch(frame, reply)
         elif isinstance(frame, wire.PartitionStatusRequest):
             self.status_of(frame, reply)
+        elif isinstance(frame, wire.KVRead) and (frame.stale or self.is_leader):
+            # Topic descriptors live in the KV, as the real metadata group keeps them.
+            values = [self.cluster.read_key(key) for key in frame.keys]
+            reply(wire.KVReadResult(request_id=frame.request_id, values=values))
         else:
             super().handle(frame, reply)
 
@@ -178,6 +185,13 @@ class FakeStreamCluster(FakeCluster):
 
     def partition(self, topic: str, partition: int) -> FakePartition:
         return self.partitions[(topic, partition)]
+
+    def read_key(self, key: str) -> str | None:
+        if key.startswith(TOPIC_PREFIX):
+            descriptor = self.topics.get(key.removeprefix(TOPIC_PREFIX))
+            return None if descriptor is None else encode_descriptor(descriptor)
+        [value] = self.machine.read([key])
+        return value
 
     def change_topic(self, frame: wire.CreateTopic | wire.DeleteTopic) -> wire.Frame:
         name = frame.name

@@ -174,6 +174,18 @@ def test_read_trims_to_offset_and_max_records(cluster: FakeStreamCluster, admin:
             consumer.read("events", 0, 51, 5)
 
 
+def test_topic_missing_from_a_stale_list_is_found_at_the_leader(
+    cluster: FakeStreamCluster, admin: Admin
+) -> None:
+    admin.create_topic("events", partitions=1)
+    follower = cluster.node("n2")
+    follower.stale_topic_list = True
+    with Producer([follower.address]) as producer:
+        assert producer.send("events", b"v").result(timeout=10).offset == 0
+    with Admin([follower.address]) as fresh_admin:
+        assert fresh_admin.list_topics() == ["events"]
+
+
 def test_unknown_topic_and_partition_raise_at_send(
     cluster: FakeStreamCluster, admin: Admin
 ) -> None:
