@@ -8,9 +8,9 @@ from pathlib import Path
 import google_crc32c
 import pytest
 
-from quorumlog.storage import EntryType, LogEntry, MmapLogStore, mmap_encode, mmap_store
-from quorumlog.storage.mmap_encode import encode_copied, encode_gathered
+from quorumlog.storage import EntryType, LogEntry, MmapLogStore
 from quorumlog.storage.mmap_format import (
+    BLANK_MAGIC,
     ENTRY_HEADER_BYTES,
     ENTRY_MAGIC,
     INDEX_MAGIC,
@@ -138,45 +138,41 @@ def test_the_store_writes_exactly_what_the_codec_encodes(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("file_bytes", [4096, 8192])
-def test_copied_and_gathered_encodings_write_the_same_bytes(
+def test_batches_across_rollovers_match_the_reference_codec(
     tmp_path: Path, file_bytes: int
 ) -> None:
-    """Both encoders (picked by entry size) must lay out identical streams, blanks included."""
-    sizes = [0, 1, 7, 8, 9, 100, 1000, 1024, 3000, 4000, 13, 2048, 4048, 0, 555]
+    """The store's flat encoding loop writes what `encode_entry` says, blanks included."""
+    # 4048 bytes of data fill a 4096-byte file exactly: the next entry rolls over blankless.
+    sizes = [0, 1, 7, 8, 9, 100, 1000, 1024, 3000, 4000, 13, 2048, 4048, 4048, 0, 555]
     entries = [
         LogEntry(
             index=i + 1, term=1 + i // 5, data=bytes([1 + i]) * size, type=EntryType(1 + i % 3)
         )
         for i, size in enumerate(sizes * 4)
     ]
-    streams = []
-    for name, encoder in (("copied", encode_copied), ("gathered", encode_gathered)):
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(mmap_encode, "encode", encoder)
-            patch.setattr(mmap_store, "encode", encoder)
-            path = tmp_path / name
-            store = MmapLogStore.open(
-                path, data_file_bytes=file_bytes, index_file_bytes=512, entry_bytes_max=4048
-            )
-            for start in range(0, len(entries), 6):
-                store.append(entries[start : start + 6])
-            store.close()
-        store = MmapLogStore.open(
-            path, data_file_bytes=file_bytes, index_file_bytes=512, entry_bytes_max=4048
-        )
-        assert store.entries(1, len(entries) + 1) == entries
-        assert store.recovery.torn_bytes_dropped == 0
-        store.close()
-        streams.append(
-            [(file.name, file.read_bytes()) for file in sorted((path / "data").iterdir())]
-            + [(file.name, file.read_bytes()) for file in sorted((path / "index").iterdir())]
-        )
-    assert streams[0] == streams[1]
-    assert len(streams[0]) > 5
-
-
-def test_encode_picks_gathering_for_large_entries() -> None:
-    small = [LogEntry(index=i, term=1, data=b"s" * 100) for i in range(1, 9)]
-    large = [LogEntry(index=i, term=1, data=b"l" * 4096) for i in range(1, 9)]
-    assert len(mmap_encode.encode(small, 0, 1 << 20).pieces[0][1]) == 1
-    assert len(mmap_encode.encode(large, 0, 1 << 20).pieces[0][1]) == 16
+    path = tmp_path / "log"
+    store = MmapLogStore.open(
+        path, data_file_bytes=file_bytes, index_file_bytes=512, entry_bytes_max=4048
+    )
+    for start in range(0, len(entries), 6):
+        store.append(entries[start : start + 6])
+    store.close()
+    data = b"".join(file.read_bytes() for file in sorted((path / "data").iterdir()))
+    index = b"".join(file.read_bytes() for file in sorted((path / "index").iterdir()))
+    position = 0
+    blanks = 0
+    for number, entry in enumerate(entries):
+        size = entry_size(len(entry.data))
+        file_end = position - position % file_bytes + file_bytes
+        if position + size > file_end:
+            if position < file_end:
+                blanks += 1
+                blank = struct.pack("<II", BLANK_MAGIC, file_end - position)
+                assert data[position:file_end] == blank + bytes(file_end - position - 8)
+            position = file_end
+        assert data[position : position + size] == encode_entry(entry, position)
+        slot = index[number * INDEX_SLOT_BYTES : (number + 1) * INDEX_SLOT_BYTES]
+        assert slot == encode_index_slot(position, size, entry.index, entry.term)
+        position += size
+    assert data[position:] == bytes(len(data) - position)
+    assert blanks > 3
