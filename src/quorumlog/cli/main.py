@@ -132,6 +132,10 @@ def register_kv_commands() -> None:
 
 register_kv_commands()
 
+from quorumlog.demo.command import demo_command  # noqa: E402 - after the group it joins
+
+cli.add_command(demo_command)
+
 
 def main() -> None:
     try:
