@@ -32,6 +32,7 @@ from quorumlog.codec.wire import (
     ClientRequest,
     ErrorCode,
     ErrorResponse,
+    Frame,
     ListTopics,
     PartitionStatus,
     PartitionStatusRequest,
@@ -42,6 +43,7 @@ from quorumlog.errors import ClientError, RequestRejectedError
 from quorumlog.kv.async_client import AsyncKVClient
 from quorumlog.kv.connection import (
     CLUSTER_ID_DEFAULT,
+    MAYBE_APPLIED_CODES,
     EndpointSelector,
     RequestAttempts,
     check_timeout,
@@ -159,14 +161,27 @@ class ClientLoop:
 
 class TrackedAttempts(RequestAttempts):
     """RequestAttempts that also remember whether an attempt *before the latest* may have
-    reached a node: then a refusal such as ALREADY_EXISTS may be the echo of our own
-    earlier attempt having taken effect."""
+    taken effect: then a refusal such as ALREADY_EXISTS may be the echo of our own earlier
+    attempt. Only an attempt left unanswered, or answered with a code that may follow an
+    append (UNAVAILABLE, TIMEOUT, INTERNAL), counts; NOT_LEADER and the like do not."""
 
+    possibly_applied = False
     earlier_maybe_delivered = False
 
     def sent(self) -> None:
-        self.earlier_maybe_delivered = self.maybe_delivered
+        self.earlier_maybe_delivered = self.possibly_applied
         super().sent()
+
+    def lost(self, endpoint: str, error: BaseException) -> None:
+        self.possibly_applied = True
+        super().lost(endpoint, error)
+
+    def answered(
+        self, endpoint: str, frame: Frame, expected: type[ResponseType]
+    ) -> ResponseType | None:
+        if isinstance(frame, ErrorResponse) and frame.code in MAYBE_APPLIED_CODES:
+            self.possibly_applied = True
+        return super().answered(endpoint, frame, expected)
 
 
 # --- metadata and partition routing --------------------------------------------------------

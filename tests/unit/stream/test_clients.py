@@ -81,6 +81,17 @@ def test_admin_refusals_are_typed(admin: Admin) -> None:
         admin.create_topic("zero", partitions=0)
 
 
+def test_refusals_after_a_redirect_are_still_refusals(cluster: FakeStreamCluster) -> None:
+    # A NOT_LEADER answer means "not accepted": the leader's NOT_FOUND that follows is ours.
+    with Admin([cluster.node("n2").address]) as admin:
+        admin.create_topic("events", partitions=1)
+        with pytest.raises(TopicExistsError):
+            admin.create_topic("events", partitions=1)
+        admin.delete_topic("events")
+        with pytest.raises(TopicNotFoundError):
+            admin.delete_topic("events")
+
+
 def test_admin_follows_the_metadata_leader(cluster: FakeStreamCluster) -> None:
     cluster.leader_id = "n3"
     with Admin([cluster.node("n1").address]) as admin:
