@@ -25,6 +25,12 @@ How it works:
   no one waiting on it): until the partition answers for it, the next batch's sequence
   cannot be known. Records queued behind it meanwhile fail with UnavailableError once they
   waited that long, never having been sent.
+- Deterministic batches (for a caller with a fixed `producer_id` that may replay the same
+  records after a crash, such as Spark's exactly-once sink): with `linger_ms=math.inf` a
+  batch leaves only when full (`batch_records_max`, or `batch_bytes_max` by record sizes)
+  or at flush(), so the same sends and flushes make the same batches, and a replay by a
+  new Producer with the same id is answered with the original offsets (the partition
+  dedups a batch only if its base sequence and record count match).
 - Bounds: at most `buffer_bytes_max` of records are waiting or in flight; `send` blocks
   for room up to `max_block_seconds`, then raises BufferFullError.
 
@@ -36,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import math
 import random
 import threading
 import time
@@ -394,7 +401,7 @@ class Producer(BlockingClient):
             if not full and linger > 0 and not self.flush_requests and not self.closing:
                 signal.clear()
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(linger):
+                    async with asyncio.timeout(None if math.isinf(linger) else linger):
                         await signal.wait()
                 continue
             batch = self.take_batch(queue)
@@ -421,7 +428,10 @@ class Producer(BlockingClient):
             queue.buffered_bytes -= batch_bytes
             # Records left behind keep the oldest arrival time: they waited at least as long
             # as this batch took to fill, so they go next without lingering.
-            queue.full_signalled = False
+            queue.full_signalled = (
+                len(records) >= self.batch_records_max
+                or queue.buffered_bytes >= self.batch_bytes_max
+            )
             if self.sticky_partitions.get(queue.topic) == queue.partition:
                 count_of_topic = self.partition_counts.get(queue.topic, 1)
                 self.sticky_partitions[queue.topic] = (queue.partition + 1) % count_of_topic

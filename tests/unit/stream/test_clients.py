@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -239,6 +240,26 @@ def test_leader_change_is_followed(cluster: FakeStreamCluster, admin: Admin) -> 
         assert producer.send("events", b"b").result(timeout=10).offset == 1
         assert producer.transport.leader_endpoint("events", 0) == cluster.node("n3").address
     assert [p.base_sequence for p in cluster.node("n3").produces()] == [1]
+
+
+def test_a_replay_with_the_same_producer_id_and_batches_writes_nothing_twice(
+    cluster: FakeStreamCluster, admin: Admin
+) -> None:
+    admin.create_topic("events", partitions=1)
+    offsets = []
+    for _attempt in range(2):
+        with Producer(
+            cluster.endpoints,
+            producer_id="query-7-batch-3-task-0",
+            linger_ms=math.inf,
+            batch_records_max=10,
+        ) as producer:
+            futures = [producer.send("events", str(i).encode()) for i in range(25)]
+            producer.flush()
+            offsets.append([future.result(timeout=0).offset for future in futures])
+    assert offsets[0] == offsets[1] == list(range(25))
+    assert [len(p.records) for p in cluster.node("n1").produces()] == [10, 10, 5] * 2
+    assert cluster.partition("events", 0).machine.next_offset == 25
 
 
 def test_busy_codes_are_retried_and_refusals_fail_the_batch(
