@@ -1,8 +1,9 @@
 """One SparkSession per test process (each xdist worker gets its own), local mode, small.
 
 Spark tests need Java 17 and the `spark` extra; they run in CI like every other test.
-`local[2,4]`: two task threads, and up to four attempts per task (plain `local[2]` never
-retries a task, and the sink's exactly-once tests need a retry).
+`local[2,2]`: two task threads, and two attempts per task (plain `local[2]` never retries
+a task, and the sink's exactly-once tests need a retry; each failed attempt costs a fresh
+Python worker, so no more than that).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def spark() -> Iterator[SparkSession]:
     scratch = tempfile.mkdtemp(prefix="quorumlog-spark-")
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     session = (
-        SparkSession.builder.master("local[2,4]")
+        SparkSession.builder.master("local[2,2]")
         .appName(f"quorumlog-tests-{worker}")
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")

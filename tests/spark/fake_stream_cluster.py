@@ -21,6 +21,7 @@ from typing import Any
 
 from quorumlog.codec import wire
 from quorumlog.codec.frame import FrameDecoder, encode_frame
+from quorumlog.stream.topics import encode_descriptor, topic_key
 
 NODE_ID = "n1"
 
@@ -142,6 +143,7 @@ class FakeStreamCluster:
             )
             for partition in range(partitions):
                 self.partitions[(name, partition)] = FakePartition()
+            self.kv[topic_key(name)] = encode_descriptor(self.topics[name])
 
     def remove_before(self, topic: str, partition: int, offset: int) -> None:
         with self.lock:
@@ -193,6 +195,10 @@ class FakeStreamCluster:
             return self.scan(frame)
         if isinstance(frame, wire.StatusRequest):
             return self.status(frame.request_id)
+        if isinstance(frame, wire.KVRead):
+            # Topic descriptors live in the KV under __topics/<name> (the linearizable lookup).
+            values = [self.kv.get(key) for key in frame.keys]
+            return wire.KVReadResult(frame.request_id, values)
         if isinstance(frame, wire.Produce | wire.Fetch | wire.PartitionStatusRequest):
             partition = self.partitions.get((frame.topic, frame.partition))
             if partition is None:

@@ -17,12 +17,13 @@ import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from quorumlog.codec.wire import decode_record_batch
-from quorumlog.errors import RequestRejectedError, UnavailableError
+from quorumlog.errors import UnavailableError
 from quorumlog.spark.arrow import RecordColumns
-from quorumlog.spark.cluster import ClusterAccess, is_out_of_range
+from quorumlog.spark.cluster import ClusterAccess
 from quorumlog.spark.errors import DataLossError, OptionError
 from quorumlog.spark.offsets import PartitionBounds, PartitionOffsets, TopicPartition, resolve_spec
 from quorumlog.spark.options import SourceOptions
+from quorumlog.stream.client_common import OffsetOutOfRangeError
 
 ARROW_BATCH_ROWS_MAX = 10_000
 """Rows per Arrow batch handed to Spark: large enough to amortise the per-batch cost."""
@@ -135,10 +136,8 @@ def read_range(
             result = access.fetch(
                 key, offset, min(settings.fetch_records_max, end - offset), settings.fetch_bytes_max
             )
-        except RequestRejectedError as error:
-            if not is_out_of_range(error):
-                raise
-            offset = skip_lost_offsets(access, offset_range, offset, settings)
+        except OffsetOutOfRangeError as error:
+            offset = skip_lost_offsets(offset_range, offset, error, settings)
             continue
         before = offset
         for fetched in result.batches:
@@ -163,20 +162,18 @@ def read_range(
 
 
 def skip_lost_offsets(
-    access: ClusterAccess, offset_range: OffsetRange, offset: int, settings: FetchSettings
+    offset_range: OffsetRange, offset: int, error: OffsetOutOfRangeError, settings: FetchSettings
 ) -> int:
     """`offset` is gone: fail (failOnDataLoss) or go on from the partition's begin."""
-    bounds = access.bounds(offset_range.topic_partition)
-    if bounds.begin <= offset < bounds.end:
-        return offset  # the offset is back in range (a leader change): just fetch again
+    begin, end = error.begin_offset, error.end_offset
     description = (
         f"{offset_range.topic}/{offset_range.partition}: offset {offset} is no longer "
-        f"available (the partition now holds [{bounds.begin}, {bounds.end}))"
+        f"available (the partition now holds [{begin}, {end}))"
     )
     if settings.fail_on_data_loss:
         raise DataLossError(description)
-    if offset < bounds.begin:
-        return min(bounds.begin, offset_range.end)
+    if offset < begin:
+        return min(begin, offset_range.end)
     return offset_range.end  # the partition lost its tail (recreated): nothing more to read
 
 

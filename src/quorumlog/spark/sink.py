@@ -3,8 +3,8 @@
 Columns, as the Kafka sink takes them: `value` (binary or string, required), and
 optionally `key` (binary or string), `topic` (string; the `topic` option wins), `partition`
 (int) and `headers` (array<struct<key string, value binary>>). Other columns are ignored.
-A row without a partition goes to crc32(key) mod partitions, or, without a key, to the
-partitions in turn starting from the task's own number.
+A row without a partition goes where the Producer would send its key (crc32c mod
+partitions), or, without a key, to the partitions in turn from the task's own number.
 
 Exactly once. Every task writes as its own producer, and the cluster drops a Produce whose
 (producer id, sequence) it has already appended. The producer id is a pure function of
@@ -21,7 +21,6 @@ retries; running the whole job again is a new job (new uuid) and writes again.
 from __future__ import annotations
 
 import uuid
-import zlib
 from collections.abc import Iterator
 
 import pyarrow as pa  # type: ignore[import-untyped]
@@ -46,6 +45,7 @@ from quorumlog.spark.cluster import ClusterAccess
 from quorumlog.spark.errors import OptionError
 from quorumlog.spark.offsets import TopicPartition
 from quorumlog.spark.options import SinkOptions
+from quorumlog.stream.client_common import partition_for_key
 
 PRODUCE_RECORDS_MAX = 1_000
 PRODUCE_BYTES_MAX = 1024 * 1024
@@ -111,7 +111,7 @@ class PartitionChooser:
 
     def choose(self, key: bytes | None, partitions: int) -> int:
         if key is not None:
-            return zlib.crc32(key) % partitions
+            return partition_for_key(key, partitions)
         chosen = self.next_turn % partitions
         self.next_turn += 1
         return chosen
