@@ -105,29 +105,31 @@ class InvariantChecker:
             self.node_leader_term.pop(node_id, None)
         commit = core.commit_index
         previous = self.node_commit[node_id]
+        # Hot path: plain ifs, so no message is formatted unless a check fails.
         if commit != previous:
-            check_invariant(
-                commit > previous, f"{node_id} commit index went back: {previous} -> {commit}"
-            )
+            if commit < previous:
+                raise InvariantViolation(
+                    f"{node_id} commit index went back: {previous} -> {commit}"
+                )
             self._record_committed(node, previous, commit)
             self.node_commit[node_id] = commit
         applied = node.applied_index
-        if applied != self.node_applied[node_id]:
-            check_invariant(
-                applied > self.node_applied[node_id],
-                f"{node_id} applied index went back: {self.node_applied[node_id]} -> {applied}",
-            )
-            check_invariant(
-                applied <= commit, f"{node_id} applied {applied} beyond its commit {commit}"
-            )
+        applied_before = self.node_applied[node_id]
+        if applied != applied_before:
+            if applied < applied_before:
+                raise InvariantViolation(
+                    f"{node_id} applied index went back: {applied_before} -> {applied}"
+                )
+            if applied > commit:
+                raise InvariantViolation(f"{node_id} applied {applied} beyond its commit {commit}")
             self.node_applied[node_id] = applied
 
     def _record_committed(self, node: SimNode, previous: int, commit: int) -> None:
         log = node.core.log
-        check_invariant(
-            commit <= log.last_index,
-            f"{node.node_id} commit {commit} beyond its last index {log.last_index}",
-        )
+        if commit > log.last_index:
+            raise InvariantViolation(
+                f"{node.node_id} commit {commit} beyond its last index {log.last_index}"
+            )
         low = max(previous + 1, log.first_index)
         if low > commit:
             return  # all covered by a snapshot just installed, checked on install
@@ -178,11 +180,11 @@ class InvariantChecker:
         if index <= log.snapshot_index:
             return  # in its snapshot, whose content is checked against others' snapshots
         term = log.term(index)
-        check_invariant(
-            term == identity[0],
-            f"{what}: {node.node_id}, leader of term {node.core.term}, has term {term} at "
-            f"{index} where {_show(identity)} is committed",
-        )
+        if term != identity[0]:
+            raise InvariantViolation(
+                f"{what}: {node.node_id}, leader of term {node.core.term}, has term {term} at "
+                f"{index} where {_show(identity)} is committed"
+            )
 
     # --- Ready processing ---------------------------------------------------------------
 
@@ -268,11 +270,10 @@ class InvariantChecker:
         self._note_committed(entry.index, _identity(entry), node.node_id, node.core.term)
 
     def on_acknowledged(self, node: SimNode, entry: LogEntry) -> None:
-        identity = self.committed.get(entry.index)
-        check_invariant(
-            identity == _identity(entry),
-            f"{node.node_id} acknowledged {entry!r}, not what is committed there",
-        )
+        if self.committed.get(entry.index) != _identity(entry):
+            raise InvariantViolation(
+                f"{node.node_id} acknowledged {entry!r}, not what is committed there"
+            )
         if entry.index > self.acknowledged_index_max:
             self.acknowledged_index_max = entry.index
 

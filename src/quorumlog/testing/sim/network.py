@@ -15,7 +15,7 @@ from collections.abc import Callable
 import msgspec
 
 from quorumlog.raft.messages import Message
-from quorumlog.testing.sim.events import EventQueue
+from quorumlog.testing.sim.events import EventQueue, draw_int
 from quorumlog.testing.sim.trace import TraceRecorder
 
 
@@ -130,9 +130,10 @@ class SimNetwork:
             stats.duplicated += 1
         for _ in range(copies):
             if faults.tail_probability and rng.random() < faults.tail_probability:
-                delay_ms = rng.randint(faults.delay_ms_max, faults.tail_delay_ms_max)
+                low, high = faults.delay_ms_max, faults.tail_delay_ms_max
             else:
-                delay_ms = rng.randint(faults.delay_ms_min, faults.delay_ms_max)
+                low, high = faults.delay_ms_min, faults.delay_ms_max
+            delay_ms = draw_int(rng, low, high)
             self.events.schedule(delay_ms, self._arrive, (source, target, data))
 
     def _arrive(self, packet: tuple[str, str, bytes]) -> None:

@@ -34,9 +34,9 @@ from quorumlog.raft.core import RaftCore, Role
 from quorumlog.raft.messages import Message, SnapshotMeta
 from quorumlog.raft.ready import Ready
 from quorumlog.storage.entry import EntryType, LogEntry
-from quorumlog.testing.sim.checks import check_invariant
+from quorumlog.testing.sim.checks import InvariantViolation
 from quorumlog.testing.sim.disk import SimDisk
-from quorumlog.testing.sim.events import EventQueue, derive_random
+from quorumlog.testing.sim.events import EventQueue, derive_random, draw_int
 from quorumlog.testing.sim.kv_machine import KvMachine, Result
 from quorumlog.testing.sim.network import SimNetwork
 from quorumlog.testing.sim.trace import TraceRecorder
@@ -360,7 +360,7 @@ class SimNode:
             return
         self.persisting = ready
         options = self.options
-        delay_ms = self.rng.randint(options.fsync_ms_min, options.fsync_ms_max)
+        delay_ms = draw_int(self.rng, options.fsync_ms_min, options.fsync_ms_max)
         self.events.schedule(delay_ms, self._persist_done, self.incarnation)
 
     def _persist_done(self, incarnation: int) -> None:
@@ -415,10 +415,10 @@ class SimNode:
         machine = self.machine
         proposals = self.proposals
         for entry in entries:
-            check_invariant(
-                entry.index == self.applied_index + 1,
-                f"{self.node_id} applies {entry.index} after {self.applied_index}",
-            )
+            if entry.index != self.applied_index + 1:
+                raise InvariantViolation(
+                    f"{self.node_id} applies {entry.index} after {self.applied_index}"
+                )
             checker.on_apply(self, entry)
             result: Result = None
             if entry.type is EntryType.DATA:

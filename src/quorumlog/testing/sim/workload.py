@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from quorumlog.testing.history import History
-from quorumlog.testing.sim.events import EventQueue
+from quorumlog.testing.sim.events import EventQueue, draw_int
 from quorumlog.testing.sim.kv_machine import KvCommand, encode_command
 from quorumlog.testing.sim.node import ClientReply, SimNode
 
@@ -112,7 +112,7 @@ class SimClient:
         self._send(operation)
 
     def _latency_ms(self) -> int:
-        return self.rng.randint(self.options.latency_ms_min, self.options.latency_ms_max)
+        return draw_int(self.rng, self.options.latency_ms_min, self.options.latency_ms_max)
 
     def _send(self, operation: _Operation) -> None:
         operation.attempt += 1
@@ -161,7 +161,7 @@ class SimClient:
         self.events.schedule(delay_ms, self._resend, (operation_id, attempt))
 
     def _backoff_ms(self) -> int:
-        return self.rng.randint(self.options.backoff_ms_min, self.options.backoff_ms_max)
+        return draw_int(self.rng, self.options.backoff_ms_min, self.options.backoff_ms_max)
 
     def _next_node(self) -> str:
         position = self.node_ids.index(self.target)
@@ -281,7 +281,7 @@ class Workload:
         self.running = False
 
     def _think_ms(self) -> int:
-        return self.rng.randint(self.options.think_ms_min, self.options.think_ms_max)
+        return draw_int(self.rng, self.options.think_ms_min, self.options.think_ms_max)
 
     def _next(self, client: SimClient) -> None:
         if not self.running or client.busy:
