@@ -1,0 +1,94 @@
+"""Spark against real node processes (3 nodes, fsync on): a streaming query whose source
+partition leader is SIGKILLed while it runs still writes every record exactly once."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+
+from quorumlog import Admin, Producer
+from tests.integration.process_cluster import ProcessCluster, wait_until
+from tests.spark.helpers import unique_topic
+
+pytestmark = pytest.mark.slow
+
+WAIT_SECONDS = 30.0
+CLUSTER_ID = "integration"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessCluster]:
+    with ProcessCluster(tmp_path_factory.mktemp("spark-cluster"), node_count=3) as running:
+        running.wait_for_leader(timeout_seconds=WAIT_SECONDS)
+        yield running
+
+
+def partition_leader(admin: Admin, topic: str, partition: int) -> str:
+    return wait_until(
+        lambda: admin.describe_topic(topic).partitions[partition].leader,
+        WAIT_SECONDS,
+        f"a leader of {topic}/{partition}",
+    )
+
+
+def test_stream_survives_a_killed_partition_leader_without_loss_or_duplicates(
+    spark: SparkSession, cluster: ProcessCluster, tmp_path: Path
+) -> None:
+    source_topic, sink_topic = unique_topic("kill-in"), unique_topic("kill-out")
+    values = [b"record-%05d" % number for number in range(6000)]
+    with Admin(cluster.endpoints, cluster_id=CLUSTER_ID, timeout=WAIT_SECONDS) as admin:
+        admin.create_topic(source_topic, partitions=2)
+        admin.create_topic(sink_topic, partitions=1)
+        victim = partition_leader(admin, source_topic, 0)
+        partition_leader(admin, sink_topic, 0)
+    with Producer(cluster.endpoints, cluster_id=CLUSTER_ID) as producer:
+        for number, value in enumerate(values):
+            producer.send(source_topic, value, partition=number % 2)
+        producer.flush()
+
+    endpoints = ",".join(cluster.endpoints)
+    query = (
+        spark.readStream.format("quorumlog")
+        .option("endpoints", endpoints)
+        .option("clusterId", CLUSTER_ID)
+        .option("topic", source_topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", "1000")
+        .load()
+        .select("value")
+        .writeStream.format("quorumlog")
+        .option("endpoints", endpoints)
+        .option("clusterId", CLUSTER_ID)
+        .option("topic", sink_topic)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    killed = threading.Event()
+
+    def kill_after_first_batch() -> None:
+        wait_until(lambda: query.recentProgress or None, WAIT_SECONDS * 4, "a first batch")
+        cluster.kill(victim)
+        killed.set()
+
+    killer = threading.Thread(target=kill_after_first_batch, daemon=True)
+    killer.start()
+    query.awaitTermination()
+    killer.join(timeout=WAIT_SECONDS)
+    assert killed.is_set()
+    assert len(query.recentProgress) >= 6  # six micro-batches of at most 1000 records
+
+    stored = (
+        spark.read.format("quorumlog")
+        .option("endpoints", endpoints)
+        .option("clusterId", CLUSTER_ID)
+        .option("topic", sink_topic)
+        .load()
+        .select("value")
+        .collect()
+    )
+    assert sorted(row.value for row in stored) == values
