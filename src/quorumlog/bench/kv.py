@@ -33,6 +33,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -44,17 +45,16 @@ from quorumlog.bench.kv_processes import (
     free_ports,
     last_json_line,
     peak_rss_megabytes,
-    run_processes,
+    run_load_processes,
 )
 
 CLUSTER_ID = "bench-kv"
 WARM_UP_SECONDS = 1.0
-PYSYNCOBJ_ELECTION_SECONDS = 3.0
-"""PySyncObj elects within 0.4 to 1.4 s after its peers connect; its load starts after."""
+"""Between the start signal and the window: the load runs, pipelines fill, nothing counts."""
+VALUE_BYTES = 100
 PACED_RATE_OPS_PER_SECOND = 1000.0
 PACED_SECONDS_MAX = 5.0
 DISK_SYNCS = 50
-PROCESS_SLACK_SECONDS = 30.0
 
 
 class KVBenchSettings:
@@ -157,7 +157,7 @@ def quorumlog_phases(
 
 
 def load_command(
-    endpoints: list[str], start_at: float, seconds: float, client_number: int, **options: float
+    endpoints: list[str], seconds: float, client_number: int, **options: float
 ) -> list[str]:
     command = [
         sys.executable,
@@ -167,12 +167,12 @@ def load_command(
         ",".join(endpoints),
         "--cluster-id",
         CLUSTER_ID,
-        "--start-at",
-        repr(start_at),
         "--seconds",
         repr(seconds),
         "--client-number",
         str(client_number),
+        "--value-bytes",
+        str(VALUE_BYTES),
     ]
     for name, value in options.items():
         command += [f"--{name.replace('_', '-')}", repr(value)]
@@ -182,44 +182,34 @@ def load_command(
 def quorumlog_throughput(
     cluster: NodeCluster, leader: str, settings: KVBenchSettings
 ) -> dict[str, Any]:
-    start_at = time.monotonic() + WARM_UP_SECONDS + 0.5 * settings.clients
     commands = [
-        load_command(
-            cluster.endpoints, start_at, settings.seconds, number, concurrency=settings.concurrency
-        )
+        load_command(cluster.endpoints, settings.seconds, number, concurrency=settings.concurrency)
         for number in range(settings.clients)
     ]
     load_average = os.getloadavg()[0]
-    cpu = CpuMeter(cluster.pids, start_at, start_at + settings.seconds)
-    outputs = run_processes(
-        commands, settings.seconds + PROCESS_SLACK_SECONDS + start_at - time.monotonic()
-    )
+    cpu = CpuMeter(settings.seconds, cluster.pids, "client")
+    _, outputs = run_load_processes(commands, settings.seconds, WARM_UP_SECONDS, cpu.start)
     results = [last_json_line(output, LoadResult) for output in outputs]
     figures = load_figures(results, settings.seconds)
-    ops = max(figures["ops"], 1)
+    used = cpu.used()
     return {
         "phase": "quorumlog-throughput",
         "fsync": True,
         "clients": settings.clients,
         "concurrency_per_client": settings.concurrency,
-        "value_bytes": 100,
+        "value_bytes": VALUE_BYTES,
         "leader": leader,
         **figures,
-        "node_cpu_us_per_op": {
-            node_id: round(seconds * 1e6 / ops, 2) for node_id, seconds in cpu.used().items()
-        },
+        **cpu_figures(used, figures["ops"]),
         "load_average_at_start": round(load_average, 2),
     }
 
 
 def quorumlog_paced(cluster: NodeCluster, settings: KVBenchSettings) -> dict[str, Any]:
-    start_at = time.monotonic() + WARM_UP_SECONDS
     command = load_command(
-        cluster.endpoints, start_at, settings.paced_seconds, 99, rate=PACED_RATE_OPS_PER_SECOND
+        cluster.endpoints, settings.paced_seconds, 99, rate=PACED_RATE_OPS_PER_SECOND
     )
-    [output] = run_processes(
-        [command], settings.paced_seconds + PROCESS_SLACK_SECONDS + WARM_UP_SECONDS
-    )
+    _, [output] = run_load_processes([command], settings.paced_seconds, WARM_UP_SECONDS)
     result = last_json_line(output, LoadResult)
     figures = load_figures([result], settings.paced_seconds)
     return {
@@ -232,7 +222,6 @@ def quorumlog_paced(cluster: NodeCluster, settings: KVBenchSettings) -> dict[str
 
 def pysyncobj_phase(settings: KVBenchSettings) -> dict[str, Any]:
     addresses = [f"127.0.0.1:{port}" for port in free_ports(3)]
-    start_at = time.monotonic() + PYSYNCOBJ_ELECTION_SECONDS
     commands = [
         [
             sys.executable,
@@ -242,26 +231,29 @@ def pysyncobj_phase(settings: KVBenchSettings) -> dict[str, Any]:
             address,
             "--partners",
             ",".join(other for other in addresses if other != address),
-            "--start-at",
-            repr(start_at),
             "--seconds",
             repr(settings.seconds),
             "--concurrency",
             str(settings.pysyncobj_concurrency),
+            "--value-bytes",
+            str(VALUE_BYTES),
             "--leader-only",
         ]
         for address in addresses
     ]
-    outputs = run_processes(
-        commands, settings.seconds + PROCESS_SLACK_SECONDS + PYSYNCOBJ_ELECTION_SECONDS
-    )
+    load_average = os.getloadavg()[0]
+    cpu = CpuMeter(settings.seconds, {}, "peer")
+    _, outputs = run_load_processes(commands, settings.seconds, WARM_UP_SECONDS, cpu.start)
     results = [last_json_line(output, LoadResult) for output in outputs]
+    figures = load_figures(results, settings.seconds)
     return {
         "phase": "pysyncobj-throughput",
         "log": "memory",
         "concurrency": settings.pysyncobj_concurrency,
-        "value_bytes": 100,
-        **load_figures(results, settings.seconds),
+        "value_bytes": VALUE_BYTES,
+        **figures,
+        **cpu_figures(cpu.used(), figures["ops"]),
+        "load_average_at_start": round(load_average, 2),
     }
 
 
@@ -270,13 +262,10 @@ def pysyncobj_phase(settings: KVBenchSettings) -> dict[str, Any]:
 
 def load_figures(results: list[Any], seconds: float) -> dict[str, Any]:
     histogram = LatencyHistogram()
-    ops = errors = total_ops = 0
-    cpu_seconds_used = 0.0
+    ops = errors = 0
     for result in results:
         ops += result.ops
         errors += result.errors
-        total_ops += result.total_ops
-        cpu_seconds_used += result.cpu_seconds
         histogram.merge(LatencyHistogram({int(k): v for k, v in result.histogram.items()}))
     return {
         "ops": ops,
@@ -285,46 +274,64 @@ def load_figures(results: list[Any], seconds: float) -> dict[str, Any]:
         "p50_ms": histogram.percentile_ms(0.50),
         "p99_ms": histogram.percentile_ms(0.99),
         "p999_ms": histogram.percentile_ms(0.999),
-        "client_cpu_us_per_op": (
-            round(cpu_seconds_used * 1e6 / total_ops, 2) if total_ops else None
+    }
+
+
+def cpu_figures(used: dict[str, float], ops: int) -> dict[str, Any]:
+    """CPU time per put, per process and in all, and the puts/s that much CPU per put
+    would allow if the benchmark had every core of this machine to itself."""
+    total_seconds = sum(used.values())
+    cores = os.cpu_count() or 1
+    return {
+        "cpu_us_per_op": {
+            name: round(seconds * 1e6 / max(ops, 1), 2) for name, seconds in used.items()
+        },
+        "cpu_us_per_op_total": round(total_seconds * 1e6 / max(ops, 1), 2),
+        "ops_per_s_if_cpu_bound_on_idle_cores": (
+            round(ops * cores / total_seconds) if total_seconds else None
         ),
     }
 
 
 class CpuMeter:
-    """CPU seconds each process uses between two monotonic times, read from /proc.
+    """CPU seconds each process uses in the window, read from /proc at its two ends.
 
-    It samples on a background thread at `start` and `end`, so the load processes need not
-    be interrupted."""
+    `start(start_at, load_pids)` (the `on_start` of `run_load_processes`) adds the load
+    processes to the processes given here and arms a timer thread that samples at start_at
+    and at start_at + seconds, so the load runs undisturbed."""
 
-    def __init__(self, pids: dict[str, int], start: float, end: float) -> None:
-        import threading
-
-        self.pids = pids
+    def __init__(self, seconds: float, pids: dict[str, int], load_name: str) -> None:
+        self.seconds = seconds
+        self.pids = dict(pids)
+        self.load_name = load_name
         self.before: dict[str, float] = {}
         self.after: dict[str, float] = {}
-        self.thread = threading.Thread(target=self.run, args=(start, end), daemon=True)
+        self.thread: threading.Thread | None = None
+
+    def start(self, start_at: float, load_pids: list[int]) -> None:
+        for number, pid in enumerate(load_pids):
+            self.pids[f"{self.load_name}-{number}"] = pid
+        self.thread = threading.Thread(target=self.run, args=(start_at,), daemon=True)
         self.thread.start()
 
-    def run(self, start: float, end: float) -> None:
-        time.sleep(max(start - time.monotonic(), 0))  # a timer, not a wait for a condition
+    def run(self, start_at: float) -> None:
+        time.sleep(max(start_at - time.monotonic(), 0))  # a timer, not a wait for a condition
         self.before = self.sample()
-        time.sleep(max(end - time.monotonic(), 0))
+        time.sleep(max(start_at + self.seconds - time.monotonic(), 0))
         self.after = self.sample()
 
     def sample(self) -> dict[str, float]:
         samples = {}
-        for node_id, pid in self.pids.items():
+        for name, pid in self.pids.items():
             try:
-                samples[node_id] = cpu_seconds(pid)
+                samples[name] = cpu_seconds(pid)
             except OSError:
                 continue
         return samples
 
     def used(self) -> dict[str, float]:
-        self.thread.join()
+        if self.thread is not None:
+            self.thread.join()
         return {
-            node_id: self.after[node_id] - self.before[node_id]
-            for node_id in self.before
-            if node_id in self.after
+            name: self.after[name] - self.before[name] for name in self.before if name in self.after
         }

@@ -1,17 +1,20 @@
 """One load process of `quorumlog bench kv`: puts through `AsyncKVClient` in a timed window.
 
-    python -m quorumlog.bench.kv_load --endpoints 127.0.0.1:4001,... --start-at T \
-        --seconds 5 --concurrency 1000
+    python -m quorumlog.bench.kv_load --endpoints 127.0.0.1:4001,... --seconds 5 \
+        --concurrency 1000
 
 Closed loop (the default): `--concurrency` coroutines each put, wait for the answer, put
 again; the client batches what they issue in one loop turn into one `KVWrite` and pipelines
 those on one connection. Paced (`--rate N`): one put is started every 1/N s whatever the
 answers do (open loop), so a slow answer cannot slow the offered load down.
 
-The window is [start_at, start_at + seconds) on the system-wide monotonic clock, which every
-process on the machine shares: puts before it warm up (connections, leader discovery). A put
-counts if it is answered inside the window; its latency is recorded if it also started there.
-The process prints one JSON line (see `LoadResult`) and exits.
+Start: once connected (one put answered) the process prints `{"ready":true}` and reads one
+line `{"start_at": T}` from stdin, so the driver starts every load process together however
+slowly each came up. The window is [T, T + seconds) on the system-wide monotonic clock,
+which every process on the machine shares; the load begins on reading the line, so the
+time until T fills the pipelines. A put counts if it is answered inside the window; its
+latency is recorded if it also started there. The process prints one JSON line (see
+`LoadResult`) and exits.
 """
 
 from __future__ import annotations
@@ -75,10 +78,6 @@ class LoadResult(msgspec.Struct):
     """Latency bucket -> count (see `LatencyHistogram`)."""
     started: int = 0
     """Paced runs: puts started inside the window."""
-    total_ops: int = 0
-    """Puts answered over the whole run, warm-up included."""
-    cpu_seconds: float = 0.0
-    """CPU time this process used over the whole run (to charge the client its share)."""
 
 
 class Window:
@@ -92,12 +91,10 @@ class LoadCounters:
         self.ops = 0
         self.errors = 0
         self.started = 0
-        self.total_ops = 0
         self.histogram = LatencyHistogram()
 
     def finished(self, window: Window, started: float, error: bool) -> None:
         finished = time.monotonic()
-        self.total_ops += not error
         if not window.start <= finished < window.end:
             return
         if error:
@@ -173,9 +170,37 @@ async def paced(
         await asyncio.wait(running)
 
 
+READY_LINE = b'{"ready":true}\n'
+"""Printed once the process can start its load at once (connected, leader found)."""
+
+
+class StartSignal(msgspec.Struct):
+    start_at: float
+    """Where the window starts on time.monotonic(); the load begins as soon as it is read."""
+
+
+def announce_ready() -> None:
+    sys.stdout.buffer.write(READY_LINE)
+    sys.stdout.flush()
+
+
+def read_start_at(line: bytes) -> float:
+    if not line:
+        raise SystemExit("no start signal: stdin closed")
+    return msgspec.json.decode(line, type=StartSignal).start_at
+
+
+async def wait_for_start(arguments: argparse.Namespace) -> float:
+    """The window's start: --start-at if given, else announce readiness and read it."""
+    if arguments.start_at is not None:
+        return float(arguments.start_at)
+    announce_ready()
+    line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.readline)
+    return read_start_at(line)
+
+
 async def run_load(arguments: argparse.Namespace) -> LoadResult:
     endpoints = arguments.endpoints.split(",")
-    window = Window(arguments.start_at, arguments.seconds)
     value = "v" * arguments.value_bytes
     counters = LoadCounters()
     async with AsyncKVClient(
@@ -186,6 +211,7 @@ async def run_load(arguments: argparse.Namespace) -> LoadResult:
     ) as client:
         # One put first: connects, finds the leader, and fails fast if the cluster is down.
         await client.put("warm-up", value)
+        window = Window(await wait_for_start(arguments), arguments.seconds)
         if arguments.rate > 0:
             warm_up_start = min(time.monotonic(), window.start)
             await paced(
@@ -203,8 +229,6 @@ async def run_load(arguments: argparse.Namespace) -> LoadResult:
         seconds=arguments.seconds,
         histogram=counters.histogram.counts,
         started=counters.started,
-        total_ops=counters.total_ops,
-        cpu_seconds=round(time.process_time(), 3),
     )
 
 
@@ -212,7 +236,12 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--endpoints", required=True)
     parser.add_argument("--cluster-id", default="quorumlog")
-    parser.add_argument("--start-at", type=float, required=True, help="time.monotonic() value")
+    parser.add_argument(
+        "--start-at",
+        type=float,
+        default=None,
+        help="time.monotonic() value; default: print a ready line, read the start on stdin",
+    )
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--concurrency", type=int, default=1000)
     parser.add_argument("--rate", type=float, default=0.0, help="puts/s; 0: closed loop")

@@ -3,22 +3,25 @@
 Ports are asked of the OS (bind port 0, read it, close); a node that loses its port to
 another process before binding makes the start fail and try again with fresh ports.
 Every process started here is stopped and reaped by whoever started it (`NodeCluster.stop`,
-`run_processes`), also when the benchmark fails half-way.
+`LoadProcesses.kill`), also when the benchmark fails half-way.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
 
+from quorumlog.bench.kv_load import READY_LINE
 from quorumlog.codec.frame import FrameDecoder, encode_frame
 from quorumlog.codec.wire import StatusRequest, StatusResponse, decode, encode
 from quorumlog.kv.connection import hello_frame
@@ -28,6 +31,9 @@ START_ATTEMPTS_MAX = 3
 START_TIMEOUT_SECONDS = 20.0
 STOP_TIMEOUT_SECONDS = 10.0
 POLL_INTERVAL_SECONDS = 0.05
+READY_TIMEOUT_SECONDS = 60.0
+"""Load processes connect and PySyncObj elects within this (generous: a loaded machine)."""
+FINISH_SLACK_SECONDS = 30.0
 CLOCK_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 
 
@@ -170,37 +176,117 @@ class NodeCluster:
         self.processes = {}
 
 
-def run_processes(commands: Sequence[list[str]], timeout_seconds: float) -> list[bytes]:
-    """Run the commands at once; return each one's stdout. BenchError if one fails."""
-    processes = [
-        subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-        for command in commands
-    ]
-    outputs: list[bytes] = []
-    failures: list[str] = []
-    try:
-        for command, process in zip(commands, processes, strict=True):
-            try:
-                stdout, stderr = process.communicate(timeout=timeout_seconds)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                stdout, stderr = process.communicate()
-                failures.append(f"{' '.join(command[2:4])}: timed out")
-                continue
-            if process.returncode != 0:
-                tail = stderr.decode(errors="replace").strip().splitlines()[-5:]
-                failures.append(f"{' '.join(command[2:4])}: exit {process.returncode}: {tail}")
-            outputs.append(stdout)
-    finally:
-        for process in processes:
+class LoadProcesses:
+    """Load processes started together: each says when it is ready, then all get one start
+    time, so a process that came up slowly does not miss the window.
+
+    Every process is killed and reaped by `finish` (also after a failure)."""
+
+    def __init__(self, commands: Sequence[list[str]]) -> None:
+        self.commands = list(commands)
+        # Closed in kill(), which every user reaches through a finally.
+        self.error_files = [tempfile.TemporaryFile() for _ in self.commands]  # noqa: SIM115
+        self.processes = [
+            subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=error_file,
+            )
+            for command, error_file in zip(self.commands, self.error_files, strict=True)
+        ]
+
+    def name(self, position: int) -> str:
+        return " ".join(self.commands[position][2:5])
+
+    def error_tail(self, position: int) -> str:
+        error_file = self.error_files[position]
+        error_file.seek(0)
+        lines = error_file.read().decode(errors="replace").strip().splitlines()
+        return " | ".join(lines[-5:])
+
+    def wait_ready(self, timeout_seconds: float) -> None:
+        """Wait for every process's ready line; BenchError naming one that fails first."""
+        deadline = time.monotonic() + timeout_seconds
+        for position, process in enumerate(self.processes):
+            assert process.stdout is not None
+            while True:
+                remaining = deadline - time.monotonic()
+                readable, _, _ = select.select([process.stdout], [], [], max(remaining, 0))
+                if not readable:
+                    raise BenchError(f"{self.name(position)}: not ready in {timeout_seconds}s")
+                line = process.stdout.readline()
+                if not line:
+                    process.wait()
+                    raise BenchError(
+                        f"{self.name(position)}: exit {process.returncode}: "
+                        f"{self.error_tail(position)}"
+                    )
+                if line.strip() == READY_LINE.strip():
+                    break
+
+    def start(self, start_at: float) -> None:
+        line = msgspec.json.encode({"start_at": start_at}) + b"\n"
+        for process in self.processes:
+            assert process.stdin is not None
+            process.stdin.write(line)
+            process.stdin.flush()  # communicate() closes it later
+
+    def finish(self, timeout_seconds: float) -> list[bytes]:
+        """Each process's remaining stdout once it exits; BenchError if one fails."""
+        outputs: list[bytes] = []
+        failures: list[str] = []
+        deadline = time.monotonic() + timeout_seconds
+        try:
+            for position, process in enumerate(self.processes):
+                try:
+                    stdout, _ = process.communicate(timeout=max(deadline - time.monotonic(), 0.01))
+                except subprocess.TimeoutExpired:
+                    failures.append(f"{self.name(position)}: timed out")
+                    continue
+                if process.returncode != 0:
+                    failures.append(
+                        f"{self.name(position)}: exit {process.returncode}: "
+                        f"{self.error_tail(position)}"
+                    )
+                outputs.append(stdout)
+        finally:
+            self.kill()
+        if failures:
+            raise BenchError("; ".join(failures))
+        return outputs
+
+    def kill(self) -> None:
+        for process in self.processes:
             if process.poll() is None:
                 process.kill()
-                process.communicate()
-    if failures:
-        raise BenchError("; ".join(failures))
-    return outputs
+            process.wait()
+            for stream in (process.stdin, process.stdout):
+                if stream is not None and not stream.closed:
+                    stream.close()
+        for error_file in self.error_files:
+            error_file.close()
+
+
+def run_load_processes(
+    commands: Sequence[list[str]],
+    seconds: float,
+    lead_seconds: float,
+    on_start: Callable[[float, list[int]], None] | None = None,
+) -> tuple[float, list[bytes]]:
+    """Start the processes, wait until all are ready, start their window `lead_seconds`
+    later; returns its start and each process's stdout. `on_start` gets the start and
+    the processes' ids just before they are told."""
+    load = LoadProcesses(commands)
+    try:
+        load.wait_ready(READY_TIMEOUT_SECONDS)
+        start_at = time.monotonic() + lead_seconds
+        if on_start is not None:
+            on_start(start_at, [process.pid for process in load.processes])
+        load.start(start_at)
+        return start_at, load.finish(lead_seconds + seconds + FINISH_SLACK_SECONDS)
+    finally:
+        load.kill()
 
 
 def last_json_line(output: bytes, kind: type[msgspec.Struct]) -> msgspec.Struct:

@@ -1,7 +1,7 @@
 """One PySyncObj peer of `quorumlog bench kv`: the comparison cluster, same workload.
 
     python -m quorumlog.bench.kv_pysyncobj --self 127.0.0.1:5001 \
-        --partners 127.0.0.1:5002,127.0.0.1:5003 --start-at T --seconds 5 --concurrency 500
+        --partners 127.0.0.1:5002,127.0.0.1:5003 --seconds 5 --concurrency 500 --leader-only
 
 PySyncObj has no client protocol: a program calls `@replicated` methods on its own
 `SyncObj`, and a follower forwards the call to the leader. So the load runs inside the peer
@@ -10,6 +10,9 @@ from each completion callback), and counts those committed and applied inside th
 exactly as `kv_load` does for quorumlog (same `LoadResult` line on stdout). Its log lives
 in memory (no journal file): that is PySyncObj's design, so it pays no fsync.
 
+Start: as `kv_load`, once a leader is known the peer prints a ready line and reads the
+window's start from stdin (ticking meanwhile, so the cluster stays up).
+
 The peer ticks PySyncObj itself on the main thread (autoTick off), so no second thread
 fights over the GIL.
 """
@@ -17,6 +20,7 @@ fights over the GIL.
 from __future__ import annotations
 
 import argparse
+import select
 import sys
 import time
 from typing import Any
@@ -29,6 +33,8 @@ from quorumlog.bench.kv_load import (
     VALUE_BYTES_DEFAULT,
     LatencyHistogram,
     LoadResult,
+    announce_ready,
+    read_start_at,
 )
 
 TICK_WAIT_SECONDS = 0.002
@@ -87,6 +93,20 @@ class PeerLoad:
         self.store.put(key, self.value, callback=done)
 
 
+def wait_for_start(store: BenchStore, start_at: float | None) -> float:
+    """--start-at if given; else announce readiness and tick until the start line comes."""
+    if start_at is not None:
+        return start_at
+    announce_ready()
+    deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        readable, _, _ = select.select([sys.stdin], [], [], 0)
+        if readable:
+            return read_start_at(sys.stdin.buffer.readline())
+        store.doTick(TICK_WAIT_SECONDS)
+    raise SystemExit("pysyncobj peer: no start signal in time")
+
+
 def run_peer(arguments: argparse.Namespace) -> LoadResult:
     partners = [address for address in arguments.partners.split(",") if address]
     configuration = SyncObjConf(
@@ -96,15 +116,15 @@ def run_peer(arguments: argparse.Namespace) -> LoadResult:
         dynamicMembershipChange=False,
     )
     store = BenchStore(arguments.self_address, partners, configuration)
-    window_start = arguments.start_at
-    window_end = window_start + arguments.seconds
-    load = PeerLoad(store, window_start, window_end, "v" * arguments.value_bytes)
     try:
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while store._getLeader() is None:
             if time.monotonic() > deadline:
                 raise SystemExit("pysyncobj peer: no leader elected in time")
             store.doTick(TICK_WAIT_SECONDS)
+        window_start = wait_for_start(store, arguments.start_at)
+        window_end = window_start + arguments.seconds
+        load = PeerLoad(store, window_start, window_end, "v" * arguments.value_bytes)
         drives = not arguments.leader_only or store._isLeader()
         while True:
             now = time.monotonic()
@@ -128,7 +148,12 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="One PySyncObj peer of quorumlog bench kv.")
     parser.add_argument("--self", dest="self_address", required=True)
     parser.add_argument("--partners", required=True)
-    parser.add_argument("--start-at", type=float, required=True, help="time.monotonic() value")
+    parser.add_argument(
+        "--start-at",
+        type=float,
+        default=None,
+        help="time.monotonic() value; default: print a ready line, read the start on stdin",
+    )
     parser.add_argument("--seconds", type=float, required=True)
     parser.add_argument("--concurrency", type=int, default=500, help="0: serve, drive nothing")
     parser.add_argument(
