@@ -28,6 +28,8 @@ from quorumlog.raft.ready import IncomingSnapshot
 if TYPE_CHECKING:
     from quorumlog.raft.core import RaftCore
 
+PARKED_PUSHES_MAX = 64
+
 
 class FollowerState:
     def __init__(self, core: RaftCore) -> None:
@@ -39,6 +41,9 @@ class FollowerState:
         self.snapshot_buffer = bytearray()
         self.snapshot_key: tuple[int, int, int] | None = None
         """(leader term, snapshot index, snapshot term) of the snapshot being received."""
+        self.parked: dict[int, Push] = {}
+        """APPENDs that arrived ahead of a gap, by the index they follow (DLedger keeps
+        early pushes the same way): the missing one usually arrives a moment later."""
 
     def start(self, term: int, leader_id: str | None) -> None:
         """A new leader (or none): nothing is verified against it yet."""
@@ -48,10 +53,13 @@ class FollowerState:
         self.verified_index = self.core.log.snapshot_index
         self.snapshot_buffer = bytearray()
         self.snapshot_key = None
+        self.parked = {}
 
     def accept_round(self, round_number: int) -> bool:
         if round_number < self.round:
             return False
+        if round_number > self.round:
+            self.parked = {}  # pushes of an older round must never be applied now
         self.round = round_number
         return True
 
@@ -105,6 +113,7 @@ class FollowerState:
         if push.index < core.log.last_index:
             core.log.truncate_after(push.index)
             core.note_truncated(push.index)
+            self.truncated(push.index)
         self.verify(push.index)
         self.advance_commit(push.commit_index)
         self.respond(push, success=True, match_index=push.index)
@@ -124,6 +133,9 @@ class FollowerState:
             previous_index = log.snapshot_index
             previous_term = entries[skip - 1].term
             entries = entries[skip:]
+        if previous_index > log.last_index and len(self.parked) < PARKED_PUSHES_MAX:
+            self.parked[previous_index] = push  # answered once the gap before it fills
+            return
         if previous_index > log.last_index or not self.matches(previous_index, previous_term):
             # A gap (an earlier push was lost) or a mismatch: the leader goes back to COMPARE.
             self.respond(push, success=False)
@@ -137,6 +149,7 @@ class FollowerState:
                 # Raft §5.3: a conflicting entry and all after it go.
                 log.truncate_after(entry.index - 1)
                 core.note_truncated(entry.index - 1)
+                self.truncated(entry.index - 1)
                 new_entries = entries[position:]
                 break
         else:
@@ -148,9 +161,18 @@ class FollowerState:
         self.verify(last_new)
         self.advance_commit(push.commit_index)
         self.respond(push, success=True, match_index=last_new)
+        following = self.parked.pop(log.last_index, None)
+        if following is not None:
+            self.handle_append(following)
 
     def verify(self, index: int) -> None:
         self.verified_index = max(self.verified_index, index)
+
+    def truncated(self, after: int) -> None:
+        """Entries after `after` are gone: nothing past it can still be verified, and any
+        parked push that followed them is stale."""
+        self.verified_index = min(self.verified_index, after)
+        self.parked = {k: v for k, v in self.parked.items() if k <= after}
 
     def advance_commit(self, leader_commit: int) -> None:
         core = self.core
