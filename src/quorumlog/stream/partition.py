@@ -25,7 +25,10 @@ from quorumlog.errors import QuorumLogError
 
 RECENT_BATCHES_PER_PRODUCER = 5
 PRODUCER_COUNT_MAX_DEFAULT = 20_000
-CHECKPOINT_ENTRIES_DEFAULT = 1_000
+CHECKPOINT_ENTRIES_DEFAULT = 64
+CHECKPOINTS_MAX = 64
+"""Past this many, every other older checkpoint goes: retention needs one near the cut,
+not all of them, and each holds a copy of the producer table."""
 
 
 class OutOfOrderSequenceError(QuorumLogError):
@@ -148,9 +151,14 @@ class PartitionMachine:
             for base_sequence, recent_count, base_offset in state.recent:
                 if base_sequence == header.base_sequence and recent_count == count:
                     return ProduceOutcome(base_offset=base_offset, count=count, duplicate=True)
+            if header.base_sequence + count <= state.next_sequence:
+                # Written long ago (a replay, as a restarted Spark task sends): not written
+                # again. Its offsets are no longer remembered, so the answer says -1, as
+                # Kafka answers DUPLICATE_SEQUENCE_NUMBER.
+                return ProduceOutcome(base_offset=-1, count=count, duplicate=True)
             return OutOfOrderSequenceError(
-                f"producer {header.producer_id}: sequence {header.base_sequence} was already "
-                f"written but is no longer remembered (next is {state.next_sequence})"
+                f"producer {header.producer_id}: batch at sequence {header.base_sequence} of "
+                f"{count} records straddles the next expected sequence {state.next_sequence}"
             )
         return OutOfOrderSequenceError(
             f"producer {header.producer_id}: out of order sequence {header.base_sequence}, "
@@ -168,6 +176,12 @@ class PartitionMachine:
         self.checkpoints.append(
             Checkpoint(index=self.applied_index, next_offset=self.next_offset, producers=producers)
         )
+        if len(self.checkpoints) > CHECKPOINTS_MAX:
+            half = len(self.checkpoints) // 2
+            # Keep the oldest (the state at the current cut) and thin the older half.
+            self.checkpoints = (
+                self.checkpoints[:1] + self.checkpoints[2:half:2] + (self.checkpoints[half:])
+            )
 
     def checkpoint_at_or_below(self, index: int) -> Checkpoint:
         position = bisect.bisect_right([c.index for c in self.checkpoints], index) - 1

@@ -140,3 +140,26 @@ def test_every_record_gets_exactly_one_offset_whatever_the_retries(
         next_sequence[producer] = sequence + count
         last_batch[producer] = (sequence, count, outcome.base_offset)
     assert machine.next_offset == written
+
+
+def test_a_replay_older_than_the_remembered_batches_is_not_written_again() -> None:
+    """A restarted Spark task resends every batch of its task under the same producer id."""
+    machine = PartitionMachine()
+    for sequence in range(0, 40, 4):
+        machine.apply(sequence // 4 + 1, batch("task", sequence, 4))
+    assert machine.next_offset == 40
+    replay = machine.apply(100, batch("task", 0, 4))
+    assert replay == ProduceOutcome(base_offset=-1, count=4, duplicate=True)
+    straddling = machine.apply(101, batch("task", 38, 4))
+    assert isinstance(straddling, OutOfOrderSequenceError)
+    assert machine.next_offset == 40
+
+
+def test_checkpoints_stay_bounded_and_keep_the_oldest() -> None:
+    machine = PartitionMachine(checkpoint_entries=1)
+    for index in range(1, 1001):
+        machine.apply(index, batch("a", index - 1, 1))
+    assert len(machine.checkpoints) <= 65
+    assert machine.checkpoints[0].index == 0
+    indexes = [c.index for c in machine.checkpoints]
+    assert indexes == sorted(indexes) and indexes[-1] == 1000
