@@ -59,7 +59,8 @@ def heartbeat(source: str, target: str, term: int = 1) -> Push:
 def make_network(faults: NetworkFaults, seed: int = 1) -> tuple[EventQueue, SimNetwork, list]:
     events = EventQueue()
     delivered: list = []
-    network = SimNetwork(events, random.Random(seed), faults, delivered.append)
+    receivers = {node_id: delivered.append for node_id in ("n1", "n2", "n3")}
+    network = SimNetwork(events, random.Random(seed), faults, receivers)
     return events, network, delivered
 
 
@@ -232,3 +233,15 @@ def test_kv_machine_snapshot_round_trips_and_is_canonical() -> None:
 def test_kv_machine_rejects_unknown_commands() -> None:
     with pytest.raises(SimulationError):
         KvMachine().apply(KvCommand(1, 1, "rename", "k"))
+
+
+def test_network_fifo_links_keep_send_order_per_link() -> None:
+    faults = NetworkFaults(delay_ms_min=1, delay_ms_max=30, fifo_links=True)
+    events, network, delivered = make_network(faults, seed=3)
+    for term in range(1, 101):
+        network.send(heartbeat("n1", "n2", term))
+        network.send(heartbeat("n2", "n1", term))
+    drain(events)
+    for source in ("n1", "n2"):
+        terms = [message.term for message in delivered if message.source == source]
+        assert terms == list(range(1, 101))

@@ -61,11 +61,12 @@ class SimCluster:
         self.trace = trace
         self.events = EventQueue()
         self.checker = InvariantChecker()
+        self.receivers: dict[str, Callable[[Message], None]] = {}
         self.network = SimNetwork(
             self.events,
             derive_random(seed, "network"),
             self.options.network,
-            self._deliver,
+            self.receivers,
             trace,
         )
         node_ids = [f"n{number}" for number in range(1, self.options.node_count + 1)]
@@ -85,6 +86,7 @@ class SimCluster:
                 trace=trace,
             )
             self.nodes[node_id] = node
+            self.receivers[node_id] = node.receive
             self.checker.register(node)
         self.history = History()
         self.workload = Workload(
@@ -105,11 +107,6 @@ class SimCluster:
             stats=self.workload.stats,
         )
 
-    def _deliver(self, message: Message) -> None:
-        node = self.nodes.get(message.target)
-        if node is not None:
-            node.receive(message)
-
     # --- time ---------------------------------------------------------------------------
 
     @property
@@ -126,13 +123,7 @@ class SimCluster:
         self.run_until_time(self.events.now_ms + duration_ms)
 
     def run_until_time(self, deadline_ms: int) -> None:
-        events = self.events
-        while True:
-            next_time_ms = events.next_time_ms()
-            if next_time_ms is None or next_time_ms > deadline_ms:
-                break
-            events.run_next()
-        events.now_ms = max(events.now_ms, deadline_ms)
+        self.events.run_until(deadline_ms)
 
     def run_until(self, predicate: Callable[[], bool], ticks_max: int) -> bool:
         """Run event by event until `predicate()` holds; False if `ticks_max` pass first."""

@@ -29,6 +29,10 @@ class NetworkFaults(msgspec.Struct, frozen=True):
     tail_delay_ms_max: int = 400
     drop_probability: float = 0.0
     duplicate_probability: float = 0.0
+    fifo_links: bool = False
+    """Deliver in send order on each directed link, as one TCP connection does (a late
+    message holds back the ones behind it). False: every message is delayed on its own,
+    so messages overtake each other."""
 
     def validate(self) -> None:
         if not 0 <= self.delay_ms_min <= self.delay_ms_max:
@@ -51,7 +55,7 @@ class NetworkStats(msgspec.Struct):
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
 
-Deliver = Callable[[Message], None]
+Receiver = Callable[[Message], None]
 
 
 def encode_message(message: Message) -> bytes:
@@ -63,25 +67,28 @@ def decode_message(data: bytes) -> Message:
 
 
 class SimNetwork:
-    """Carries messages between node ids; `deliver` hands an arrived message to its node."""
+    """Carries messages between node ids, to the receiver registered for the target."""
 
     def __init__(
         self,
         events: EventQueue,
         rng: random.Random,
         faults: NetworkFaults,
-        deliver: Deliver,
+        receivers: dict[str, Receiver],
         trace: TraceRecorder | None = None,
     ) -> None:
         faults.validate()
         self.events = events
         self.rng = rng
         self.faults = faults
-        self.deliver = deliver
+        self.receivers = receivers
+        """Node id -> what takes a message that arrived for it (the dict may fill later)."""
         self.trace = trace
         self.blocked: set[tuple[str, str]] = set()
         """Directed links that drop everything: (source, target)."""
         self.stats = NetworkStats()
+        self.link_arrival_ms: dict[tuple[str, str], int] = {}
+        """fifo_links: the latest arrival time scheduled on each link."""
 
     # --- faults ----------------------------------------------------------------------
 
@@ -133,13 +140,19 @@ class SimNetwork:
                 low, high = faults.delay_ms_max, faults.tail_delay_ms_max
             else:
                 low, high = faults.delay_ms_min, faults.delay_ms_max
-            delay_ms = draw_int(rng, low, high)
-            self.events.schedule(delay_ms, self._arrive, (source, target, data))
+            arrival_ms = self.events.now_ms + draw_int(rng, low, high)
+            if faults.fifo_links:
+                link = (source, target)
+                arrival_ms = max(arrival_ms, self.link_arrival_ms.get(link, 0))
+                self.link_arrival_ms[link] = arrival_ms
+            self.events.schedule_at(arrival_ms, self._arrive, (source, target, data))
 
     def _arrive(self, packet: tuple[str, str, bytes]) -> None:
         source, target, data = packet
         if (source, target) in self.blocked:
             self.stats.dropped_blocked += 1
             return
-        self.stats.delivered += 1
-        self.deliver(_decoder.decode(data))
+        receiver = self.receivers.get(target)
+        if receiver is not None:
+            self.stats.delivered += 1
+            receiver(_decoder.decode(data))

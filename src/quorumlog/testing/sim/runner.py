@@ -99,6 +99,7 @@ def plan_seed(seed: int, node_count: int) -> SeedPlan:
         tail_delay_ms_max=rng.choice([100, 400, 1000]),
         drop_probability=rng.choice([0.0, 0.01, 0.05, 0.1]),
         duplicate_probability=rng.choice([0.0, 0.01, 0.05]),
+        fifo_links=rng.random() < 0.5,
     )
     node = NodeOptions(
         tick_ms=50,
