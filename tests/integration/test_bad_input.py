@@ -8,6 +8,7 @@ the socket's own address.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from quorumlog.codec.frame import FRAME_BYTES_MAX_DEFAULT, FrameDecoder, encode_
 from quorumlog.codec.wire import (
     Frame,
     Hello,
+    KVRead,
     PeerBatch,
     Refused,
     StatusRequest,
@@ -193,3 +195,51 @@ def test_client_with_a_wrong_cluster_id_gets_a_clear_error(cluster: ProcessClust
     ):
         client.get("anything")
     check_node_serves(cluster, "after-wrong-client")
+
+
+def resident_megabytes(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+BIG_VALUE_BYTES = 900_000
+UNREAD_REPLIES = 300
+RSS_GROWTH_MEGABYTES_MAX = 128
+"""What one connection may make the node hold for it: generous next to a sane bound on a
+connection's unsent bytes (a few MiB), small next to the 270 MB asked for here."""
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: replies to a client that does not read are buffered without bound "
+    "(transport.Connection has no pause_writing/pause_reading, no cap on unsent bytes)",
+)
+def test_client_that_never_reads_cannot_make_the_node_buffer_without_bound(
+    cluster: ProcessCluster,
+) -> None:
+    pid = cluster.nodes["n1"].pid
+    with KVClient(cluster.endpoints, timeout=5.0, cluster_id=CLUSTER_ID) as client:
+        client.put("big", "x" * BIG_VALUE_BYTES)
+    baseline = resident_megabytes(pid)
+    requests = b"".join(
+        framed(KVRead(request_id=number, keys=["big"])) for number in range(UNREAD_REPLIES)
+    )
+    host, _, port = cluster.address("n1").rpartition(":")
+    growth_seen: list[float] = []
+    with socket.create_connection((host, int(port)), timeout=CLOSE_TIMEOUT_SECONDS) as sock:
+        sock.sendall(hello())
+        sock.sendall(requests)  # ~10 KB asking for 270 MB of answers, which we never read
+
+        def grew_too_much() -> bool:
+            growth_seen.append(resident_megabytes(pid) - baseline)
+            return growth_seen[-1] > RSS_GROWTH_MEGABYTES_MAX
+
+        # Watch the node for a while: it must not take on the whole 270 MB for us.
+        with contextlib.suppress(AssertionError):
+            wait_until(grew_too_much, 3.0, "the node's memory to grow past the bound")
+    check_node_serves(cluster, "after-unread-replies")
+    assert max(growth_seen) <= RSS_GROWTH_MEGABYTES_MAX, (
+        f"the node grew by {max(growth_seen):.0f} MB for one client that does not read"
+    )
