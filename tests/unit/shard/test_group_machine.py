@@ -347,6 +347,32 @@ def test_delete_replays_and_configuration_numbers() -> None:
     assert older == ControlApplied(accepted=True, configuration_number=3, shards=[])
 
 
+def test_a_late_delete_does_not_touch_a_shard_that_moved_again() -> None:
+    """Shard 0 goes 1 → 2 → 1 → 2. A delete for the first move, applied late (a lagging
+    leader proposed it again), must leave the second move's copies alone on both sides."""
+    first, second = Replica(1), Replica(2)
+    owners = [[1, 1, 1, 1], [2, 1, 1, 1], [1, 1, 1, 1], [2, 1, 1, 1]]
+    for number, shards in enumerate(owners, start=1):
+        for replica in (first, second):
+            replica.configure(number, shards)
+        if number == 1:
+            first.write(key_in_shard(0), "v")
+            continue
+        giver, taker = (first, second) if shards[0] == 2 else (second, first)
+        taker.control(insert_from(giver, number, [0]))
+        if number < 4:
+            giver.control(DeleteShards(number, [0]))
+            taker.control(DeleteShards(number, [0]))
+    assert first.states()[0] is BE_PULLING
+    assert second.states()[0] is GARBAGE_COLLECTING
+    for replica in (first, second):
+        late = replica.control(DeleteShards(2, [0]))
+        assert late == ControlApplied(accepted=True, configuration_number=4, shards=[])
+    assert first.states()[0] is BE_PULLING
+    assert first.machine.shard_data(0) == {key_in_shard(0): "v"}
+    assert second.states()[0] is GARBAGE_COLLECTING
+
+
 def test_after_garbage_collection_the_previous_owner_holds_only_what_it_owns() -> None:
     old_owner, new_owner = moved_pair()
     for number in range(20):
