@@ -173,8 +173,10 @@ class ShardGroupMachine:
         self.session_count_max = session_count_max
         self.session_results_max = session_results_max
         self.shards = [Shard(self.new_session_table()) for _ in range(shard_count)]
-        self.current = empty_configuration(shard_count)
-        self.previous = self.current
+        self.current_configuration = empty_configuration(shard_count)
+        self.previous_configuration = self.current_configuration
+        """The configuration before the current one (the current one while it is 0): the
+        previous owners, whom PULLING shards are pulled from and GC requests go to."""
         self.clock_ms = 0
         self._applied_index = 0
         self.duplicate_count = 0
@@ -187,15 +189,6 @@ class ShardGroupMachine:
     @property
     def applied_index(self) -> int:
         return self._applied_index
-
-    @property
-    def current_configuration(self) -> ShardConfiguration:
-        return self.current
-
-    @property
-    def previous_configuration(self) -> ShardConfiguration:
-        """The configuration before the current one (the current one while it is 0)."""
-        return self.previous
 
     def shard_for_key(self, key: str) -> int:
         return shard_for_key(key, self.shard_count)
@@ -212,7 +205,7 @@ class ShardGroupMachine:
         return all(shard.state is ShardState.SERVING for shard in self.shards)
 
     def owns(self, shard: int) -> bool:
-        return self.current.shards[shard] == self.gid
+        return self.current_configuration.shards[shard] == self.gid
 
     def can_serve(self, shard: int) -> bool:
         """Owned in the current configuration and holding its data (SERVING or GC pending)."""
@@ -228,7 +221,7 @@ class ShardGroupMachine:
         """
         shard = self.shard_for_key(key)
         if not self.can_serve(shard):
-            return WrongGroup(shard, self.current.number)
+            return WrongGroup(shard, self.current_configuration.number)
         return self.shards[shard].data.get(key)
 
     def shard_data(self, shard: int) -> dict[str, str]:
@@ -243,7 +236,7 @@ class ShardGroupMachine:
         `configuration_number`: their data and sessions as frozen when they became
         BE_PULLING. A pure read; any replica that applied the configuration gives the same
         answer, because nothing changes a BE_PULLING shard until it is dropped."""
-        number = self.current.number
+        number = self.current_configuration.number
         if number < configuration_number:
             return PullResponse(self.gid, configuration_number, PullStatus.NOT_READY)
         ready = sorted(
@@ -296,7 +289,7 @@ class ShardGroupMachine:
         if isinstance(entry, DeleteShards):
             return self.apply_delete_shards(entry)
         require(isinstance(entry, EmptyEntry), f"unknown shard group entry {entry!r}")
-        return ControlApplied(accepted=True, configuration_number=self.current.number)
+        return ControlApplied(accepted=True, configuration_number=self.current_configuration.number)
 
     def apply_client_writes(self, entry: ClientWrites) -> WritesApplied:
         self.advance_clock(entry.timestamp_ms)
@@ -308,7 +301,7 @@ class ShardGroupMachine:
             for command in batch.commands:
                 index = self.shard_for_key(command.key)
                 if not self.can_serve(index):
-                    batch_results.append(WrongGroup(index, self.current.number))
+                    batch_results.append(WrongGroup(index, self.current_configuration.number))
                     continue
                 shard = self.shards[index]
                 session = touched.get(index)
@@ -340,7 +333,7 @@ class ShardGroupMachine:
                 shard.sessions.advance_clock(self.clock_ms)
 
     def apply_new_configuration(self, configuration: ShardConfiguration) -> ControlApplied:
-        number = self.current.number
+        number = self.current_configuration.number
         if configuration.number != number + 1:
             return self.refused(f"configuration {configuration.number} is not {number + 1}")
         if not self.all_serving():
@@ -361,12 +354,12 @@ class ShardGroupMachine:
             return self.refused(str(error))
         changed: list[int] = []
         for index, (old_owner, new_owner) in enumerate(
-            zip(self.current.shards, configuration.shards, strict=True)
+            zip(self.current_configuration.shards, configuration.shards, strict=True)
         ):
             if self.change_ownership(index, old_owner, new_owner):
                 changed.append(index)
-        self.previous = self.current
-        self.current = configuration
+        self.previous_configuration = self.current_configuration
+        self.current_configuration = configuration
         return ControlApplied(
             accepted=True, configuration_number=configuration.number, shards=changed
         )
@@ -392,7 +385,7 @@ class ShardGroupMachine:
         return False
 
     def apply_insert_shards(self, entry: InsertShards) -> ControlApplied:
-        number = self.current.number
+        number = self.current_configuration.number
         if entry.configuration_number != number:
             return self.refused(
                 f"insert for configuration {entry.configuration_number}, current is {number}"
@@ -411,7 +404,7 @@ class ShardGroupMachine:
         return ControlApplied(accepted=True, configuration_number=number, shards=inserted)
 
     def apply_delete_shards(self, entry: DeleteShards) -> ControlApplied:
-        number = self.current.number
+        number = self.current_configuration.number
         if entry.configuration_number > number:
             return self.refused(
                 f"delete for configuration {entry.configuration_number}, current is {number}"
@@ -441,7 +434,7 @@ class ShardGroupMachine:
 
     def refused(self, reason: str) -> ControlApplied:
         return ControlApplied(
-            accepted=False, configuration_number=self.current.number, reason=reason
+            accepted=False, configuration_number=self.current_configuration.number, reason=reason
         )
 
     # --- snapshots ----------------------------------------------------------------------
@@ -454,8 +447,8 @@ class ShardGroupMachine:
             shard_count=self.shard_count,
             applied_index=self._applied_index,
             clock_ms=self.clock_ms,
-            current=self.current,
-            previous=self.previous,
+            current=self.current_configuration,
+            previous=self.previous_configuration,
             shards=[
                 ShardRecord(
                     state=shard.state,
@@ -487,8 +480,8 @@ class ShardGroupMachine:
                 raise MalformedEntryError(f"shard group {self.gid} snapshot: {error}") from error
             shards.append(shard)
         self.shards = shards
-        self.current = snapshot.current
-        self.previous = snapshot.previous
+        self.current_configuration = snapshot.current
+        self.previous_configuration = snapshot.previous
         self.clock_ms = snapshot.clock_ms
         self._applied_index = snapshot.applied_index
 

@@ -129,7 +129,7 @@ def test_garbage_collection_requests_go_to_each_previous_owner() -> None:
 def test_a_pulling_shard_with_no_previous_owner_is_an_invariant_violation() -> None:
     machine = machine_at(1, [1, 1, 1, 1])
     machine.shards[0].state = ShardState.PULLING
-    machine.previous = configuration(1, [1, 1, 1, 1])
+    machine.previous_configuration = configuration(1, [1, 1, 1, 1])
     with pytest.raises(InvariantViolation, match="shard 0 is pulling but was owned by 1"):
         monitor(machine)
 
