@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import signal
 import socket
@@ -314,24 +315,31 @@ class ProcessCluster:
         os.kill(node.pid, signal.SIGCONT)
         node.paused = False
 
-    def restart(self, node_id: str, timeout_seconds: float = START_TIMEOUT_SECONDS) -> None:
-        """Start a stopped node again: same id, port and data directory. Waits until it
-        answers; if its port is briefly held by another socket, tries again."""
-        node = self.nodes[node_id]
-        if node.running:
-            raise AssertionError(f"{node_id} is still running; kill it first")
+    def restart(self, *node_ids: str, timeout_seconds: float = START_TIMEOUT_SECONDS) -> None:
+        """Start stopped nodes again, all at once: same ids, ports and data directories.
+        Waits until each answers; one whose port is briefly held by another socket is
+        started again until the deadline."""
+        nodes = [self.nodes[node_id] for node_id in node_ids]
+        for node in nodes:
+            if node.running:
+                raise AssertionError(f"{node.node_id} is still running; kill it first")
         deadline = time.monotonic() + timeout_seconds
-        while True:
+        for node in nodes:
             self.launch(node)
-            answered = wait_until(
-                lambda: self.answer_or_exit(node),
-                max(deadline - time.monotonic(), 0.1),
-                f"{node_id} to answer after a restart",
-            )
-            if answered == "answered":
-                return
-            if not self.port_was_taken(node) or time.monotonic() >= deadline:
-                raise AssertionError(f"{node_id} exited at restart:\n{self.log_tail(node_id)}")
+        for node in nodes:
+            while True:
+                answered = wait_until(
+                    functools.partial(self.answer_or_exit, node),
+                    max(deadline - time.monotonic(), 0.1),
+                    f"{node.node_id} to answer after a restart",
+                )
+                if answered == "answered":
+                    break
+                if not self.port_was_taken(node) or time.monotonic() >= deadline:
+                    raise AssertionError(
+                        f"{node.node_id} exited at restart:\n{self.log_tail(node.node_id)}"
+                    )
+                self.launch(node)
 
     def answer_or_exit(self, node: NodeProcess) -> str | None:
         if query_status(node.address, self.cluster_id) is not None:
