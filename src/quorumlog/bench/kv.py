@@ -63,7 +63,7 @@ class KVBenchSettings:
         seconds: float = 8.0,
         clients: int = 2,
         concurrency: int = 2000,
-        pysyncobj_concurrency: int = 1000,
+        pysyncobj_concurrency: int | None = None,
         paced_seconds: float | None = None,
         directory: str | None = None,
     ) -> None:
@@ -71,7 +71,11 @@ class KVBenchSettings:
         self.clients = clients
         self.concurrency = concurrency
         """Puts in flight per load process."""
-        self.pysyncobj_concurrency = pysyncobj_concurrency
+        self.pysyncobj_concurrency = (
+            clients * concurrency if pysyncobj_concurrency is None else pysyncobj_concurrency
+        )
+        """Puts PySyncObj's leader keeps in flight; by default as many as all quorumlog
+        load processes together, so both systems see the same offered load."""
         self.paced_seconds = (
             min(PACED_SECONDS_MAX, seconds) if paced_seconds is None else paced_seconds
         )
