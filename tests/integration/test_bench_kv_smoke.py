@@ -32,7 +32,7 @@ def test_bench_kv_prints_phases_and_a_summary(tmp_path: Path) -> None:
             "kv",
             "--json",
             "--seconds",
-            "1",
+            "0.5",
             "--clients",
             "1",
             "--concurrency",

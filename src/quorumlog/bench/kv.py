@@ -49,8 +49,9 @@ from quorumlog.bench.kv_processes import (
 )
 
 CLUSTER_ID = "bench-kv"
-WARM_UP_SECONDS = 1.0
-"""Between the start signal and the window: the load runs, pipelines fill, nothing counts."""
+WARM_UP_SECONDS_MAX = 1.0
+"""Between the start signal and the window: the load runs, pipelines fill, nothing counts
+(half the window when that is shorter, so a smoke run stays short)."""
 VALUE_BYTES = 100
 PACED_RATE_OPS_PER_SECOND = 1000.0
 PACED_SECONDS_MAX = 5.0
@@ -80,6 +81,7 @@ class KVBenchSettings:
             min(PACED_SECONDS_MAX, seconds) if paced_seconds is None else paced_seconds
         )
         self.directory = directory
+        self.warm_up_seconds = min(WARM_UP_SECONDS_MAX, seconds / 2)
 
 
 def run_kv_benchmark(settings: KVBenchSettings, as_json: bool) -> dict[str, Any]:
@@ -192,7 +194,7 @@ def quorumlog_throughput(
     ]
     load_average = os.getloadavg()[0]
     cpu = CpuMeter(settings.seconds, cluster.pids, "client")
-    _, outputs = run_load_processes(commands, settings.seconds, WARM_UP_SECONDS, cpu.start)
+    _, outputs = run_load_processes(commands, settings.seconds, settings.warm_up_seconds, cpu.start)
     results = [last_json_line(output, LoadResult) for output in outputs]
     figures = load_figures(results, settings.seconds)
     used = cpu.used()
@@ -213,7 +215,7 @@ def quorumlog_paced(cluster: NodeCluster, settings: KVBenchSettings) -> dict[str
     command = load_command(
         cluster.endpoints, settings.paced_seconds, 99, rate=PACED_RATE_OPS_PER_SECOND
     )
-    _, [output] = run_load_processes([command], settings.paced_seconds, WARM_UP_SECONDS)
+    _, [output] = run_load_processes([command], settings.paced_seconds, settings.warm_up_seconds)
     result = last_json_line(output, LoadResult)
     figures = load_figures([result], settings.paced_seconds)
     return {
@@ -247,7 +249,7 @@ def pysyncobj_phase(settings: KVBenchSettings) -> dict[str, Any]:
     ]
     load_average = os.getloadavg()[0]
     cpu = CpuMeter(settings.seconds, {}, "peer")
-    _, outputs = run_load_processes(commands, settings.seconds, WARM_UP_SECONDS, cpu.start)
+    _, outputs = run_load_processes(commands, settings.seconds, settings.warm_up_seconds, cpu.start)
     results = [last_json_line(output, LoadResult) for output in outputs]
     figures = load_figures(results, settings.seconds)
     return {
