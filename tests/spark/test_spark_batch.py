@@ -25,24 +25,24 @@ def test_batch_read_gives_every_record_once_with_kafka_schema(
     spark: SparkSession, fake_cluster: FakeStreamCluster
 ) -> None:
     topic = unique_topic("batch")
-    fake_cluster.create_topic(topic, partitions=3)
-    for partition in range(3):
-        produce_values(fake_cluster.endpoints, topic, partition, values(f"p{partition}", 700))
+    fake_cluster.create_topic(topic, partitions=2)
+    for partition in range(2):
+        produce_values(fake_cluster.endpoints, topic, partition, values(f"p{partition}", 500))
 
     frame = (
         spark.read.format("quorumlog")
         .option("endpoints", fake_cluster.endpoints)
         .option("topic", topic)
-        .option("maxRecordsPerPartition", "300")
+        .option("maxRecordsPerPartition", "200")
         .load()
     )
     assert frame.schema.simpleString() == (
         "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
         "timestamp:timestamp,timestampType:int,headers:array<struct<key:string,value:binary>>>"
     )
-    assert frame.rdd.getNumPartitions() == 9  # 700 records in ranges of at most 300
+    assert frame.rdd.getNumPartitions() == 6  # 500 records in ranges of at most 200
     rows = frame.select("value", "partition", "offset", "topic", "timestampType").collect()
-    assert len(rows) == 2100
+    assert len(rows) == 1000
     for row in rows:
         assert row.value == f"p{row.partition}-{row.offset}".encode()
         assert row.topic == topic
