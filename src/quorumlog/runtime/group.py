@@ -1,10 +1,11 @@
 """Runs one Raft group for real: a RaftCore, its log on disk, its state machine, its peers.
 
-Everything happens on the event loop thread except fsync, which runs on a one-thread
-executor so the loop keeps taking messages and proposals meanwhile. While a sync is in
-flight no new Ready is taken; when it lands, the next Ready carries everything that
-arrived meanwhile — that is the group commit: one fsync covers every proposal of a batch.
-The store is only mutated on the loop thread and never while a sync is in flight.
+Everything happens on the event loop thread except fsync, which runs on an executor so
+the loop keeps taking messages and proposals meanwhile. Readies keep being taken during a
+sync and their messages sent at once (the leader replicates while it writes); their
+durable parts queue up, and when the sync lands one write and one fsync cover them all —
+that is the group commit. The store is only mutated on the loop thread and never while a
+sync is in flight.
 
 Order per Ready (see raft/ready.py): send `messages` (the leader replicates while it
 writes); install a snapshot; truncate; append; fsync (then hard state); send
@@ -39,6 +40,8 @@ from quorumlog.storage import EntryType, LogEntry, SegmentLogStore
 log = logging.getLogger("quorumlog.group")
 
 DISK_FULL_RETRY_SECONDS = 0.5
+READIES_QUEUED_MAX = 256
+"""Readies taken while a sync is in flight; past this the core holds the rest."""
 
 
 class StateMachine(Protocol):
@@ -122,7 +125,8 @@ class GroupRunner:
             snapshot_data=snapshot.data if snapshot else None,
             random=random.Random(),
         )
-        self.unwritten_ready: Ready | None = None
+        self.unwritten: list[Ready] = []
+        """Readies taken from the core whose durable part is not written yet, in order."""
         self.disk_full_logged = False
         self.syncing = False
         self.sync_idle = asyncio.Event()
@@ -217,36 +221,54 @@ class GroupRunner:
 
     def process(self) -> None:
         self.scheduled = False
-        if self.syncing or self.failure is not None or self.stopped:
+        if self.failure is not None or self.stopped:
             return
-        ready = self.unwritten_ready
         try:
-            if ready is None:
-                self.compact_if_due()
-                self.request_reads()
-                if not self.core.has_ready():
-                    return
+            if not self.syncing:
+                self.compact_if_due()  # the store changes only while no sync is in flight
+            self.request_reads()
+            # Take Readies even while a sync is in flight: their messages go out at once (the
+            # leader replicates while it writes); their durable part waits its turn below.
+            while len(self.unwritten) < READIES_QUEUED_MAX and self.core.has_ready():
                 ready = self.core.ready()
                 for message in ready.messages:
                     self.send_message(self.group_id, message.target, message)
-            self.unwritten_ready = None
-            needs_sync = self.write(ready)
+                self.unwritten.append(ready)
+        except QuorumLogError as error:
+            self.fail(error)
+            return
+        if not self.syncing and self.unwritten:
+            self.write_and_sync()
+
+    def write_and_sync(self) -> None:
+        """Write every queued Ready and cover them all with one fsync (group commit)."""
+        batch: list[Ready] = []
+        needs_sync = False
+        hard_state: HardState | None = None
+        try:
+            while self.unwritten:
+                ready = self.unwritten[0]
+                if ready.snapshot is not None and batch:
+                    break  # restore only after the entries before it are applied
+                needs_sync |= self.write(ready)
+                self.unwritten.pop(0)
+                batch.append(ready)
+                hard_state = ready.hard_state or hard_state
         except DiskFullError as error:
-            # The store rolled the failed write back; keep this Ready and try it again
-            # (nothing after it may be written first). The node keeps serving reads.
-            self.unwritten_ready = ready
+            # The store rolled the failed write back; that Ready stays first in the queue
+            # and is tried again (nothing after it may be written first).
             if not self.disk_full_logged:
                 log.error("group %s: disk full, retrying writes: %s", self.group_id, error)
                 self.disk_full_logged = True
             asyncio.get_running_loop().call_later(DISK_FULL_RETRY_SECONDS, self.schedule)
-            return
         except QuorumLogError as error:
             self.fail(error)
             return
-        if self.disk_full_logged:
+        if not batch:
+            return
+        if self.disk_full_logged and not self.unwritten:
             log.warning("group %s: writes go through again", self.group_id)
             self.disk_full_logged = False
-        hard_state = ready.hard_state
         save_hard_state = hard_state is not None and self.hard_state_file.needs_save(hard_state)
         if needs_sync or save_hard_state:
             self.syncing = True
@@ -256,10 +278,10 @@ class GroupRunner:
             )
             loop = asyncio.get_running_loop()
             job.add_done_callback(
-                lambda done: loop.call_soon_threadsafe(self.after_sync, ready, done.exception())
+                lambda done: loop.call_soon_threadsafe(self.after_sync, batch, done.exception())
             )
         else:
-            self.after_sync(ready, None)
+            self.after_sync(batch, None)
 
     def write(self, ready: Ready) -> bool:
         """Apply the Ready's durable changes to the store (not yet synced)."""
@@ -284,23 +306,24 @@ class GroupRunner:
         if hard_state is not None:
             self.hard_state_file.save(hard_state)  # after the log it refers to
 
-    def after_sync(self, ready: Ready, error: BaseException | None) -> None:
+    def after_sync(self, batch: list[Ready], error: BaseException | None) -> None:
         self.syncing = False
         self.sync_idle.set()
         if error is not None:
             self.fail(error)
             return
-        for message in ready.messages_after_persist:
-            self.send_message(self.group_id, message.target, message)
-        if ready.entries:
-            last = ready.entries[-1]
-            self.core.persisted(last.index, last.term)
-        try:
-            self.apply(ready.committed_entries)
-        except QuorumLogError as apply_error:
-            self.fail(apply_error)
-            return
-        self.note_reads(ready)
+        for ready in batch:
+            for message in ready.messages_after_persist:
+                self.send_message(self.group_id, message.target, message)
+            if ready.entries:
+                last = ready.entries[-1]
+                self.core.persisted(last.index, last.term)
+            try:
+                self.apply(ready.committed_entries)
+            except QuorumLogError as apply_error:
+                self.fail(apply_error)
+                return
+            self.note_reads(ready)
         self.note_role_and_configuration()
         self.schedule()
 
