@@ -213,11 +213,6 @@ RSS_GROWTH_MEGABYTES_MAX = 128
 connection's unsent bytes (a few MiB), small next to the 270 MB asked for here."""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: replies to a client that does not read are buffered without bound "
-    "(transport.Connection has no pause_writing/pause_reading, no cap on unsent bytes)",
-)
 def test_client_that_never_reads_cannot_make_the_node_buffer_without_bound(
     cluster: ProcessCluster,
 ) -> None:
@@ -247,12 +242,6 @@ def test_client_that_never_reads_cannot_make_the_node_buffer_without_bound(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (kv/async_client.py): a batch is bounded by command count, not bytes; 80 puts "
-    "of 1 MB make one 80 MB frame over frame_bytes_max, retried until the timeout and "
-    "reported as UnknownOutcomeError although no byte was sent",
-)
 def test_async_client_burst_of_large_values_is_split_into_frames_that_fit(
     cluster: ProcessCluster,
 ) -> None:

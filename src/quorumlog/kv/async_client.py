@@ -61,6 +61,15 @@ from quorumlog.kv.connection import (
 ResponseType = TypeVar("ResponseType")
 RECEIVE_BYTES = 256 * 1024
 BATCH_COMMANDS_MAX_DEFAULT = 1000
+BATCH_BYTES_MAX = 8 * 1024 * 1024
+"""Bytes of keys and values in one KVWrite (well under the node's 64 MiB frame bound)."""
+
+
+def command_size_bound(command: KVCommand) -> int:
+    """An upper bound of the command's encoded size (4 bytes per character covers UTF-8)."""
+    return 32 + 4 * (len(command.key) + len(command.value or "") + len(command.expected or ""))
+
+
 SEQUENCE_WINDOW_MAX_DEFAULT = 10_000
 """Sequences handed out beyond the lowest unanswered one; bounds what the cluster must
 remember for this client (its session results)."""
@@ -341,9 +350,20 @@ class AsyncKVClient:
         self.flush_reads(True)
 
     def flush_writes(self) -> None:
-        while self.pending_writes:
-            batch = self.pending_writes[: self.batch_commands_max]
-            del self.pending_writes[: self.batch_commands_max]
+        """Cut the queued writes into KVWrites bounded by command count and by bytes (a
+        frame over the node's frame_bytes_max would be refused whole)."""
+        pending = self.pending_writes
+        while pending:
+            size = 0
+            count = 0
+            for command in pending[: self.batch_commands_max]:
+                command_bytes = command_size_bound(command.command)
+                if count and size + command_bytes > BATCH_BYTES_MAX:
+                    break
+                size += command_bytes
+                count += 1
+            batch = pending[:count]
+            del pending[:count]
             self.spawn(self.send_writes(batch))
 
     def flush_reads(self, stale: bool) -> None:

@@ -27,6 +27,10 @@ log = logging.getLogger("quorumlog.transport")
 
 WRITE_BUFFER_BYTES_MAX = 32 * 1024 * 1024
 """Past this much unsent data on one connection, further Raft messages are dropped."""
+WRITE_BUFFER_BYTES_HIGH = 4 * 1024 * 1024
+"""Past this much unsent data, a client connection stops being read (back-pressure)."""
+CLIENT_WRITE_BUFFER_BYTES_MAX = 64 * 1024 * 1024
+"""Past this much, a client that does not read its replies is disconnected."""
 RECONNECT_DELAY_SECONDS_MIN = 0.05
 RECONNECT_DELAY_SECONDS_MAX = 2.0
 HANDSHAKE_TIMEOUT_SECONDS = 5.0
@@ -64,6 +68,7 @@ class Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
+        self.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES_HIGH)
         self.endpoint.connections.add(self)
         peer = transport.get_extra_info("peername")
         self.description = f"{peer[0]}:{peer[1]}" if peer else "?"
@@ -80,6 +85,15 @@ class Connection(asyncio.Protocol):
             self.endpoint.peer_gone(self.peer_id, self)
         if not self.closed.done():
             self.closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        """Replies back up: a client that does not read gets no new requests served."""
+        if self.is_client and self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.is_client and self.transport is not None:
+            self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -141,12 +155,21 @@ class Connection(asyncio.Protocol):
         return True
 
     def kind(self) -> str:
-        return "client" if self.is_client else "peer"
+        if self.is_client:
+            return "client"
+        return "peer" if self.peer_id is not None or self.dialed_peer else "unidentified"
 
     def write(self, frame: wire.Frame) -> None:
-        if self.transport is None or self.transport.is_closing():
+        transport = self.transport
+        if transport is None or transport.is_closing():
             return
-        self.transport.write(encode_frame(wire.encode(frame), self.endpoint.frame_bytes_max))
+        if self.is_client and transport.get_write_buffer_size() > CLIENT_WRITE_BUFFER_BYTES_MAX:
+            # Requests already read keep producing replies; past this bound the client is
+            # not reading them, and holding more would let one client exhaust our memory.
+            self.abort(f"client left over {CLIENT_WRITE_BUFFER_BYTES_MAX} reply bytes unread")
+            return
+        payload = wire.encode(frame)
+        transport.write(encode_frame(payload, self.endpoint.frame_bytes_max))
 
     def buffered_bytes(self) -> int:
         return self.transport.get_write_buffer_size() if self.transport else 0
