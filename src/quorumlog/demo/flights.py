@@ -5,8 +5,9 @@ directory: importing the package itself would read all five of its tables with p
 (and pkg_resources), which costs seconds and warnings for two tables we need.
 
 Each flight becomes one record: key = the carrier code (so a carrier's flights share a
-partition and stay in order), value = compact JSON of the fields the job reads plus `id`,
-the flight's row number, which lets the job prove it saw every record exactly once.
+partition and stay in order), value = compact JSON of the fields the job reads, among them
+`id`, the flight's row number, which lets the job prove it saw every record exactly once:
+    {"id":0,"month":1,"carrier":"UA","dep_delay":2}
 """
 
 from __future__ import annotations
@@ -29,17 +30,15 @@ MISSING = "NA"
 """How the R-exported CSVs write a missing value (a cancelled flight has no dep_delay)."""
 
 
-class Flight(msgspec.Struct, frozen=True, omit_defaults=False):
-    """One flight, as a record value carries it (field order is the JSON order)."""
+class Flight(msgspec.Struct, frozen=True):
+    """One flight, as a record value carries it: the fields the job reads (field order is
+    the JSON order). The carrier is also the record's key; it stays in the value so that a
+    value read on its own is complete."""
 
     id: int
-    year: int
+    """The flight's row number in the table: unique, 0 to N-1."""
     month: int
-    day: int
     carrier: str
-    flight: int
-    origin: str
-    dest: str
     dep_delay: int | None
     """Departure delay in minutes (negative: early); None for a cancelled flight."""
 
@@ -73,22 +72,15 @@ def read_flights(limit: int | None = None, directory: Path | None = None) -> lis
 def parse_flights(rows: Iterator[list[str]], limit: int | None) -> Iterator[Flight]:
     header = next(rows)
     column = {name: index for index, name in enumerate(header)}
-    year, month, day = column["year"], column["month"], column["day"]
-    carrier, flight, origin = column["carrier"], column["flight"], column["origin"]
-    dest, dep_delay = column["dest"], column["dep_delay"]
+    month, carrier, dep_delay = column["month"], column["carrier"], column["dep_delay"]
     for row_number, row in enumerate(rows):
         if limit is not None and row_number >= limit:
             return
         delay_text = row[dep_delay]
         yield Flight(
             id=row_number,
-            year=int(row[year]),
             month=int(row[month]),
-            day=int(row[day]),
             carrier=row[carrier],
-            flight=int(row[flight]),
-            origin=row[origin],
-            dest=row[dest],
             dep_delay=None if delay_text == MISSING else int(delay_text),
         )
 

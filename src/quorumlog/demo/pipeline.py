@@ -47,22 +47,33 @@ from quorumlog.kv.client import KVClient
 FLIGHT_VALUE_SCHEMA = StructType(
     [
         StructField("id", LongType(), nullable=False),
-        StructField("year", IntegerType()),
         StructField("month", IntegerType()),
-        StructField("day", IntegerType()),
         StructField("carrier", StringType()),
-        StructField("flight", IntegerType()),
-        StructField("origin", StringType()),
-        StructField("dest", StringType()),
         StructField("dep_delay", IntegerType()),
     ]
 )
 """The JSON of a flight record's value (flights.Flight)."""
 
+
+@dataclass(frozen=True)
+class ClusterConnection:
+    """Where the cluster is, as the `quorumlog` formats take it."""
+
+    endpoints: list[str]
+    cluster_id: str
+
+    def options(self) -> dict[str, str]:
+        return {"endpoints": ",".join(self.endpoints), "clusterId": self.cluster_id}
+
+
 PERCENTILE_ACCURACY = 10_000
 """percentile_approx's accuracy: relative rank error 1/10,000, i.e. exact for groups of
 up to 10,000 flights, and within a rank or two beyond (the largest group has ~5,000)."""
 RESULT_KEY_PREFIX = "results/flights/"
+STATS_RECORD_SCHEMA = StructType(
+    [StructField("key", BinaryType(), nullable=False), StructField("value", BinaryType())]
+)
+"""Records to write to a topic: a key and a value, both bytes."""
 STREAM_SOURCE_FORMAT = "quorumlog"
 
 
@@ -126,6 +137,60 @@ def name_carriers(stats: DataFrame, airlines: DataFrame) -> DataFrame:
 def airlines_frame(spark: SparkSession, airlines: dict[str, str]) -> DataFrame:
     schema = StructType([StructField("carrier", StringType()), StructField("name", StringType())])
     return spark.createDataFrame(sorted(airlines.items()), schema)
+
+
+# --- topics as tables, and the warm-up --------------------------------------------------------
+
+
+def write_topic(frame: DataFrame, connection: ClusterConnection, topic: str) -> None:
+    """Append `frame` (key, value) to `topic` through the `quorumlog` sink."""
+    (
+        frame.write.format(STREAM_SOURCE_FORMAT)
+        .mode("append")
+        .options(**connection.options())
+        .option("topic", topic)
+        .save()
+    )
+
+
+def read_topic(spark: SparkSession, connection: ClusterConnection, topic: str) -> DataFrame:
+    """All of `topic` now, through the `quorumlog` batch source."""
+    return (
+        spark.read.format(STREAM_SOURCE_FORMAT)
+        .options(**connection.options())
+        .option("topic", topic)
+        .load()
+    )
+
+
+def load_airlines_topic(
+    spark: SparkSession, connection: ClusterConnection, topic: str, airlines: dict[str, str]
+) -> DataFrame:
+    """Write the airlines (key = carrier code, value = name) to `topic` and read them back:
+    the job joins the stream with the names the cluster holds. The newest name of a code
+    wins, as in a compacted topic. The result is cached: the join reads it every batch.
+
+    On a fresh JVM, this is also what warms up the sink and the source before the stream
+    job (their first use costs seconds of class loading, Python workers and JIT)."""
+    rows = [(code.encode(), name.encode()) for code, name in sorted(airlines.items())]
+    write_topic(spark.createDataFrame(rows, STATS_RECORD_SCHEMA), connection, topic)
+    names = (
+        read_topic(spark, connection, topic)
+        .groupBy(F.col("key").cast("string"))
+        .agg(F.max_by(F.col("value").cast("string"), F.col("offset")).alias("name"))
+    )
+    table = names.toDF("carrier", "name").cache()
+    table.count()
+    return table
+
+
+def dry_run(spark: SparkSession, values: list[bytes], airlines: DataFrame) -> int:
+    """The job's transformation, as a batch over a few flight values: checks it before the
+    stream starts, and compiles its code (JSON parsing, aggregation, the join) on the way.
+    Returns the number of groups."""
+    schema = StructType([StructField("value", BinaryType())])
+    frame = spark.createDataFrame([(value,) for value in values], schema)
+    return len(name_carriers(aggregate_flights(parse_flights(frame)), airlines).collect())
 
 
 # --- results ---------------------------------------------------------------------------------
@@ -250,11 +315,6 @@ def make_batch_handler(
     return handle_batch
 
 
-STATS_RECORD_SCHEMA = StructType(
-    [StructField("key", BinaryType(), nullable=False), StructField("value", BinaryType())]
-)
-
-
 def encode_stats(stats: FlightStats) -> bytes:
     return msgspec.json.encode(stats)
 
@@ -272,17 +332,11 @@ class ClusterPublisher:
     here, once, so the KV and the topic hold byte-identical JSON."""
 
     def __init__(
-        self,
-        spark: SparkSession,
-        kv: KVClient,
-        endpoints: list[str],
-        cluster_id: str,
-        output_topic: str,
+        self, spark: SparkSession, kv: KVClient, connection: ClusterConnection, output_topic: str
     ) -> None:
         self.spark = spark
         self.kv = kv
-        self.endpoints = endpoints
-        self.cluster_id = cluster_id
+        self.connection = connection
         self.output_topic = output_topic
         self.records_written = 0
 
@@ -291,14 +345,7 @@ class ClusterPublisher:
             self.kv.put(stats.kv_key, encode_stats(stats).decode())
         rows = [(stats.key.encode(), encode_stats(stats)) for stats in changed]
         frame = self.spark.createDataFrame(rows, STATS_RECORD_SCHEMA)
-        (
-            frame.write.format(STREAM_SOURCE_FORMAT)
-            .mode("append")
-            .option("endpoints", ",".join(self.endpoints))
-            .option("clusterId", self.cluster_id)
-            .option("topic", self.output_topic)
-            .save()
-        )
+        write_topic(frame, self.connection, self.output_topic)
         self.records_written += len(rows)
 
 
@@ -325,22 +372,19 @@ def start_flight_stats_query(
 
 def read_topic_stream(
     spark: SparkSession,
-    endpoints: list[str],
-    cluster_id: str,
+    connection: ClusterConnection,
     topic: str,
     options: dict[str, str] | None = None,
 ) -> DataFrame:
     """The topic as a streaming frame (Kafka-like rows: key, value, partition, offset, ...)."""
-    reader = (
+    return (
         spark.readStream.format(STREAM_SOURCE_FORMAT)
-        .option("endpoints", ",".join(endpoints))
-        .option("clusterId", cluster_id)
+        .options(**connection.options())
         .option("topic", topic)
         .option("startingOffsets", "earliest")
+        .options(**(options or {}))
+        .load()
     )
-    for name, value in (options or {}).items():
-        reader = reader.option(name, value)
-    return reader.load()
 
 
 def progress_rows(query: StreamingQuery) -> int:
@@ -357,6 +401,7 @@ def recent_progress(query: StreamingQuery) -> list[dict[str, Any]]:
 
 __all__ = [
     "FLIGHT_VALUE_SCHEMA",
+    "ClusterConnection",
     "ClusterPublisher",
     "FlightStats",
     "GroupTotals",
@@ -365,10 +410,14 @@ __all__ = [
     "airlines_frame",
     "build_spark_session",
     "decode_stats",
+    "dry_run",
     "encode_stats",
+    "load_airlines_topic",
     "make_batch_handler",
     "name_carriers",
     "parse_flights",
+    "read_topic",
     "read_topic_stream",
     "start_flight_stats_query",
+    "write_topic",
 ]

@@ -116,6 +116,8 @@ class StageTime:
     name: str
     seconds: float
     detail: str = ""
+    overlapped: bool = False
+    """Ran alongside other stages (in a thread), so it does not add to the total."""
 
 
 def print_stages(console: Console, stages: Sequence[StageTime], total_seconds: float) -> None:
@@ -125,7 +127,8 @@ def print_stages(console: Console, stages: Sequence[StageTime], total_seconds: f
     table.add_column("share", justify="right")
     for stage in stages:
         share = stage.seconds / total_seconds if total_seconds else 0.0
-        table.add_row(stage.name, f"{stage.seconds:.1f}", f"{share:.0%}")
+        name = f"{stage.name} (alongside)" if stage.overlapped else stage.name
+        table.add_row(name, f"{stage.seconds:.1f}", f"{share:.0%}")
     table.add_section()
     table.add_row("total (wall)", f"{total_seconds:.1f}", "")
     console.print(table)
