@@ -29,6 +29,9 @@ from quorumlog.kv.sessions import (
 SNAPSHOT_FORMAT_VERSION = 1
 
 REJECTED_RESULT = KVCommandResult(ok=False, value=None)
+OK_RESULT = KVCommandResult(ok=True, value=None)
+"""What put and append answer: no old value, so replies and session results stay small
+(an appended key's old value can be large). delete and cas still say what they found."""
 """A command the machine cannot carry out (unknown op, missing value): nothing changes."""
 
 
@@ -134,15 +137,14 @@ class KVStateMachine:
         if operation == "put":
             if command.value is None:
                 return REJECTED_RESULT
-            previous = data.get(key)
             data[key] = command.value
-            return KVCommandResult(ok=True, value=previous)
+            return OK_RESULT
         if operation == "append":
             if command.value is None:
                 return REJECTED_RESULT
             previous = data.get(key)
             data[key] = command.value if previous is None else previous + command.value
-            return KVCommandResult(ok=True, value=previous)
+            return OK_RESULT
         if operation == "delete":
             return KVCommandResult(ok=True, value=data.pop(key, None))
         if operation == "cas":

@@ -44,8 +44,8 @@ class Applier:
 def test_put_get_append_delete() -> None:
     applier = Applier(KVStateMachine())
     assert applier.run("c", KVCommand(1, "put", "k", "a")) == KVCommandResult(True, None)
-    assert applier.run("c", KVCommand(2, "put", "k", "b")) == KVCommandResult(True, "a")
-    assert applier.run("c", KVCommand(3, "append", "k", "c")) == KVCommandResult(True, "b")
+    assert applier.run("c", KVCommand(2, "put", "k", "b")) == KVCommandResult(True, None)
+    assert applier.run("c", KVCommand(3, "append", "k", "c")) == KVCommandResult(True, None)
     assert applier.machine.get("k") == "bc"
     assert applier.run("c", KVCommand(4, "append", "new", "x")) == KVCommandResult(True, None)
     assert applier.machine.get("new") == "x"
@@ -89,8 +89,8 @@ def test_one_entry_many_batches_results_in_order() -> None:
         batch("c"),
     )
     assert machine.apply(1, data) == [
-        [KVCommandResult(True, None), KVCommandResult(True, "1")],
-        [KVCommandResult(True, "12")],
+        [KVCommandResult(True, None), KVCommandResult(True, None)],
+        [KVCommandResult(True, None)],
         [],
     ]
     assert machine.get("x") == "3"
@@ -276,7 +276,9 @@ def model_run(
                 data[command.key] = command.value or ""
             else:
                 ok = False
-            seen[identity] = KVCommandResult(ok, previous)
+            # put and append answer no old value (kept small); delete and cas say it.
+            answered = None if command.op in ("put", "append") else previous
+            seen[identity] = KVCommandResult(ok, answered)
         results.append(seen[identity])
     return data, results
 
