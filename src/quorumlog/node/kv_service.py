@@ -97,16 +97,25 @@ class KVService:
                 wire.ErrorCode.TOO_LARGE,
                 f"{len(request.commands)} commands; at most {limits.commands_per_write_max}",
             )
+        # A character is at most 4 UTF-8 bytes: only strings past a quarter of a bound can
+        # be over it, so only those are encoded to measure them.
+        key_bound = limits.key_bytes_max // 4
+        value_bound = limits.value_bytes_max // 4
         for command in request.commands:
             if command.op not in WRITE_OPS:
                 return wire.ErrorCode.BAD_REQUEST, f"unknown write op {command.op!r}"
-            if len(command.key.encode()) > limits.key_bytes_max:
+            key = command.key
+            if len(key) > key_bound and len(key.encode()) > limits.key_bytes_max:
                 return (
                     wire.ErrorCode.TOO_LARGE,
-                    f"key of {len(command.key.encode())} bytes; at most {limits.key_bytes_max}",
+                    f"key of {len(key.encode())} bytes; at most {limits.key_bytes_max}",
                 )
             for value in (command.value, command.expected):
-                if value is not None and len(value.encode()) > limits.value_bytes_max:
+                if (
+                    value is not None
+                    and len(value) > value_bound
+                    and len(value.encode()) > limits.value_bytes_max
+                ):
                     return (
                         wire.ErrorCode.TOO_LARGE,
                         f"value of {len(value.encode())} bytes; at most {limits.value_bytes_max}",
