@@ -21,7 +21,12 @@ from typing import Protocol, cast
 import msgspec
 
 from quorumlog.codec import wire
-from quorumlog.codec.frame import FRAME_BYTES_MAX_DEFAULT, FrameDecoder, FrameError, encode_frame
+from quorumlog.codec.frame import (
+    FRAME_BYTES_MAX_DEFAULT,
+    FRAME_HEADER,
+    FrameDecoder,
+    FrameError,
+)
 
 log = logging.getLogger("quorumlog.transport")
 
@@ -169,7 +174,23 @@ class Connection(asyncio.Protocol):
             self.abort(f"client left over {CLIENT_WRITE_BUFFER_BYTES_MAX} reply bytes unread")
             return
         payload = wire.encode(frame)
-        transport.write(encode_frame(payload, self.endpoint.frame_bytes_max))
+        if len(payload) > self.endpoint.frame_bytes_max:
+            # An answer too large for one frame (a read of many large values): say so
+            # instead of sending what the client would have to refuse.
+            request_id = getattr(frame, "request_id", None)
+            if request_id is None:
+                raise FrameError(f"{type(frame).__name__} of {len(payload)} bytes is too large")
+            payload = wire.encode(
+                wire.ErrorResponse(
+                    request_id=request_id,
+                    code=wire.ErrorCode.TOO_LARGE,
+                    message=f"the answer is {len(payload)} bytes; frame_bytes_max is "
+                    f"{self.endpoint.frame_bytes_max}: ask for less at once",
+                )
+            )
+        # Header and payload go out as two buffers (uvloop writes them with one writev),
+        # so a large reply is not copied just to put four bytes in front of it.
+        transport.writelines((FRAME_HEADER.pack(len(payload)), payload))
 
     def buffered_bytes(self) -> int:
         return self.transport.get_write_buffer_size() if self.transport else 0
