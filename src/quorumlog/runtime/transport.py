@@ -188,8 +188,14 @@ class Connection(asyncio.Protocol):
                     f"{self.endpoint.frame_bytes_max}: ask for less at once",
                 )
             )
-        # Header and payload go out as two buffers (uvloop writes them with one writev),
-        # so a large reply is not copied just to put four bytes in front of it.
+        self.write_payload(payload)
+
+    def write_payload(self, payload: bytes) -> None:
+        """Send one encoded frame. Header and payload go out as two buffers (uvloop writes
+        them with one writev), so a large frame is not copied to put 4 bytes in front."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
         transport.writelines((FRAME_HEADER.pack(len(payload)), payload))
 
     def buffered_bytes(self) -> int:
@@ -297,7 +303,21 @@ class Endpoint:
             if connection is None or connection.buffered_bytes() > WRITE_BUFFER_BYTES_MAX:
                 self.dropped_messages += len(envelopes)
                 continue
-            connection.write(wire.PeerBatch(envelopes=envelopes))
+            self.write_batches(connection, envelopes)
+
+    def write_batches(self, connection: Connection, envelopes: list[wire.RaftEnvelope]) -> None:
+        """One frame if it fits; otherwise halves, until each fits (a message too large
+        even alone is dropped and counted: Raft sends it again, smaller or never)."""
+        payload = wire.encode(wire.PeerBatch(envelopes=envelopes))
+        if len(payload) <= self.frame_bytes_max:
+            connection.write_payload(payload)
+        elif len(envelopes) > 1:
+            middle = len(envelopes) // 2
+            self.write_batches(connection, envelopes[:middle])
+            self.write_batches(connection, envelopes[middle:])
+        else:
+            self.dropped_messages += 1
+            log.error("dropping a %d-byte Raft message over frame_bytes_max", len(payload))
 
     async def close(self) -> None:
         self.stopping = True
