@@ -49,6 +49,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
+from concurrent.futures._base import FINISHED as FUTURE_FINISHED
 from concurrent.futures._base import PENDING as FUTURE_PENDING
 from typing import cast
 
@@ -125,6 +126,29 @@ class RecordFuture(Future[RecordMetadata]):
                 if remaining is not None and remaining <= 0:
                     return
                 self._condition.wait(remaining)
+
+
+def resolve_all(
+    condition: threading.Condition,
+    futures: list[Future[RecordMetadata]],
+    results: list[RecordMetadata],
+) -> None:
+    """Finish a whole batch of futures under one acquisition of their shared condition and
+    one notify (Future.set_result per record takes the lock and notifies every time)."""
+    with_callbacks: list[Future[RecordMetadata]] = []
+    with condition:
+        for future, result in zip(futures, results, strict=True):
+            if future._state != FUTURE_PENDING:
+                continue
+            future._result = result
+            future._state = FUTURE_FINISHED
+            for waiter in future._waiters:
+                waiter.add_result(future)
+            if future._done_callbacks:  # type: ignore[attr-defined]
+                with_callbacks.append(future)
+        condition.notify_all()
+    for future in with_callbacks:
+        future._invoke_callbacks()  # type: ignore[attr-defined]
 
 
 class Batch:
@@ -513,11 +537,12 @@ class Producer(BlockingClient):
         topic = queue.topic
         partition = queue.partition
         base_offset = result.base_offset
-        for position, future in enumerate(batch.futures):
-            if not future.done():
-                # A replay of a batch written long ago: written once, offset not remembered.
-                offset = base_offset + position if base_offset >= 0 else -1
-                future.set_result(RecordMetadata(topic, partition, offset))
+        # A replay of a batch written long ago: written once, offset not remembered (-1).
+        metadata = [
+            RecordMetadata(topic, partition, base_offset + position if base_offset >= 0 else -1)
+            for position in range(count)
+        ]
+        resolve_all(self.futures_condition, batch.futures, metadata)
         self.completed(queue, batch)
 
     def rejected(self, queue: PartitionQueue, batch: Batch, error: RequestRejectedError) -> None:
