@@ -192,3 +192,16 @@ def test_proposals_on_a_follower_are_redirected_to_the_leader() -> None:
     follower = sorted(node for node in cluster.nodes if node != leader)[0]
     outcome = cluster.propose("x", follower)
     assert outcome == ClientReply("redirect", leader_hint=leader)
+
+
+def test_a_failure_inside_the_simulation_names_its_seed() -> None:
+    cluster = cluster_of(3, seed=42)
+    cluster.wait_for_leader()
+
+    def explode(_: object) -> None:
+        raise RuntimeError("planted")
+
+    cluster.events.schedule(1, explode)
+    with pytest.raises(RuntimeError) as raised:
+        cluster.run(ticks=1)
+    assert "seed 42, 3 nodes" in "\n".join(raised.value.__notes__)

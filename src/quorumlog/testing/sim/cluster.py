@@ -123,19 +123,34 @@ class SimCluster:
         self.run_until_time(self.events.now_ms + duration_ms)
 
     def run_until_time(self, deadline_ms: int) -> None:
-        self.events.run_until(deadline_ms)
+        try:
+            self.events.run_until(deadline_ms)
+        except Exception as error:
+            self._annotate(error)
+            raise
 
     def run_until(self, predicate: Callable[[], bool], ticks_max: int) -> bool:
         """Run event by event until `predicate()` holds; False if `ticks_max` pass first."""
         events = self.events
         deadline_ms = events.now_ms + ticks_max * self.tick_ms
-        while not predicate():
-            next_time_ms = events.next_time_ms()
-            if next_time_ms is None or next_time_ms > deadline_ms:
-                events.now_ms = max(events.now_ms, deadline_ms)
-                return predicate()
-            events.run_next()
+        try:
+            while not predicate():
+                next_time_ms = events.next_time_ms()
+                if next_time_ms is None or next_time_ms > deadline_ms:
+                    events.now_ms = max(events.now_ms, deadline_ms)
+                    return predicate()
+                events.run_next()
+        except Exception as error:
+            self._annotate(error)
+            raise
         return True
+
+    def _annotate(self, error: Exception) -> None:
+        """Say which seed and moment a failure comes from, once, on its way out."""
+        note = f"simulated cluster: seed {self.seed}, {self.options.node_count} nodes"
+        if note not in getattr(error, "__notes__", ()):
+            error.add_note(note)
+            error.add_note(f"at {self.now_ms} ms:\n{self.describe()}")
 
     # --- faults -------------------------------------------------------------------------
 

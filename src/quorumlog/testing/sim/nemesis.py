@@ -101,10 +101,23 @@ class Nemesis:
         self._schedule_next()
 
     def heal_all(self) -> None:
-        """Stop injecting; end every fault now; finish a membership cycle under way."""
+        """Stop injecting; end every fault now; finish a membership cycle under way.
+
+        The network keeps its delays (and reordering) but stops dropping, duplicating and
+        stalling messages: liveness is checked on a healed network, not a lossy one (the
+        lossy one has had the whole fault phase to break safety)."""
         self.running = False
         self.network_fault_token += 1
         self.cluster.heal()
+        network = self.cluster.network
+        network.set_faults(
+            msgspec.structs.replace(
+                network.faults,
+                drop_probability=0.0,
+                duplicate_probability=0.0,
+                tail_probability=0.0,
+            )
+        )
         for node_id in sorted(self.crashed):
             self.cluster.restart(node_id)
         for node_id in sorted(self.paused):
