@@ -7,7 +7,7 @@ import pytest
 
 from quorumlog.raft.configuration import ChangeKind, MembershipChange
 from quorumlog.raft.core import Role
-from quorumlog.testing.sim.cluster import SimCluster, SimOptions
+from quorumlog.testing.sim.cluster import OperationTimeoutError, SimCluster, SimOptions
 from quorumlog.testing.sim.node import ClientReply, NodeOptions
 
 
@@ -205,3 +205,19 @@ def test_a_failure_inside_the_simulation_names_its_seed() -> None:
     with pytest.raises(RuntimeError) as raised:
         cluster.run(ticks=1)
     assert "seed 42, 3 nodes" in "\n".join(raised.value.__notes__)
+
+
+def test_a_scripted_request_that_times_out_is_recorded_unknown() -> None:
+    cluster = cluster_of(3)
+    leader = cluster.wait_for_leader()
+    for node_id in sorted(cluster.nodes):
+        if node_id != leader:
+            cluster.crash(node_id)
+    with pytest.raises(OperationTimeoutError):
+        cluster.put("k", "never acknowledged", ticks_max=20)
+    for node_id in sorted(cluster.nodes):
+        cluster.restart(node_id)
+    cluster.put("k", "after")
+    statuses = [operation.status.value for operation in cluster.history.operations()]
+    assert statuses == ["unknown", "ok"]
+    assert cluster.check_linearizable().ok is True

@@ -228,6 +228,7 @@ class SimCluster:
         outcome: list[tuple[str, Any]] = []
         self.script_client.begin(kind, key, argument, lambda *result: outcome.append(result))
         if not self.run_until(lambda: bool(outcome), ticks_max):
+            self.script_client.abandon()  # so the next scripted request can start
             raise OperationTimeoutError(
                 f"{kind} {key!r} did not finish within {ticks_max} ticks:\n{self.describe()}"
             )

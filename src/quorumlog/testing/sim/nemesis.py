@@ -11,6 +11,7 @@ fault for the final quiet period in which liveness is checked.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -77,6 +78,16 @@ class Nemesis:
         self.membership_target: str | None = None
         self.membership_phase = ""
         self.stats = NemesisStats()
+        self.injectors: dict[str, Callable[[], bool]] = {
+            "partition": self._inject_partition,
+            "isolate_leader": self._inject_isolate_leader,
+            "cut": self._inject_cut,
+            "crash": self._inject_crash,
+            "crash_leader": self._inject_crash_leader,
+            "pause": self._inject_pause,
+            "transfer": self._inject_transfer,
+            "membership": self._inject_membership,
+        }
 
     # --- schedule -----------------------------------------------------------------------
 
@@ -96,7 +107,7 @@ class Nemesis:
         if not self.running or not self.kinds:
             return
         kind = self.rng.choices(self.kinds, self.kind_weights)[0]
-        if getattr(self, f"_inject_{kind}")():
+        if self.injectors[kind]():
             self.stats.faults[kind] = self.stats.faults.get(kind, 0) + 1
         self._schedule_next()
 

@@ -111,6 +111,14 @@ class SimClient:
         self.on_finish = on_finish
         self._send(operation)
 
+    def abandon(self) -> None:
+        """Give up the operation in flight, if any: its outcome is unknown."""
+        operation = self.operation
+        if operation is not None:
+            self.history.unknown(operation.operation_id)
+            self.stats.unknown += 1
+            self._end("unknown", None)
+
     def _latency_ms(self) -> int:
         return draw_int(self.rng, self.options.latency_ms_min, self.options.latency_ms_max)
 
