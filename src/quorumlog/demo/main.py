@@ -200,8 +200,11 @@ class DemoRun:
             return
         if self.settings.keep_cluster:
             self.console.print(
-                f"  cluster left running: quorumlog dev down --dir {self.cluster.directory}\n"
-                f"  export QUORUMLOG_ENDPOINTS={','.join(self.cluster.endpoints)}"
+                f"  cluster left running (stop it: quorumlog dev down --dir "
+                f"{self.cluster.directory}); to use it:\n"
+                f"  export QUORUMLOG_ENDPOINTS={','.join(self.cluster.endpoints)} "
+                f"QUORUMLOG_CLUSTER_ID={CLUSTER_ID}",
+                soft_wrap=True,
             )
             return
         with self.clock.stage("stop cluster") as stage:
