@@ -86,6 +86,8 @@ def reset_demo_directory(directory: Path) -> None:
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
     (directory / MARKER_FILE).write_text(json.dumps({"made_by": "quorumlog demo"}) + "\n")
+    # As pytest does for its cache: the directory keeps itself out of a git checkout.
+    (directory / ".gitignore").write_text("# made by quorumlog demo\n*\n")
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from quorumlog.demo.cluster import MARKER_FILE, DemoDirectoryError, reset_demo_d
 def test_a_missing_directory_is_created_and_marked(tmp_path: Path) -> None:
     directory = tmp_path / "demo"
     reset_demo_directory(directory)
-    assert [path.name for path in directory.iterdir()] == [MARKER_FILE]
+    assert sorted(path.name for path in directory.iterdir()) == [".gitignore", MARKER_FILE]
 
 
 def test_a_previous_run_is_cleared(tmp_path: Path) -> None:
@@ -21,7 +21,7 @@ def test_a_previous_run_is_cleared(tmp_path: Path) -> None:
     (directory / "cluster").mkdir()
     (directory / "cluster" / "n1.log").write_text("old")
     reset_demo_directory(directory)
-    assert [path.name for path in directory.iterdir()] == [MARKER_FILE]
+    assert sorted(path.name for path in directory.iterdir()) == [".gitignore", MARKER_FILE]
 
 
 def test_someone_elses_directory_is_left_alone(tmp_path: Path) -> None:
