@@ -177,6 +177,8 @@ class DemoRun:
             stage.detail = f"{produced.acknowledged:,} acknowledged"
         if produced.failover is not None:
             self.console.print(f"  ↯ {produced.failover.describe()}", soft_wrap=True)
+        for failure in produced.failures:
+            self.console.print(f"  [red]failed send[/] {failure}", soft_wrap=True)
         return produced
 
     def stream(
@@ -188,7 +190,7 @@ class DemoRun:
             )
             stage.detail = (
                 f"{table.records_counted():,} records in {table.batches} micro-batches "
-                f"-> {len(table.rows())} groups"
+                f"-> {len(table.rows())} groups ({table.updates} updates to each sink)"
             )
         self.outcome.results = table.rows()
         return table

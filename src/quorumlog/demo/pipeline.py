@@ -27,7 +27,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
 from pyspark.sql import DataFrame, Row, SparkSession
@@ -260,6 +259,8 @@ class ResultTable:
         self.stats: dict[str, FlightStats] = {}
         self.totals: dict[str, GroupTotals] = {}
         self.batches = 0
+        self.updates = 0
+        """Group rows handed over, over all batches: what each sink received."""
 
     def update(self, rows: Iterable[Row]) -> list[FlightStats]:
         changed = []
@@ -274,6 +275,7 @@ class ResultTable:
                 )
                 changed.append(stats)
             self.batches += 1
+            self.updates += len(changed)
         return changed
 
     def records_counted(self) -> int:
@@ -338,7 +340,6 @@ class ClusterPublisher:
         self.kv = kv
         self.connection = connection
         self.output_topic = output_topic
-        self.records_written = 0
 
     def __call__(self, changed: list[FlightStats]) -> None:
         for stats in changed:
@@ -346,7 +347,6 @@ class ClusterPublisher:
         rows = [(stats.key.encode(), encode_stats(stats)) for stats in changed]
         frame = self.spark.createDataFrame(rows, STATS_RECORD_SCHEMA)
         write_topic(frame, self.connection, self.output_topic)
-        self.records_written += len(rows)
 
 
 def start_flight_stats_query(
@@ -385,18 +385,6 @@ def read_topic_stream(
         .options(**(options or {}))
         .load()
     )
-
-
-def progress_rows(query: StreamingQuery) -> int:
-    """Input rows of the query's finished micro-batches that Spark still remembers (it keeps
-    the last 100, see spark.sql.streaming.numRecentProgressUpdates; this job has fewer)."""
-    return sum(int(progress.get("numInputRows", 0)) for progress in recent_progress(query))
-
-
-def recent_progress(query: StreamingQuery) -> list[dict[str, Any]]:
-    updates: list[Any] = list(query.recentProgress)
-    # pyspark 4 returns StreamingQueryProgress objects, older versions plain dicts.
-    return [update if isinstance(update, dict) else update.jsonValue() for update in updates]
 
 
 __all__ = [

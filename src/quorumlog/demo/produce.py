@@ -33,6 +33,7 @@ ADMIN_ATTEMPT_TIMEOUT_SECONDS = 1.0
 """Per attempt: a status request to the killed node should give up quickly and go on to
 another replica, not wait out the whole request timeout."""
 FLUSH_TIMEOUT_SECONDS = 120.0
+PRODUCER_CLOSE_SECONDS = 1.0
 FAILOVER_KEY = "demo/failover"
 
 Progress = Callable[[int, int], None]
@@ -195,6 +196,7 @@ def produce_records(
         LeaderFailover(cluster, topic, kill_partition) if kill_partition is not None else None
     )
     half_way = len(records) // 2
+    failover_report = None
     producer = Producer(cluster.endpoints, cluster_id=CLUSTER_ID)
     try:
         for number, (key, value) in enumerate(records):
@@ -208,10 +210,13 @@ def produce_records(
         producer.flush(FLUSH_TIMEOUT_SECONDS)
         progress(len(records), counter.count)
     finally:
-        producer.close(timeout=1.0)
+        # Not `with producer`: its close() flushes without a deadline, and after a flush
+        # that timed out that would wait for ever.
+        producer.close(timeout=PRODUCER_CLOSE_SECONDS)
+        if failover is not None:
+            failover_report = failover.finish(CATCH_UP_TIMEOUT_SECONDS)
     report = settle(futures)
-    if failover is not None:
-        report.failover = failover.finish(CATCH_UP_TIMEOUT_SECONDS)
+    report.failover = failover_report
     return report
 
 
