@@ -155,10 +155,13 @@ class RaftCore:
             self.leader.tick()
             return
         self.election_elapsed += 1
-        if self.election_elapsed >= self.randomized_election_ticks:
+        if self.election_elapsed >= self.randomized_election_ticks and (
+            self.configuration.is_voter(self.node_id)
+        ):
+            # Only a campaign restarts the timer: a node that may not vote must let its
+            # view of the leader's lease run out, or it would ignore real candidates.
             self.election_elapsed = 0
-            if self.configuration.is_voter(self.node_id):
-                self.campaign()
+            self.campaign()
 
     def step(self, message: Message) -> None:
         require(
@@ -233,14 +236,16 @@ class RaftCore:
                     success=False,
                 )
             )
-        elif isinstance(message, VoteRequest) and message.pre_vote:
+        elif isinstance(message, VoteRequest):
+            # Refuse with our term, so a candidate stuck in an old term learns of ours
+            # instead of campaigning there again and again.
             self.send(
                 VoteResponse(
                     source=self.node_id,
                     target=message.source,
                     term=self.term,
                     granted=False,
-                    pre_vote=True,
+                    pre_vote=message.pre_vote,
                 )
             )
 

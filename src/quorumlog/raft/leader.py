@@ -149,7 +149,19 @@ class LeaderState:
 
     def retry_if_timed_out(self, peer: str, progress: Progress) -> None:
         now = self.core.ticks
-        timeout = self.core.config.append_timeout_ticks
+        config = self.core.config
+        timeout = max(config.append_timeout_ticks, progress.retry_ticks)
+        if (
+            progress.state is APPEND
+            and progress.inflight
+            and now - progress.inflight[0][1] >= timeout
+        ) or (
+            progress.state is not APPEND
+            and progress.request_tick is not None
+            and now - progress.request_tick >= timeout
+        ):
+            # Unanswered: back off before the next retry, up to an election timeout.
+            progress.retry_ticks = min(2 * timeout, max(config.election_ticks, timeout))
         if progress.state is APPEND:
             if progress.inflight and now - progress.inflight[0][1] >= timeout:
                 # Something was lost: find the match point again rather than guess.
@@ -283,6 +295,7 @@ class LeaderState:
             self.check_reads()
         if response.round != progress.round:
             return  # an answer to an older round: the state it answers is gone
+        progress.retry_ticks = 0  # the link answers within the round: no more backing off
         kind = response.kind
         if kind is PushKind.COMMIT:
             if response.success and response.match_index > progress.match_index:

@@ -38,6 +38,9 @@ class Progress:
         self.recent_active = False
         """Heard from in the current check-quorum window."""
         self.read_sequence_acked = 0
+        self.retry_ticks = 0
+        """How long to wait before resending; doubles with each unanswered retry (a slow
+        link must not be flooded with retries it cannot answer in time). 0: the default."""
 
     def enter(self, state: ReplicationState, leader_last_index: int | None = None) -> None:
         """Every new COMPARE, APPEND or INSTALL_SNAPSHOT phase is a new round (see
