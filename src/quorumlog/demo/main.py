@@ -152,7 +152,7 @@ class DemoRun:
             self.spark_starter.start_warm_up(airlines, sample)
             produced = self.produce(records)
             with self.clock.stage("wait for Spark") as stage:
-                spark, airlines_table = self.spark_starter.ready()
+                spark, airlines_table = self.spark_starter.ready(self.console)
                 stage.detail = "the part of its start-up and warm-up that outlasted producing"
             table = self.stream(spark, airlines_table, len(records))
             with self.clock.stage("verify") as stage:

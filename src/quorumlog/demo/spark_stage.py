@@ -53,17 +53,21 @@ class SparkStarter:
         self.airline_names: dict[str, str] = {}
         self.sample_values: list[bytes] = []
         self.abandoned = False
+        self.phase = "starting"
+        """What the thread is doing now, for the spinner of whoever waits for it."""
         self.thread = threading.Thread(target=self.run, name="demo-spark", daemon=True)
         self.thread.start()
 
     def run(self) -> None:
         try:
+            self.phase = "starting the JVM and the session"
             with self.clock.stage("start Spark", overlapped=True) as stage:
                 spark = self.spark = start_spark(self.log_path)
                 stage.detail = f"local[2], its log in {self.log_path}"
             self.topics_created.wait()
             if self.abandoned:
                 return
+            self.phase = "warming up (airlines through the sink and the source, a dry run)"
             with self.clock.stage("warm up Spark", overlapped=True) as stage:
                 self.airlines = pipeline.load_airlines_topic(
                     spark, self.connection, AIRLINES_TOPIC, self.airline_names
@@ -81,8 +85,12 @@ class SparkStarter:
         self.sample_values = sample_values
         self.topics_created.set()
 
-    def ready(self) -> tuple[SparkSession, DataFrame]:
-        self.thread.join()
+    def ready(self, console: Console) -> tuple[SparkSession, DataFrame]:
+        """Wait (with a spinner naming what Spark is doing) until it is started and warm."""
+        with console.status("Spark") as status:
+            while self.thread.is_alive():
+                status.update(f"Spark: {self.phase}")
+                self.thread.join(PROGRESS_POLL_SECONDS)
         if self.error is not None:
             raise self.error
         if self.spark is None or self.airlines is None:
