@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -149,8 +150,9 @@ class DemoRun:
         with contextlib.closing(admin):
             self.create_topics(admin)
             sample = [value for _, value in records[:DRY_RUN_RECORDS]]
-            self.spark_starter.start_warm_up(airlines, sample)
-            produced = self.produce(records)
+            self.spark_starter.prepare_warm_up(airlines, sample)
+            produced = self.produce(records, self.spark_starter.start_warm_up)
+            self.spark_starter.start_warm_up()  # had the failover not started it
             with self.clock.stage("wait for Spark") as stage:
                 spark, airlines_table = self.spark_starter.ready(self.console)
                 stage.detail = "the part of its start-up and warm-up that outlasted producing"
@@ -171,9 +173,11 @@ class DemoRun:
                 f"(1 partition), all {REPLICATION} replicas"
             )
 
-    def produce(self, records: list[tuple[bytes, bytes]]) -> ProduceReport:
+    def produce(
+        self, records: list[tuple[bytes, bytes]], on_failover_over: Callable[[], None]
+    ) -> ProduceReport:
         with self.clock.stage("produce") as stage:
-            produced = produce_with_progress(self.cluster, records, self.console)
+            produced = produce_with_progress(self.cluster, records, self.console, on_failover_over)
             stage.detail = f"{produced.acknowledged:,} acknowledged"
         if produced.failover is not None:
             self.console.print(f"  ↯ {produced.failover.describe()}", soft_wrap=True)
@@ -230,7 +234,10 @@ def wait_for_cluster(cluster: DemoCluster) -> Admin:
 
 
 def produce_with_progress(
-    cluster: DemoCluster, records: list[tuple[bytes, bytes]], console: Console
+    cluster: DemoCluster,
+    records: list[tuple[bytes, bytes]],
+    console: Console,
+    on_failover_over: Callable[[], None],
 ) -> ProduceReport:
     with progress_bar(console) as progress:
         task = progress.add_task("produce", total=len(records))
@@ -239,4 +246,4 @@ def produce_with_progress(
             description = f"produce: sent {sent:,}, acknowledged"
             progress.update(task, completed=acknowledged, description=description)
 
-        return produce_records(cluster, TOPIC, records, show, KILLED_PARTITION)
+        return produce_records(cluster, TOPIC, records, show, KILLED_PARTITION, on_failover_over)

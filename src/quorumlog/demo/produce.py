@@ -89,10 +89,14 @@ class ProduceReport:
 class LeaderFailover:
     """Kills a partition's leader, then (in a thread) follows its replacement and recovery."""
 
-    def __init__(self, cluster: DemoCluster, topic: str, partition: int) -> None:
+    def __init__(
+        self, cluster: DemoCluster, topic: str, partition: int, on_over: Callable[[], None]
+    ) -> None:
         self.cluster = cluster
         self.topic = topic
         self.partition = partition
+        self.on_over = on_over
+        """Called once the failover is over (recovered or given up), from either thread."""
         self.report = FailoverReport(partition)
         self.thread: threading.Thread | None = None
         self.admin = Admin(
@@ -111,6 +115,7 @@ class LeaderFailover:
             killed = self.cluster.kill(leader)
         except (ClientError, TimeoutError) as error:
             self.report.error = str(error)
+            self.on_over()
             return
         self.report.killed_node = leader
         self.report.killed_at_record = record_number
@@ -138,6 +143,8 @@ class LeaderFailover:
             self.report.in_sync_seconds = time.monotonic() - killed_seconds
         except (ClientError, TimeoutError) as error:
             self.report.error = str(error)
+        finally:
+            self.on_over()
 
     def record_in_kv(self) -> None:
         """Note the failover in the KV (FAILOVER_KEY).
@@ -188,13 +195,17 @@ def produce_records(
     records: list[tuple[bytes, bytes]],
     progress: Progress,
     kill_partition: int | None = 0,
+    on_failover_over: Callable[[], None] = lambda: None,
 ) -> ProduceReport:
-    """Send every (key, value) to `topic`, kill a leader half way, wait for every answer."""
+    """Send every (key, value) to `topic`, kill a leader half way, wait for every answer.
+
+    `on_failover_over` is called when the killed node is back (or the failover gave up):
+    from then on every node serves the cluster's metadata again."""
     counter = AcknowledgementCounter()
     futures: list[Future[RecordMetadata]] = []
-    failover = (
-        LeaderFailover(cluster, topic, kill_partition) if kill_partition is not None else None
-    )
+    failover = None
+    if kill_partition is not None:
+        failover = LeaderFailover(cluster, topic, kill_partition, on_failover_over)
     half_way = len(records) // 2
     failover_report = None
     producer = Producer(cluster.endpoints, cluster_id=CLUSTER_ID)

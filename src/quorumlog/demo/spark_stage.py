@@ -36,7 +36,7 @@ so the aggregates visibly grow batch by batch; each extra batch costs Spark a se
 
 
 class SparkStarter:
-    """Starts the Spark session in a thread and, once the topics exist, warms it up: the
+    """Starts the Spark session in a thread and, once told (`start_warm_up`), warms it up: the
     airlines go through the sink into their topic and back through the source (the job's
     join reads them from there), and a dry run aggregates a few flights. A fresh JVM spends
     tens of seconds on its first use of each path; here that happens while the flights
@@ -49,7 +49,7 @@ class SparkStarter:
         self.spark: SparkSession | None = None
         self.airlines: DataFrame | None = None
         self.error: BaseException | None = None
-        self.topics_created = threading.Event()
+        self.cluster_ready = threading.Event()
         self.airline_names: dict[str, str] = {}
         self.sample_values: list[bytes] = []
         self.abandoned = False
@@ -64,7 +64,7 @@ class SparkStarter:
             with self.clock.stage("start Spark", overlapped=True) as stage:
                 spark = self.spark = start_spark(self.log_path)
                 stage.detail = f"local[2], its log in {self.log_path}"
-            self.topics_created.wait()
+            self.cluster_ready.wait()
             if self.abandoned:
                 return
             self.phase = "warming up (airlines through the sink and the source, a dry run)"
@@ -80,10 +80,16 @@ class SparkStarter:
         except BaseException as error:  # handed to the waiting thread by ready()
             self.error = error
 
-    def start_warm_up(self, airlines: dict[str, str], sample_values: list[bytes]) -> None:
+    def prepare_warm_up(self, airlines: dict[str, str], sample_values: list[bytes]) -> None:
         self.airline_names = airlines
         self.sample_values = sample_values
-        self.topics_created.set()
+
+    def start_warm_up(self) -> None:
+        """Let the warm-up begin (once Spark is up): the topics exist, and every node knows
+        them. It waits for the failover to be over because a node that restarted answers
+        topic lists from metadata it has not caught up on yet, and the `quorumlog` source
+        takes an empty answer for "no such topic". Safe to call more than once."""
+        self.cluster_ready.set()
 
     def ready(self, console: Console) -> tuple[SparkSession, DataFrame]:
         """Wait (with a spinner naming what Spark is doing) until it is started and warm."""
@@ -100,7 +106,7 @@ class SparkStarter:
     def stop(self) -> None:
         """Stop the session if it started (also after a failure elsewhere)."""
         self.abandoned = True
-        self.topics_created.set()
+        self.cluster_ready.set()
         self.thread.join()
         if self.spark is not None:
             self.spark.stop()
