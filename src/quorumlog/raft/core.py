@@ -466,6 +466,12 @@ class RaftCore:
         if granted and not message.pre_vote:
             self.vote = message.source
             self.reset_election_timer()
+        elif up_to_date and not message.pre_vote:
+            # We voted already (for ourselves, as a candidate) but the asker's log is at
+            # least as good as ours: give it the next election rather than racing it to
+            # every new term (without pre-vote, a node with a stale membership that cannot
+            # win could otherwise beat a node that can to each term, for ever).
+            self.reset_election_timer()
         response = VoteResponse(
             source=self.node_id,
             target=message.source,

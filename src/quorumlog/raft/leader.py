@@ -303,6 +303,12 @@ class LeaderState:
                 self.maybe_commit()
                 if progress.state is APPEND:
                     self.send_appends(peer, progress)  # the ack may have freed the window
+            elif response.match_index < progress.match_index and progress.state is APPEND:
+                # The follower no longer vouches for entries it acknowledged (it restarted,
+                # so it has not compared its log with ours since): until it does, it takes
+                # no commit index from us. COMPARE again; its entries are still durable.
+                progress.enter(COMPARE, self.core.log.last_index)
+                self.send_compare(peer, progress)
         elif progress.state is COMPARE and kind is PushKind.COMPARE:
             if response.index == progress.next_index - 1:  # else: an answer to an old probe
                 self.handle_compare_response(peer, progress, response)

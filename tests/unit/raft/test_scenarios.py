@@ -9,6 +9,7 @@ from quorumlog.raft.configuration import ChangeKind, MembershipChange
 from quorumlog.raft.core import Role
 from quorumlog.raft.messages import Push, PushKind
 from quorumlog.raft.progress import ReplicationState
+from quorumlog.raft.ready import HardState
 from quorumlog.storage import EntryType
 from tests.unit.raft.harness import Cluster
 
@@ -270,3 +271,21 @@ def test_membership_add_learner_promote_and_remove_4_1() -> None:
     cluster.propose(leader, b"b")
     cluster.tick(2)
     assert committed_data(cluster, "n4") == [b"a", b"b"]
+
+
+def test_a_restarted_follower_of_an_idle_group_learns_the_commit_index() -> None:
+    """After a restart a follower has compared nothing with the leader, so heartbeats alone
+    must not leave it without a commit index while the group is idle."""
+    cluster = Cluster(3)
+    cluster.elect("n1")
+    cluster.propose("n1", b"a")
+    cluster.tick(2)
+    assert cluster.core("n3").commit_index == 2
+    # The real runtime saves the commit index only with term and vote changes.
+    node = cluster.nodes["n3"]
+    node.hard_state = HardState(term=node.hard_state.term, vote=node.hard_state.vote, commit=0)
+    node.restart()
+    assert cluster.core("n3").commit_index == 0
+    cluster.tick(cluster.core("n1").config.append_timeout_ticks + 2)
+    assert cluster.core("n3").commit_index == 2
+    assert cluster.nodes["n3"].data_applied() == [b"a"]
