@@ -98,6 +98,16 @@ class LogStore(Protocol):
 
 def check_append(entries: Sequence[LogEntry], last_index: int, entry_bytes_max: int) -> None:
     """Raise unless `entries` run on from last_index + 1 and each fits the size bound."""
+    if not entries:
+        return
+    # Fast path: whole-batch checks in C; the loop below runs only to name the culprit.
+    first = last_index + 1
+    if (
+        [entry.index for entry in entries] == list(range(first, first + len(entries)))
+        and max(len(entry.data) for entry in entries) <= entry_bytes_max
+        and min(entry.term for entry in entries) >= 0
+    ):
+        return
     expected = last_index + 1
     for entry in entries:
         if entry.index != expected:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Sequence
+from itertools import accumulate, chain, repeat
 
 import google_crc32c
 
@@ -72,32 +73,30 @@ class HeaderError(ValueError):
 def encode_entries(entries: Sequence[LogEntry]) -> tuple[bytes, list[int], list[int]]:
     """Encode a batch into one buffer: returns (bytes, offset of each entry, term of each).
 
-    One call per batch so the per-entry work is a few C calls: pack, two CRCs, append.
-    google_crc32c wants real `bytes` (not memoryviews), which is why the header prefix is
+    Column by column with map() over C functions, so the per-entry work runs in C rather
+    than in Python bytecode (about half the cost of a per-entry loop, measured).
+    google_crc32c wants real `bytes` (not memoryviews), which is why each header prefix is
     packed into its own small bytes object and the buffer is joined at the end.
     """
-    parts: list[bytes] = []
-    offsets: list[int] = []
-    terms: list[int] = []
-    add_part = parts.append
-    add_offset = offsets.append
-    add_term = terms.append
-    pack_prefix = HEADER_PREFIX.pack
-    pack_unsigned_32 = UNSIGNED_32.pack
-    crc32c = _crc32c
-    position = 0
-    for entry in entries:
-        data = entry.data
-        term = entry.term
-        length = len(data)
-        prefix = pack_prefix(term, entry.type, CHECKSUM_TYPE_CRC32C, 0, length, crc32c(data))
-        add_part(prefix)
-        add_part(pack_unsigned_32(crc32c(prefix)))
-        add_part(data)
-        add_offset(position)
-        add_term(term)
-        position += ENTRY_HEADER_BYTES + length
-    return b"".join(parts), offsets, terms
+    datas = [entry.data for entry in entries]
+    terms = [entry.term for entry in entries]
+    lengths = list(map(len, datas))
+    prefixes = list(
+        map(
+            HEADER_PREFIX.pack,
+            terms,
+            [entry.type for entry in entries],
+            repeat(CHECKSUM_TYPE_CRC32C),
+            repeat(0),
+            lengths,
+            map(_crc32c, datas),
+        )
+    )
+    header_checksums = map(UNSIGNED_32.pack, map(_crc32c, prefixes))
+    encoded = b"".join(chain.from_iterable(zip(prefixes, header_checksums, datas, strict=True)))
+    offsets = list(accumulate((ENTRY_HEADER_BYTES + length for length in lengths), initial=0))
+    offsets.pop()
+    return encoded, offsets, terms
 
 
 def index_encoded_batch(
