@@ -59,6 +59,23 @@ def bench_kv(
     run_kv_benchmark(settings, as_json=as_json)
 
 
+@bench.command("stream")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
+@click.option("--records", type=click.IntRange(1000, 10**8), default=1_000_000, show_default=True)
+@click.option(
+    "--spark-records", type=click.IntRange(1000, 10**8), default=1_000_000, show_default=True
+)
+@click.option("--skip-spark", is_flag=True, help="Leave out the Spark read (no JVM).")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None)
+def bench_stream(
+    as_json: bool, records: int, spark_records: int, skip_spark: bool, directory: str | None
+) -> None:
+    """Produce, consume and Spark batch-read rates on 3 node processes (fsync on)."""
+    from quorumlog.bench.stream import run_stream_benchmark
+
+    run_stream_benchmark(as_json, records, spark_records, directory, skip_spark)
+
+
 @cli.group()
 def sim() -> None:
     """Deterministic simulations: seeded faults on virtual time."""

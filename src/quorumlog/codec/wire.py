@@ -185,7 +185,7 @@ class Done(msgspec.Struct, frozen=True, tag=True):
 # --- streams ------------------------------------------------------------------------------
 
 
-class Record(msgspec.Struct, frozen=True, array_like=True):
+class Record(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """One record as a producer sends it; the partition leader assigns its offset."""
 
     value: bytes
