@@ -16,7 +16,7 @@ Source options (`spark.read` / `spark.readStream`):
 | maxOffsetsPerTrigger | records per micro-batch, over all partitions (stream only) | none |
 | failOnDataLoss | true / false | true |
 | minPartitions | at least this many Spark partitions | one per topic partition |
-| maxRecordsPerPartition | at most this many records per Spark partition | 250000 |
+| maxRecordsPerPartition | at most this many records per Spark partition | 1000000 |
 | fetchRecordsMax / fetchBytesMax | per Fetch request | 10000 / 4 MiB |
 | clusterId, timeoutMs | handshake cluster id; per-request deadline | quorumlog, 30000 |
 
@@ -38,7 +38,7 @@ from quorumlog.spark.offsets import OffsetSpec, parse_offset_spec
 
 ENDPOINTS_ENVIRONMENT_VARIABLE = "QUORUMLOG_ENDPOINTS"
 TIMEOUT_MS_DEFAULT = 30_000
-MAX_RECORDS_PER_PARTITION_DEFAULT = 250_000
+MAX_RECORDS_PER_PARTITION_DEFAULT = 1_000_000
 FETCH_RECORDS_MAX_DEFAULT = 10_000
 FETCH_BYTES_MAX_DEFAULT = 4 * 1024 * 1024
 PAGE_SIZE_DEFAULT = 1_000
