@@ -1,7 +1,7 @@
 """`quorumlog kv|status|member|leader`: the KV and cluster commands (etcdctl is the model).
 
 Every command takes `--endpoints` (comma-separated host:port; else $QUORUMLOG_ENDPOINTS;
-else 127.0.0.1:2379, etcd's client port, for a node started with that address),
+else the cluster `quorumlog dev up` started in this directory, else 127.0.0.1:2379),
 `--cluster-id` (else $QUORUMLOG_CLUSTER_ID, else "quorumlog") and `--timeout` seconds.
 `quorumlog dev up` prints the `export QUORUMLOG_ENDPOINTS=...` line for its cluster.
 
@@ -18,11 +18,11 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
+from quorumlog.cli.defaults import default_endpoints
 from quorumlog.errors import QuorumLogError
 from quorumlog.kv.client import KVClient
 from quorumlog.kv.connection import CLUSTER_ID_DEFAULT, Member, parse_endpoint, parse_endpoints
 
-ENDPOINTS_DEFAULT = "127.0.0.1:2379"
 TIMEOUT_SECONDS_DEFAULT = 5.0
 STATUS_COLUMNS = [
     "endpoint",
@@ -85,8 +85,8 @@ def client_options(command: Command) -> Command:
         click.option(
             "--endpoints",
             envvar="QUORUMLOG_ENDPOINTS",
-            default=ENDPOINTS_DEFAULT,
-            show_default=True,
+            default=default_endpoints,
+            show_default="the dev cluster started here, else 127.0.0.1:2379",
             callback=endpoints_callback,
             help="Comma-separated host:port of the nodes.  [env: QUORUMLOG_ENDPOINTS]",
         ),

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import click
 
+from quorumlog.cli.defaults import DEV_DIRECTORY_DEFAULT as DEFAULT_DEV_DIR
+from quorumlog.cli.defaults import DEV_STATE_FILE
 from quorumlog.errors import QuorumLogError
-
-DEV_STATE_FILE = "dev-cluster.json"
-DEFAULT_DEV_DIR = ".quorumlog-dev"
 
 
 def parse_peers(text: str) -> dict[str, str]:

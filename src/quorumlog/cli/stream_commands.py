@@ -16,9 +16,9 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 import click
 import msgspec
 
+from quorumlog.cli.defaults import default_endpoints
 from quorumlog.kv.connection import CLUSTER_ID_DEFAULT, parse_endpoints
 
-ENDPOINTS_DEFAULT = "127.0.0.1:2379"
 TIMEOUT_SECONDS_DEFAULT = 10.0
 CONSUME_RECORDS_PER_POLL_MAX = 10_000
 
@@ -47,8 +47,8 @@ def client_options(command: Command) -> Command:
         click.option(
             "--endpoints",
             envvar="QUORUMLOG_ENDPOINTS",
-            default=ENDPOINTS_DEFAULT,
-            show_default=True,
+            default=default_endpoints,
+            show_default="the dev cluster started here, else 127.0.0.1:2379",
             callback=endpoints_callback,
             help="Comma-separated HOST:PORT of any nodes (else $QUORUMLOG_ENDPOINTS).",
         ),
