@@ -1,5 +1,25 @@
-"""Public test kit: simulated clusters, nemeses, history recorders and checkers."""
+"""Public test kit: simulated clusters, nemeses, history recorders and checkers.
 
+Users test their own state machines and clients with the same tools quorumlog's own tests
+use: `SimCluster` runs Raft cores on virtual time under seeded faults, `History` records
+concurrent operations, `check_linearizable` and `check_queue` judge them.
+"""
+
+from quorumlog.testing.history import History, HistoryError, Operation, OperationStatus
+from quorumlog.testing.linearizability import (
+    KV_MODEL,
+    REGISTER_MODEL,
+    LinearizabilityResult,
+    Model,
+    check_linearizable,
+)
+from quorumlog.testing.queue_checker import (
+    ConsumedRecord,
+    ProducedRecord,
+    ProduceStatus,
+    QueueCheckResult,
+    check_queue,
+)
 from quorumlog.testing.sim import (
     InvariantViolation,
     NetworkFaults,
@@ -11,11 +31,25 @@ from quorumlog.testing.sim import (
 )
 
 __all__ = [
+    "KV_MODEL",
+    "REGISTER_MODEL",
+    "ConsumedRecord",
+    "History",
+    "HistoryError",
     "InvariantViolation",
+    "LinearizabilityResult",
+    "Model",
     "NetworkFaults",
+    "Operation",
+    "OperationStatus",
+    "ProduceStatus",
+    "ProducedRecord",
+    "QueueCheckResult",
     "SimCluster",
     "SimOptions",
     "TraceRecorder",
+    "check_linearizable",
+    "check_queue",
     "run_seed",
     "run_seeds",
 ]
