@@ -131,33 +131,7 @@ class KVStateMachine:
 
     def execute(self, command: KVCommand) -> KVCommandResult:
         """Carry out one command that is not a duplicate."""
-        data = self.data
-        key = command.key
-        operation = command.op
-        if operation == "put":
-            if command.value is None:
-                return REJECTED_RESULT
-            data[key] = command.value
-            return OK_RESULT
-        if operation == "append":
-            if command.value is None:
-                return REJECTED_RESULT
-            previous = data.get(key)
-            data[key] = command.value if previous is None else previous + command.value
-            return OK_RESULT
-        if operation == "delete":
-            return KVCommandResult(ok=True, value=data.pop(key, None))
-        if operation == "cas":
-            current = data.get(key)
-            if current != command.expected:
-                return KVCommandResult(ok=False, value=current)
-            # A new value of None deletes: "cas to missing".
-            if command.value is None:
-                data.pop(key, None)
-            else:
-                data[key] = command.value
-            return KVCommandResult(ok=True, value=current)
-        return REJECTED_RESULT
+        return execute_write(self.data, command)
 
     # --- snapshots ----------------------------------------------------------------------
 
@@ -200,3 +174,34 @@ class KVStateMachine:
 
 
 __all__ = ["KVSnapshot", "KVStateMachine", "MalformedEntryError"]
+
+
+def execute_write(data: dict[str, str], command: KVCommand) -> KVCommandResult:
+    """Carry out one write that is not a duplicate on `data`: the rules every replicated KV
+    (the plain KV group, each shard of a shard group) applies the same way."""
+    key = command.key
+    operation = command.op
+    if operation == "put":
+        if command.value is None:
+            return REJECTED_RESULT
+        data[key] = command.value
+        return OK_RESULT
+    if operation == "append":
+        if command.value is None:
+            return REJECTED_RESULT
+        previous = data.get(key)
+        data[key] = command.value if previous is None else previous + command.value
+        return OK_RESULT
+    if operation == "delete":
+        return KVCommandResult(ok=True, value=data.pop(key, None))
+    if operation == "cas":
+        current = data.get(key)
+        if current != command.expected:
+            return KVCommandResult(ok=False, value=current)
+        # A new value of None deletes: "cas to missing".
+        if command.value is None:
+            data.pop(key, None)
+        else:
+            data[key] = command.value
+        return KVCommandResult(ok=True, value=current)
+    return REJECTED_RESULT

@@ -64,8 +64,8 @@ import enum
 
 import msgspec
 
-from quorumlog.codec.wire import KVCommand, KVCommandResult
-from quorumlog.kv.machine import REJECTED_RESULT, MalformedEntryError
+from quorumlog.codec.wire import KVCommandResult
+from quorumlog.kv.machine import MalformedEntryError, execute_write
 from quorumlog.kv.sessions import (
     SESSION_COUNT_MAX_DEFAULT,
     SESSION_RESULTS_MAX_DEFAULT,
@@ -520,36 +520,6 @@ def snapshot_problem(snapshot: GroupSnapshot, gid: int, shard_count: int) -> str
         if record.state is ShardState.SERVING and not owned and record.data:
             return f"shard {index} holds data it does not own"
     return None
-
-
-def execute_write(data: dict[str, str], command: KVCommand) -> KVCommandResult:
-    """Carry out one write that is not a duplicate; the same rules as `KVStateMachine`."""
-    key = command.key
-    operation = command.op
-    if operation == "put":
-        if command.value is None:
-            return REJECTED_RESULT
-        previous = data.get(key)
-        data[key] = command.value
-        return KVCommandResult(ok=True, value=previous)
-    if operation == "append":
-        if command.value is None:
-            return REJECTED_RESULT
-        previous = data.get(key)
-        data[key] = command.value if previous is None else previous + command.value
-        return KVCommandResult(ok=True, value=previous)
-    if operation == "delete":
-        return KVCommandResult(ok=True, value=data.pop(key, None))
-    if operation == "cas":
-        current = data.get(key)
-        if current != command.expected:
-            return KVCommandResult(ok=False, value=current)
-        if command.value is None:  # "cas to missing" deletes
-            data.pop(key, None)
-        else:
-            data[key] = command.value
-        return KVCommandResult(ok=True, value=current)
-    return REJECTED_RESULT
 
 
 def merge_session_records(table: SessionTable, records: list[SessionRecord], clock_ms: int) -> None:
