@@ -83,10 +83,16 @@ def consume(endpoints: list[str], topic: str, end_offset: int) -> tuple[int, flo
     started = time.perf_counter()
     offset = 0
     count = 0
+    deadline = started + 60
     while offset < end_offset:
         records = consumer.read(topic, 0, offset, 50_000)
         if not records:
-            break
+            # A follower may answer, and it serves what it has applied, which can trail
+            # the leader's acknowledgement by a moment: ask again.
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"read {count} of {end_offset} records in 60 s")
+            time.sleep(0.001)
+            continue
         count += len(records)
         offset = records[-1].offset + 1
     elapsed = time.perf_counter() - started

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -18,6 +19,10 @@ import click
 from quorumlog.cli.defaults import DEV_DIRECTORY_DEFAULT as DEFAULT_DEV_DIR
 from quorumlog.cli.defaults import DEV_STATE_FILE
 from quorumlog.errors import QuorumLogError
+
+STARTED_HERE: dict[int, subprocess.Popen[bytes]] = {}
+"""Node processes this process started (kept, not dropped to the garbage collector, which
+would warn that they still run; `stop_dev_cluster` reaps them)."""
 
 
 def parse_peers(text: str) -> dict[str, str]:
@@ -172,6 +177,7 @@ def start_dev_cluster(
         )
         log_file.close()
         pids[node_id] = process.pid
+        STARTED_HERE[process.pid] = process
     state: dict[str, object] = {
         "directory": str(base),
         "cluster_id": cluster_id,
@@ -187,6 +193,19 @@ def stop_dev_cluster(directory: str, timeout_seconds: float = 10.0) -> list[str]
     state = load_dev_state(directory)
     if state is None:
         return []
+    try:
+        return stop_processes(directory, state, timeout_seconds)
+    finally:
+        # Reap the children this process started, so none lingers as a zombie.
+        pids_started: dict[str, int] = state["pids"]  # type: ignore[assignment]
+        for pid in pids_started.values():
+            child = STARTED_HERE.pop(pid, None)
+            if child is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    child.wait(timeout=timeout_seconds)
+
+
+def stop_processes(directory: str, state: dict[str, object], timeout_seconds: float) -> list[str]:
     pids: dict[str, int] = state["pids"]  # type: ignore[assignment]
     for pid in pids.values():
         if process_alive(pid):

@@ -271,6 +271,10 @@ class Fetch(msgspec.Struct, frozen=True, tag=True):
     offset: int
     records_max: int = 10_000
     bytes_max: int = 4 * 1024 * 1024
+    leader_only: bool = False
+    """Only the partition's leader answers (others say NOT_LEADER with a hint): a reader
+    then sees every record acknowledged to a producer. A follower serves what it has
+    applied, which may trail the leader by a moment."""
 
 
 class FetchedBatch(msgspec.Struct, frozen=True, array_like=True):

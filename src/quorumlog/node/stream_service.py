@@ -447,6 +447,15 @@ class StreamService:
         hosted = self.hosted_or_refuse(request.request_id, request.topic, request.partition, reply)
         if hosted is None:
             return
+        if request.leader_only and not hosted.group.core.is_leader:
+            core = hosted.group.core
+            self.refuse(
+                reply,
+                request.request_id,
+                NotLeaderError(core.node_id, core.leader_id),
+                hosted.group,
+            )
+            return
         machine = hosted.machine
         records_max = max(1, min(request.records_max, FETCH_RECORDS_MAX))
         try:

@@ -89,7 +89,12 @@ class Consumer(BlockingClient):
         timeout: float = 10.0,
         cluster_id: str = CLUSTER_ID_DEFAULT,
         attempt_timeout_seconds: float | None = None,
+        read_from_followers: bool = False,
     ) -> None:
+        """`read_from_followers`: let any replica answer reads (spreads load; a follower may
+        trail the leader by a moment). By default the leader answers, as in Kafka, so a
+        read sees every record a producer had acknowledged."""
+        self.read_from_followers = read_from_followers
         if auto_offset_reset not in OFFSET_RESETS:
             raise ValueError(
                 f"auto_offset_reset is one of {', '.join(OFFSET_RESETS)}, not {auto_offset_reset!r}"
@@ -126,7 +131,15 @@ class Consumer(BlockingClient):
         OffsetOutOfRangeError below the first retained offset or past the end."""
         check_read(offset, max_records)
         result = self.run(
-            fetch(self.transport, topic, partition, offset, max_records, self.fetch_bytes_max)
+            fetch(
+                self.transport,
+                topic,
+                partition,
+                offset,
+                max_records,
+                self.fetch_bytes_max,
+                leader_only=not self.read_from_followers,
+            )
         )
         return decode_records(topic, partition, offset, result, max_records)
 
@@ -269,8 +282,10 @@ async def fetch(
     offset: int,
     records_max: int,
     bytes_max: int,
+    leader_only: bool = False,
 ) -> FetchResult:
-    """Fetch from any replica; an out-of-range answer is checked with the leader."""
+    """Fetch from any replica (or only the leader); an out-of-range answer is checked with
+    the leader."""
 
     def make_request(request_id: int) -> Fetch:
         return Fetch(
@@ -280,6 +295,7 @@ async def fetch(
             offset=offset,
             records_max=records_max,
             bytes_max=bytes_max,
+            leader_only=leader_only,
         )
 
     what = f"fetch of {topic!r} partition {partition} at {offset}"
