@@ -3,6 +3,7 @@ partition leader is SIGKILLed while it runs still writes every record exactly on
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,3 +93,46 @@ def test_stream_survives_a_killed_partition_leader_without_loss_or_duplicates(
         .collect()
     )
     assert sorted(row.value for row in stored) == values
+
+
+def test_fail_on_data_loss_after_retention_on_real_nodes(
+    spark: SparkSession, cluster: ProcessCluster
+) -> None:
+    """Retention deletes the oldest records; a batch read asked to start at offset 0 fails
+    with failOnDataLoss true (the default) and reads what is left with it false."""
+    from quorumlog import Consumer
+
+    topic = unique_topic("retention")
+    with Admin(cluster.endpoints, cluster_id=CLUSTER_ID, timeout=WAIT_SECONDS) as admin:
+        admin.create_topic(topic, partitions=1, retention_bytes=20_000)
+        partition_leader(admin, topic, 0)
+    # Many small batches: retention cuts at checkpoints, taken every 64 log entries.
+    with Producer(cluster.endpoints, cluster_id=CLUSTER_ID) as producer:
+        for batch in range(300):
+            for number in range(5):
+                producer.send(topic, b"r%06d" % (batch * 5 + number), partition=0)
+            producer.flush()
+    with Consumer(cluster.endpoints, cluster_id=CLUSTER_ID) as consumer:
+        begin = wait_until(
+            lambda: consumer.begin_offset(topic, 0) or None, WAIT_SECONDS, "retention to cut"
+        )
+        end = consumer.end_offset(topic, 0)
+    assert 0 < begin < end == 1500
+
+    def read(fail_on_data_loss: str) -> int:
+        return (
+            spark.read.format("quorumlog")
+            .option("endpoints", ",".join(cluster.endpoints))
+            .option("clusterId", CLUSTER_ID)
+            .option("topic", topic)
+            .option("startingOffsets", json.dumps({topic: {"0": 0}}))
+            .option("failOnDataLoss", fail_on_data_loss)
+            .load()
+            .count()
+        )
+
+    with pytest.raises(Exception, match=r"(?i)lost|data loss|retention|begin"):
+        read("true")
+    counted = read("false")
+    # What is left: at least what was retained when we looked (retention may cut more).
+    assert 0 < counted <= end - begin
