@@ -114,9 +114,8 @@ class RaftCore:
         self.outbox_after_persist: list[Message] = []
         self.read_states: list[ReadState] = []
         self.failed_reads: list[int] = []
-        self.last_hard_state = HardState(term=self.term, vote=self.vote, commit=self.commit_index)
-        if self.last_hard_state != hard_state:
-            self.last_hard_state = hard_state  # so the corrected state is emitted once
+        # What is durable now; if term or vote were corrected above, the next Ready says so.
+        self.last_hard_state = hard_state
 
     # --- read-only views ---------------------------------------------------------------
 

@@ -15,7 +15,6 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 from quorumlog.errors import InvalidConfigurationChangeError, NotLeaderError
-from quorumlog.raft.invariants import require
 from quorumlog.raft.messages import (
     Push,
     PushKind,
@@ -56,6 +55,9 @@ class LeaderState:
         self.check_quorum_elapsed = 0
         self.read_sequence = 0
         self.sequence_sent_tick: dict[int, int] = {}
+        """Read sequences not yet confirmed by a quorum (and the newest confirmed one), with
+        the tick each went out at: a lease runs from the send of a confirmed heartbeat."""
+        self.lease_start_tick = -(10**9)
         self.pending_reads: list[PendingRead] = []
         self.reads_before_first_commit: list[int] = []
         self.transfer_target: str | None = None
@@ -436,28 +438,32 @@ class LeaderState:
         )
         self.heartbeat_due = True
 
-    def acked_by_quorum(self, sequence: int) -> bool:
+    def quorum_acked_sequence(self) -> int:
+        """The highest read sequence a quorum of voters has answered (this node answers
+        every sequence it sent): the quorum-th highest acknowledgement, one sort of the
+        voters rather than one quorum count per outstanding sequence."""
         configuration = self.core.configuration
-        acked = sum(
-            1
+        acknowledged = sorted(
+            (
+                self.read_sequence
+                if voter == self.core.node_id
+                else (self.progress[voter].read_sequence_acked if voter in self.progress else 0)
+            )
             for voter in configuration.voters
-            if voter == self.core.node_id
-            or (voter in self.progress and self.progress[voter].read_sequence_acked >= sequence)
         )
-        return acked >= configuration.quorum()
+        return acknowledged[len(acknowledged) - configuration.quorum()]
 
     def check_reads(self) -> None:
-        while self.pending_reads and self.acked_by_quorum(self.pending_reads[0].sequence):
+        confirmed = self.quorum_acked_sequence()
+        while self.pending_reads and self.pending_reads[0].sequence <= confirmed:
             read = self.pending_reads.pop(0)
             self.core.read_states.append(ReadState(request_id=read.request_id, index=read.index))
-        confirmed = [s for s in self.sequence_sent_tick if self.acked_by_quorum(s)]
-        if confirmed:
-            newest = max(confirmed)
-            self.lease_start_tick = self.sequence_sent_tick[newest]
-            for sequence in [s for s in self.sequence_sent_tick if s < newest]:
-                del self.sequence_sent_tick[sequence]
-
-    lease_start_tick = -(10**9)
+        sent_ticks = self.sequence_sent_tick
+        if confirmed in sent_ticks:
+            self.lease_start_tick = sent_ticks[confirmed]
+            # Sequences go in ascending, so the confirmed ones are at the front.
+            while next(iter(sent_ticks)) < confirmed:
+                del sent_ticks[next(iter(sent_ticks))]
 
     def lease_valid(self) -> bool:
         """No other leader can exist before lease start + election timeout: a quorum heard
@@ -489,7 +495,3 @@ class LeaderState:
             core.send(TimeoutNow(source=core.node_id, target=peer, term=self.term))
         elif progress.state is APPEND:
             self.send_appends(peer, progress)
-
-
-def require_leader_term(leader: LeaderState) -> None:
-    require(leader.core.term == leader.term, "a leader's term never changes while it leads")

@@ -15,6 +15,9 @@ from typing import Protocol
 from quorumlog.raft.messages import SnapshotMeta
 from quorumlog.storage.entry import LogEntry
 
+ENTRIES_PER_READ = 32
+"""Entries read from the store at a time when a byte budget may stop the read early."""
+
 
 class LogReader(Protocol):
     """The read side of a log store (every `LogStore` is one)."""
@@ -83,20 +86,33 @@ class RaftLog:
         (but always at least one entry, so one large entry still moves)."""
         if low < self.first_index or high > self.last_index + 1:
             raise IndexError(f"log range [{low}, {high}) outside [{self.first_index}, ...]")
-        result: list[LogEntry] = []
-        if low < self.unstable_offset:
-            result = self.stable.entries(low, min(high, self.unstable_offset))
-        if high > self.unstable_offset:
-            start = max(low, self.unstable_offset) - self.unstable_offset
-            result.extend(self.unstable[start : high - self.unstable_offset])
         if bytes_max is None:
+            result: list[LogEntry] = []
+            if low < self.unstable_offset:
+                result = self.stable.entries(low, min(high, self.unstable_offset))
+            if high > self.unstable_offset:
+                start = max(low, self.unstable_offset) - self.unstable_offset
+                result.extend(self.unstable[start : high - self.unstable_offset])
             return result
+        # With a byte budget, read the store a few entries at a time: reading the whole
+        # range and dropping what is over budget would read far more than is sent.
+        gathered: list[LogEntry] = []
         total = 0
-        for count, entry in enumerate(result):
-            total += len(entry.data)
-            if total > bytes_max and count > 0:
-                return result[:count]
-        return result
+        index = low
+        while index < high:
+            if index < self.unstable_offset:
+                chunk_high = min(high, self.unstable_offset, index + ENTRIES_PER_READ)
+                chunk = self.stable.entries(index, chunk_high)
+            else:
+                start = index - self.unstable_offset
+                chunk = self.unstable[start : start + min(high - index, ENTRIES_PER_READ)]
+            for entry in chunk:
+                total += len(entry.data)
+                if total > bytes_max and gathered:
+                    return gathered
+                gathered.append(entry)
+            index += len(chunk)
+        return gathered
 
     def first_index_of_term(self, term: int, at_or_below: int) -> int:
         """Walk back from `at_or_below` to the first entry of `term` (fast backup, §5.3)."""

@@ -35,7 +35,7 @@ from quorumlog.raft.core import RaftCore, Role
 from quorumlog.raft.messages import Message, SnapshotMeta
 from quorumlog.raft.ready import HardState, Ready
 from quorumlog.runtime.stable import HardStateFile, SnapshotStore
-from quorumlog.storage import EntryType, LogEntry, SegmentLogStore
+from quorumlog.storage import EntryType, LogEntry, SegmentLogStore, SyncPolicy
 
 log = logging.getLogger("quorumlog.group")
 
@@ -86,8 +86,6 @@ class GroupRunner:
         executor: Executor,
         settings: GroupSettings | None = None,
     ) -> None:
-        from quorumlog.storage import SyncPolicy
-
         self.group_id = group_id
         self.node_id = raft_config.node_id
         self.machine = machine
