@@ -12,6 +12,9 @@ order — so the same state always gives the same bytes (replicas can compare ch
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import msgspec
 
 from quorumlog.codec.wire import KVCommand, KVCommandResult
@@ -37,6 +40,22 @@ OK_RESULT = KVCommandResult(ok=True, value=None)
 
 class MalformedEntryError(QuorumLogError, ValueError):
     """A log entry or snapshot whose bytes do not decode: corruption, never client input."""
+
+
+DecodedEntry = TypeVar("DecodedEntry")
+
+
+def decode_log_entry(
+    decode: Callable[[bytes], DecodedEntry], data: bytes, index: int, what: str
+) -> DecodedEntry:
+    """Decode the log entry at `index` for a state machine; MalformedEntryError if it does
+    not decode (the log only ever holds what a leader encoded, so this is corruption)."""
+    try:
+        return decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise MalformedEntryError(
+            f"{what} log entry {index} ({len(data)} bytes) does not decode: {error}"
+        ) from error
 
 
 class KVSnapshot(msgspec.Struct, frozen=True, array_like=True):
@@ -96,12 +115,7 @@ class KVStateMachine:
         """
         if index <= self._applied_index:
             return []
-        try:
-            entry = decode_entry(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
-            raise MalformedEntryError(
-                f"KV log entry {index} ({len(data)} bytes) does not decode: {error}"
-            ) from error
+        entry = decode_log_entry(decode_entry, data, index, "KV")
         results = self.apply_entry(entry)
         self._applied_index = index
         return results

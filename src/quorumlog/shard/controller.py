@@ -26,7 +26,7 @@ from __future__ import annotations
 import msgspec
 
 from quorumlog.codec.wire import KVCommandResult
-from quorumlog.kv.machine import MalformedEntryError
+from quorumlog.kv.machine import MalformedEntryError, decode_log_entry
 from quorumlog.kv.sessions import (
     SESSION_COUNT_MAX_DEFAULT,
     SESSION_RESULTS_MAX_DEFAULT,
@@ -138,12 +138,7 @@ class ControllerMachine:
         """
         if index <= self._applied_index:
             return []
-        try:
-            entry = decode_entry(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
-            raise MalformedEntryError(
-                f"controller log entry {index} ({len(data)} bytes) does not decode: {error}"
-            ) from error
+        entry = decode_log_entry(decode_entry, data, index, "controller")
         results = self.apply_entry(entry)
         self._applied_index = index
         return results

@@ -65,7 +65,7 @@ import enum
 import msgspec
 
 from quorumlog.codec.wire import KVCommandResult
-from quorumlog.kv.machine import MalformedEntryError, execute_write
+from quorumlog.kv.machine import MalformedEntryError, decode_log_entry, execute_write
 from quorumlog.kv.sessions import (
     SESSION_COUNT_MAX_DEFAULT,
     SESSION_RESULTS_MAX_DEFAULT,
@@ -263,13 +263,7 @@ class ShardGroupMachine:
         the state (a restored snapshot covers it): it is skipped and returns None."""
         if index <= self._applied_index:
             return None
-        try:
-            entry = decode_entry(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
-            raise MalformedEntryError(
-                f"shard group {self.gid}: log entry {index} ({len(data)} bytes) does not "
-                f"decode: {error}"
-            ) from error
+        entry = decode_log_entry(decode_entry, data, index, f"shard group {self.gid}")
         result = self.apply_entry(entry)
         self._applied_index = index
         return result
