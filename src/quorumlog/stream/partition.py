@@ -100,6 +100,8 @@ class PartitionMachine:
         self.batch_counts = array("q")
         self.batch_timestamps_ms = array("q")
         self.batch_bytes = array("q")
+        self.retained_bytes = 0
+        """sum(batch_bytes), kept as batches come and go (retention checks it each second)."""
         self.checkpoints: list[Checkpoint] = [checkpoint]
         self.entries_since_checkpoint = 0
 
@@ -118,6 +120,7 @@ class PartitionMachine:
             self.batch_counts.append(outcome.count)
             self.batch_timestamps_ms.append(header.timestamp_ms)
             self.batch_bytes.append(len(data))
+            self.retained_bytes += len(data)
         self.mark_applied(index)
         return outcome
 
@@ -209,7 +212,7 @@ class PartitionMachine:
             return None
         drop = 0
         if retention_bytes >= 0:
-            retained = sum(self.batch_bytes)
+            retained = self.retained_bytes
             while drop < count and retained > retention_bytes:
                 retained -= self.batch_bytes[drop]
                 drop += 1
@@ -228,6 +231,7 @@ class PartitionMachine:
     def forget_below(self, checkpoint: Checkpoint) -> None:
         """The log was cut after `checkpoint.index`: drop what pointed into the cut part."""
         keep = bisect.bisect_right(self.batch_indexes, checkpoint.index)
+        self.retained_bytes -= sum(self.batch_bytes[:keep])
         for column in (
             self.batch_indexes,
             self.batch_offsets,

@@ -72,6 +72,7 @@ def test_retention_by_size_cuts_at_a_checkpoint_and_reads_below_fail() -> None:
     assert checkpoint is not None
     assert checkpoint.index <= 7  # at least the 3 newest batches stay
     machine.forget_below(checkpoint)
+    assert machine.retained_bytes == sum(machine.batch_bytes)
     assert machine.begin_offset == checkpoint.next_offset == checkpoint.index * 10
     with pytest.raises(OffsetOutOfRangeError):
         machine.batches_from(checkpoint.next_offset - 1, 10, 1 << 20)
