@@ -110,6 +110,9 @@ class KVScan(msgspec.Struct, frozen=True, tag=True):
     limit: int = 1000
     stale: bool = False
     group: str = "kv"
+    shards: list[int] | None = None
+    """Sharded KV: the shards the client expects this group to serve. The group answers
+    WRONG_GROUP unless it serves every one, and returns keys of those shards only."""
 
 
 class KVScanResult(msgspec.Struct, frozen=True, tag=True):
@@ -180,6 +183,74 @@ class Done(msgspec.Struct, frozen=True, tag=True):
 
     request_id: int
     detail: str = ""
+
+
+# --- sharded KV ---------------------------------------------------------------------------
+#
+# Shard groups take KVWrite / KVRead / KVScan with group "shard-<gid>" and answer
+# WRONG_GROUP for a key whose shard they do not serve now. The controller and the messages
+# between groups carry their payloads as bytes encoded by `quorumlog.shard` (controller
+# commands and results, pull and delete messages): the shard package builds on this
+# module's KV types, so this module cannot import it.
+
+CONTROLLER_GROUP = "controller"
+
+
+def shard_group_name(gid: int) -> str:
+    """The Raft group id of shard group `gid` on the nodes hosting it."""
+    return f"shard-{gid}"
+
+
+class ControllerRequest(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    client_id: str
+    commands: bytes
+    """`shard.controller_commands.encode_commands` of join / leave / move / query."""
+    first_unacknowledged: int = 0
+
+
+class ControllerResponse(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    results: bytes
+    """`shard.controller_commands.encode_results`: one result per command, in order."""
+
+
+class ShardGroupRequest(msgspec.Struct, frozen=True, tag=True):
+    """A message from one shard group's leader to another group: a pull or a delete."""
+
+    request_id: int
+    gid: int
+    """The group that should answer."""
+    message: bytes
+    """`shard.group_commands.encode_message` of a PullRequest or DeleteRequest."""
+
+
+class ShardGroupResponse(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    message: bytes
+    """`shard.group_commands.encode_message` of a PullResponse or DeleteResponse."""
+
+
+class ShardStatusRequest(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    gid: int
+
+
+class ShardStatusResponse(msgspec.Struct, frozen=True, tag=True):
+    """One replica's view of its shard group."""
+
+    request_id: int
+    node_id: str
+    gid: int
+    is_leader: bool
+    leader: str | None
+    """The leader's address ("host:port"), if known."""
+    configuration_number: int
+    shard_states: dict[int, str]
+    """shard → state ("serving", "pulling", "be_pulling", "garbage_collecting") for every
+    shard this group owns now or still holds for another."""
+    stored_keys: int
+    applied_index: int
 
 
 # --- streams ------------------------------------------------------------------------------
@@ -339,6 +410,12 @@ Frame = (
     | FetchResult
     | PartitionStatusRequest
     | PartitionStatus
+    | ControllerRequest
+    | ControllerResponse
+    | ShardGroupRequest
+    | ShardGroupResponse
+    | ShardStatusRequest
+    | ShardStatusResponse
 )
 
 ClientRequest = (
@@ -354,6 +431,9 @@ ClientRequest = (
     | Produce
     | Fetch
     | PartitionStatusRequest
+    | ControllerRequest
+    | ShardGroupRequest
+    | ShardStatusRequest
 )
 
 CLIENT_REQUEST_TYPES: tuple[type, ...] = (
@@ -369,6 +449,9 @@ CLIENT_REQUEST_TYPES: tuple[type, ...] = (
     Produce,
     Fetch,
     PartitionStatusRequest,
+    ControllerRequest,
+    ShardGroupRequest,
+    ShardStatusRequest,
 )
 
 _batch_encoder = msgspec.msgpack.Encoder()

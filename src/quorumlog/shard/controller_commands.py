@@ -69,6 +69,8 @@ class ControllerEntry(msgspec.Struct, frozen=True, array_like=True):
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(ControllerEntry)
+_commands_decoder = msgspec.msgpack.Decoder(list[ControllerCommand])
+_results_decoder = msgspec.msgpack.Decoder(list[ControllerResult])
 
 
 def encode_entry(entry: ControllerEntry) -> bytes:
@@ -80,6 +82,26 @@ def decode_entry(data: bytes) -> ControllerEntry:
     return _decoder.decode(data)
 
 
+def encode_commands(commands: list[ControllerCommand]) -> bytes:
+    """The `commands` of a wire.ControllerRequest."""
+    return _encoder.encode(commands)
+
+
+def decode_commands(data: bytes) -> list[ControllerCommand]:
+    """Raises msgspec.DecodeError or ValidationError on bad bytes."""
+    return _commands_decoder.decode(data)
+
+
+def encode_results(results: list[ControllerResult]) -> bytes:
+    """The `results` of a wire.ControllerResponse."""
+    return _encoder.encode(results)
+
+
+def decode_results(data: bytes) -> list[ControllerResult]:
+    """Raises msgspec.DecodeError or ValidationError on bad bytes."""
+    return _results_decoder.decode(data)
+
+
 __all__ = [
     "ControllerBatch",
     "ControllerCommand",
@@ -89,6 +111,10 @@ __all__ = [
     "Leave",
     "Move",
     "Query",
+    "decode_commands",
     "decode_entry",
+    "decode_results",
+    "encode_commands",
     "encode_entry",
+    "encode_results",
 ]

@@ -53,6 +53,13 @@ class InsertShards(msgspec.Struct, frozen=True, array_like=True, tag="insert_sha
     """shard → its keys and values, as the previous owner froze them."""
     sessions: dict[int, list[SessionRecord]]
     """shard → its dedup sessions, so a retry of a write applied there is not applied here."""
+    finished: list[int] | None = None
+    """The shards this entry completes (they start serving); the others only add data and
+    stay PULLING, waiting for their next chunk. None: every shard in `shards` is complete.
+    A large shard moves in chunks so no log entry or frame has to hold all of it."""
+
+    def is_finished(self, shard: int) -> bool:
+        return self.finished is None or shard in self.finished
 
 
 class DeleteShards(msgspec.Struct, frozen=True, array_like=True, tag="delete_shards"):
@@ -125,6 +132,12 @@ class PullRequest(msgspec.Struct, frozen=True, tag="pull_request"):
     configuration_number: int
     """The requester's current configuration: the one in which it owns `shards`."""
     shards: list[int]
+    resume_at: tuple[int, int] | None = None
+    """Resume a chunked pull at (shard, position in its sorted keys): the `resume_at` of
+    the last answer. Positions agree on every replica because the data is frozen."""
+    bytes_max: int = 0
+    """Stop the answer once it holds about this many bytes of keys and values (0: no bound).
+    At least one key is always sent, so every chunk makes progress."""
 
 
 class PullResponse(msgspec.Struct, frozen=True, tag="pull_response"):
@@ -133,6 +146,8 @@ class PullResponse(msgspec.Struct, frozen=True, tag="pull_response"):
     status: PullStatus
     insert: InsertShards | None = None
     """With `OK`: the entry the requester proposes as is."""
+    resume_at: tuple[int, int] | None = None
+    """With `OK`, when the answer stopped at `bytes_max`: ask again with this `resume_at`."""
 
 
 class DeleteRequest(msgspec.Struct, frozen=True, tag="delete_request"):

@@ -182,7 +182,9 @@ def handle_pull_request(machine: ShardGroupMachine, request: PullRequest) -> Pul
         for shard in request.shards
         if 0 <= shard < machine.shard_count and current.shards[shard] == request.requester_gid
     ]
-    return machine.pull_request_for(request.configuration_number, owned)
+    return machine.pull_request_for(
+        request.configuration_number, owned, request.resume_at, request.bytes_max
+    )
 
 
 def handle_delete_request(
@@ -246,11 +248,22 @@ def entry_for_pull_response(
     ]
     if not wanted:
         return None
+    finished = [shard for shard in wanted if insert.is_finished(shard)]
     return InsertShards(
         configuration_number=number,
         shards={shard: insert.shards[shard] for shard in wanted},
-        sessions={shard: insert.sessions.get(shard, []) for shard in wanted},
+        sessions={shard: insert.sessions.get(shard, []) for shard in finished},
+        finished=None if len(finished) == len(wanted) else finished,
     )
+
+
+def next_pull_request(request: PullRequest, response: PullResponse) -> PullRequest | None:
+    """The request for the next chunk of a chunked pull, or None when the answer was the
+    last one. Send it once the insert of this answer is applied: chunks go in order, one
+    at a time, so the log never holds more than one chunk per source ahead of the state."""
+    if response.status is not PullStatus.OK or response.resume_at is None:
+        return None
+    return msgspec.structs.replace(request, resume_at=response.resume_at)
 
 
 def entry_for_delete_response(
@@ -292,5 +305,6 @@ __all__ = [
     "handle_delete_request",
     "handle_pull_request",
     "monitor",
+    "next_pull_request",
     "pull_actions",
 ]

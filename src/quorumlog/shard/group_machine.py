@@ -104,6 +104,9 @@ from quorumlog.shard.group_commands import (
 
 SNAPSHOT_FORMAT_VERSION = 1
 
+PULL_ITEM_OVERHEAD_BYTES = 8
+"""What one key/value pair adds to a pull chunk beyond its characters (msgpack headers)."""
+
 SESSION_SWEEP_INTERVAL_MS = 1_000
 """How often (in entry time) idle sessions of every serving shard are expired. Between
 sweeps only the shards a batch touches expire theirs, so an entry costs O(shards touched)."""
@@ -180,6 +183,8 @@ class ShardGroupMachine:
         self.clock_ms = 0
         self._applied_index = 0
         self.duplicate_count = 0
+        self.frozen_key_cache: dict[int, list[str]] = {}
+        """BE_PULLING shard → its keys, sorted (see `frozen_keys`); not part of the state."""
 
     def new_session_table(self) -> SessionTable:
         return SessionTable(self.session_ttl_ms, self.session_count_max, self.session_results_max)
@@ -231,11 +236,20 @@ class ShardGroupMachine:
     def stored_key_count(self) -> int:
         return sum(len(shard.data) for shard in self.shards)
 
-    def pull_request_for(self, configuration_number: int, shards: list[int]) -> PullResponse:
+    def pull_request_for(
+        self,
+        configuration_number: int,
+        shards: list[int],
+        resume_at: tuple[int, int] | None = None,
+        bytes_max: int = 0,
+    ) -> PullResponse:
         """This group's answer, as the previous owner, to a pull of `shards` for
         `configuration_number`: their data and sessions as frozen when they became
         BE_PULLING. A pure read; any replica that applied the configuration gives the same
-        answer, because nothing changes a BE_PULLING shard until it is dropped."""
+        answer, because nothing changes a BE_PULLING shard until it is dropped.
+
+        With `bytes_max`, the answer holds keys from `resume_at` on, in (shard, key) order,
+        up to about that many bytes; a shard's sessions travel with its last chunk."""
         number = self.current_configuration.number
         if number < configuration_number:
             return PullResponse(self.gid, configuration_number, PullStatus.NOT_READY)
@@ -249,12 +263,63 @@ class ShardGroupMachine:
         )
         if number > configuration_number or not ready:
             return PullResponse(self.gid, configuration_number, PullStatus.GONE)
+        if resume_at is None and bytes_max <= 0:
+            insert = InsertShards(
+                configuration_number=configuration_number,
+                shards={shard: dict(sorted(self.shards[shard].data.items())) for shard in ready},
+                sessions={shard: self.shards[shard].sessions.to_records() for shard in ready},
+            )
+            return PullResponse(self.gid, configuration_number, PullStatus.OK, insert)
+        return self.pull_chunk(configuration_number, ready, resume_at or (-1, 0), bytes_max)
+
+    def pull_chunk(
+        self,
+        configuration_number: int,
+        ready: list[int],
+        resume_at: tuple[int, int],
+        bytes_max: int,
+    ) -> PullResponse:
+        resume_shard, resume_position = resume_at
+        chunk: dict[int, dict[str, str]] = {}
+        finished: list[int] = []
+        size = 0
+        next_resume: tuple[int, int] | None = None
+        for shard_index in ready:
+            if shard_index < resume_shard:
+                continue
+            keys = self.frozen_keys(shard_index)
+            position = resume_position if shard_index == resume_shard else 0
+            data = self.shards[shard_index].data
+            items: dict[str, str] = {}
+            while position < len(keys) and (bytes_max <= 0 or size < bytes_max):
+                key = keys[position]
+                value = data[key]
+                items[key] = value
+                size += len(key) + len(value) + PULL_ITEM_OVERHEAD_BYTES
+                position += 1
+            chunk[shard_index] = items
+            if position < len(keys):
+                next_resume = (shard_index, position)
+                break
+            finished.append(shard_index)
         insert = InsertShards(
             configuration_number=configuration_number,
-            shards={shard: dict(sorted(self.shards[shard].data.items())) for shard in ready},
-            sessions={shard: self.shards[shard].sessions.to_records() for shard in ready},
+            shards=chunk,
+            sessions={shard: self.shards[shard].sessions.to_records() for shard in finished},
+            finished=finished,
         )
-        return PullResponse(self.gid, configuration_number, PullStatus.OK, insert)
+        return PullResponse(
+            self.gid, configuration_number, PullStatus.OK, insert, resume_at=next_resume
+        )
+
+    def frozen_keys(self, shard_index: int) -> list[str]:
+        """The sorted keys of a BE_PULLING shard, computed once: its data cannot change
+        until it is dropped, and a chunked pull reads it many times."""
+        keys = self.frozen_key_cache.get(shard_index)
+        if keys is None:
+            keys = sorted(self.shards[shard_index].data)
+            self.frozen_key_cache[shard_index] = keys
+        return keys
 
     # --- apply --------------------------------------------------------------------------
 
@@ -391,7 +456,11 @@ class ShardGroupMachine:
             shard = self.shards[index]
             if shard.state is not ShardState.PULLING:
                 continue  # inserted before: overwriting would lose writes applied since
-            shard.data = dict(entry.shards[index])
+            # A chunk adds to what earlier chunks brought; a repeated chunk (a pull
+            # restarted by a new leader) writes the same frozen values again.
+            shard.data.update(entry.shards[index])
+            if not entry.is_finished(index):
+                continue
             merge_session_records(shard.sessions, entry.sessions.get(index, []), self.clock_ms)
             shard.state = ShardState.GARBAGE_COLLECTING
             inserted.append(index)
@@ -422,6 +491,7 @@ class ShardGroupMachine:
         return ControlApplied(accepted=True, configuration_number=number, shards=deleted)
 
     def drop(self, shard: Shard) -> None:
+        self.frozen_key_cache.pop(self.shards.index(shard), None)
         shard.state = ShardState.SERVING
         shard.data = {}
         shard.sessions = self.new_session_table()
@@ -474,6 +544,7 @@ class ShardGroupMachine:
                 raise MalformedEntryError(f"shard group {self.gid} snapshot: {error}") from error
             shards.append(shard)
         self.shards = shards
+        self.frozen_key_cache = {}
         self.current_configuration = snapshot.current
         self.previous_configuration = snapshot.previous
         self.clock_ms = snapshot.clock_ms

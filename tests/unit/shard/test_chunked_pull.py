@@ -1,0 +1,93 @@
+"""Chunked pulls: a shard too large for one entry or frame moves in bounded chunks, in
+(shard, key) order, and ends exactly where a whole pull would have."""
+
+from __future__ import annotations
+
+import pytest
+
+from quorumlog.shard.group_commands import PullRequest, PullStatus
+from quorumlog.shard.group_driver import (
+    entry_for_pull_response,
+    handle_pull_request,
+    next_pull_request,
+)
+from quorumlog.shard.group_machine import ShardState
+from tests.unit.shard.test_group_machine import SHARD_COUNT, Replica, key_in_shard
+
+
+def moved_pair(keys_per_shard: int) -> tuple[Replica, Replica]:
+    """Group 1 owned every shard and wrote keys; configuration 2 gives shards 1 and 3 to
+    group 2. Returns (old owner, new owner), both at configuration 2."""
+    old, new = Replica(1), Replica(2)
+    old.configure(1, [1] * SHARD_COUNT)
+    new.configure(1, [1] * SHARD_COUNT)
+    sequence = 1
+    for shard in range(SHARD_COUNT):
+        for number in range(keys_per_shard):
+            old.write(key_in_shard(shard, number), f"v{shard}-{number}" * 3, sequence=sequence)
+            sequence += 1
+    for replica in (old, new):
+        replica.configure(2, [1, 2, 1, 2])
+    assert new.machine.shard_state(1) is ShardState.PULLING
+    return old, new
+
+
+@pytest.mark.parametrize("bytes_max", [1, 40, 200, 10_000])
+def test_chunked_pull_moves_the_same_data_and_sessions_as_one_pull(bytes_max: int) -> None:
+    old, new = moved_pair(keys_per_shard=7)
+    whole = old.machine.pull_request_for(2, [1, 3])
+    assert whole.insert is not None
+    request: PullRequest | None = PullRequest(2, 2, [1, 3], bytes_max=bytes_max)
+    chunks = 0
+    while request is not None:
+        response = handle_pull_request(old.machine, request)
+        assert response.status is PullStatus.OK
+        entry = entry_for_pull_response(new.machine, response)
+        assert entry is not None
+        new.control(entry)
+        chunks += 1
+        request = next_pull_request(request, response)
+        if request is not None:
+            # Until its last chunk a shard stays PULLING and serves nothing.
+            shard, _ = request.resume_at or (0, 0)
+            assert new.machine.shard_state(shard) is ShardState.PULLING
+    assert chunks >= (2 if bytes_max <= 200 else 1)
+    for shard in (1, 3):
+        assert new.machine.shard_state(shard) is ShardState.GARBAGE_COLLECTING
+        assert new.machine.shard_data(shard) == whole.insert.shards[shard]
+        sessions = new.machine.shards[shard].sessions.to_records()
+        assert [s.client_id for s in sessions] == [
+            s.client_id for s in whole.insert.sessions[shard]
+        ]
+
+
+def test_a_repeated_chunk_after_the_shard_finished_changes_nothing() -> None:
+    old, new = moved_pair(keys_per_shard=5)
+    request = PullRequest(2, 2, [1, 3], bytes_max=30)
+    first = handle_pull_request(old.machine, request)
+    responses = [first]
+    follow = next_pull_request(request, first)
+    while follow is not None:
+        response = handle_pull_request(old.machine, follow)
+        responses.append(response)
+        follow = next_pull_request(follow, response)
+    for response in responses:
+        entry = entry_for_pull_response(new.machine, response)
+        assert entry is not None
+        new.control(entry)
+    key = key_in_shard(1, 0)
+    new.write(key, "written after the move", client_id="other", sequence=1)
+    # A new leader restarts the pull from the first chunk: the shard is not PULLING
+    # any more, so the stale chunk is not even proposed, and applied it would change nothing.
+    assert entry_for_pull_response(new.machine, first) is None
+    result = new.machine.apply_entry(responses[0].insert)  # type: ignore[arg-type]
+    assert result.shards == []  # type: ignore[union-attr]
+    assert new.machine.shard_data(1)[key] == "written after the move"
+    assert new.replayed().snapshot() == new.machine.snapshot()
+
+
+def test_resume_positions_are_the_same_on_every_replica() -> None:
+    old, _ = moved_pair(keys_per_shard=6)
+    replica = old.replayed()
+    request = PullRequest(2, 2, [1, 3], bytes_max=50)
+    assert handle_pull_request(old.machine, request) == handle_pull_request(replica, request)
