@@ -35,6 +35,20 @@ def parse_peers(text: str) -> dict[str, str]:
     return peers
 
 
+def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
+    """GID=ID,ID,... per --shard-group option → gid → member node ids."""
+    groups: dict[int, list[str]] = {}
+    for value in values:
+        gid_text, separator, members_text = value.partition("=")
+        members = [member.strip() for member in members_text.split(",") if member.strip()]
+        if not separator or not gid_text.strip().isdigit() or int(gid_text) <= 0 or not members:
+            raise click.BadParameter(f"{value!r} is not GID=ID,ID,...", param_hint="--shard-group")
+        if int(gid_text) in groups:
+            raise click.BadParameter(f"group {gid_text} given twice", param_hint="--shard-group")
+        groups[int(gid_text)] = members
+    return groups
+
+
 @click.command("node")
 @click.option("--id", "node_id", required=True, help="This node's id (unique in the cluster).")
 @click.option("--listen", required=True, help="HOST:PORT to listen on for peers and clients.")
@@ -47,6 +61,18 @@ def parse_peers(text: str) -> dict[str, str]:
 @click.option(
     "--snapshot-entries", default=20_000, show_default=True, type=click.IntRange(10, 10**9)
 )
+@click.option(
+    "--controller",
+    default="",
+    help="Node ids of the shard controller group's members: ID,ID,... (sharded KV).",
+)
+@click.option(
+    "--shard-group",
+    "shard_groups",
+    multiple=True,
+    help="A shard group and its members' node ids: GID=ID,ID,... (repeat per group).",
+)
+@click.option("--shard-count", default=16, show_default=True, type=click.IntRange(1, 4096))
 def node_command(
     node_id: str,
     listen: str,
@@ -57,6 +83,9 @@ def node_command(
     tick_ms: int,
     no_fsync: bool,
     snapshot_entries: int,
+    controller: str,
+    shard_groups: tuple[str, ...],
+    shard_count: int,
 ) -> None:
     """Run one node in the foreground; logs to stderr; SIGTERM stops it cleanly."""
     from quorumlog.node.server import NodeSettings, run_node
@@ -77,6 +106,9 @@ def node_command(
         fsync=not no_fsync,
         snapshot_entries=snapshot_entries,
         snapshot_trailing_entries=min(5_000, snapshot_entries // 2),
+        controller=[member.strip() for member in controller.split(",") if member.strip()],
+        shard_groups=parse_shard_groups(shard_groups),
+        shard_count=shard_count,
     )
 
     async def main() -> None:

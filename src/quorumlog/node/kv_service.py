@@ -37,16 +37,18 @@ class KVLimits:
         self.entry_bytes_max = entry_bytes_max
 
 
-class KVService:
+class KVRequestService:
+    """What every KV-shaped group does with client requests: check writes, batch those of
+    one loop turn into one entry, answer reads behind one ReadIndex round. Subclasses say
+    how batches become an entry and how applied results and reads are answered."""
+
     def __init__(
         self,
         group: GroupRunner,
-        machine: KVStateMachine,
         leader_address: Callable[[], str | None],
         limits: KVLimits | None = None,
     ) -> None:
         self.group = group
-        self.machine = machine
         self.leader_address = leader_address
         self.limits = limits or KVLimits()
         self.pending_writes: list[tuple[wire.KVWrite, Replier]] = []
@@ -143,20 +145,25 @@ class KVService:
         if chunk:
             self.propose(chunk, timestamp_ms)
 
+    def encode_writes(self, timestamp_ms: int, batches: list[ClientBatch]) -> bytes:
+        """The log entry that carries these client batches."""
+        raise NotImplementedError
+
+    def answer_writes(self, chunk: list[tuple[wire.KVWrite, Replier]], applied: Any) -> None:
+        """Reply to each request of a chunk from its entry's applied result."""
+        raise NotImplementedError
+
     def propose(self, chunk: list[tuple[wire.KVWrite, Replier]], timestamp_ms: int) -> None:
-        entry = KVEntry(
-            timestamp_ms=timestamp_ms,
-            batches=[
-                ClientBatch(
-                    client_id=request.client_id,
-                    first_unacknowledged=request.first_unacknowledged,
-                    commands=request.commands,
-                )
-                for request, _ in chunk
-            ],
-        )
+        batches = [
+            ClientBatch(
+                client_id=request.client_id,
+                first_unacknowledged=request.first_unacknowledged,
+                commands=request.commands,
+            )
+            for request, _ in chunk
+        ]
         try:
-            future = self.group.propose(encode_entry(entry))
+            future = self.group.propose(self.encode_writes(timestamp_ms, batches))
         except Exception as error:  # typed refusals from the core: tell every client
             for request, reply in chunk:
                 self.reject(reply, request.request_id, error)
@@ -168,9 +175,7 @@ class KVService:
                 for request, reply in chunk:
                     self.reject(reply, request.request_id, error)
                 return
-            results = done.result()
-            for (request, reply), batch_results in zip(chunk, results, strict=True):
-                reply(wire.KVWriteResult(request_id=request.request_id, results=batch_results))
+            self.answer_writes(chunk, done.result())
 
         future.add_done_callback(answer)
 
@@ -194,6 +199,31 @@ class KVService:
                 self.answer_read(request, reply)
 
         future.add_done_callback(answer)
+
+    def answer_read(self, request: wire.KVRead | wire.KVScan, reply: Replier) -> None:
+        """Answer from the applied state (behind the read barrier unless stale)."""
+        raise NotImplementedError
+
+
+class KVService(KVRequestService):
+    """The replicated KV group: entries are `KVEntry`s applied by a `KVStateMachine`."""
+
+    def __init__(
+        self,
+        group: GroupRunner,
+        machine: KVStateMachine,
+        leader_address: Callable[[], str | None],
+        limits: KVLimits | None = None,
+    ) -> None:
+        super().__init__(group, leader_address, limits)
+        self.machine = machine
+
+    def encode_writes(self, timestamp_ms: int, batches: list[ClientBatch]) -> bytes:
+        return encode_entry(KVEntry(timestamp_ms=timestamp_ms, batches=batches))
+
+    def answer_writes(self, chunk: list[tuple[wire.KVWrite, Replier]], applied: Any) -> None:
+        for (request, reply), batch_results in zip(chunk, applied, strict=True):
+            reply(wire.KVWriteResult(request_id=request.request_id, results=batch_results))
 
     def answer_read(self, request: wire.KVRead | wire.KVScan, reply: Replier) -> None:
         if isinstance(request, wire.KVScan):

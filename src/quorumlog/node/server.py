@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -17,14 +18,21 @@ import msgspec
 from quorumlog.codec import wire
 from quorumlog.errors import QuorumLogError
 from quorumlog.kv.machine import KVStateMachine
+from quorumlog.node.controller_service import ControllerService
 from quorumlog.node.errors_to_wire import error_code
 from quorumlog.node.kv_service import KVLimits, KVService
+from quorumlog.node.peer_requests import PeerRequester
+from quorumlog.node.shard_migration import PULL_BYTES_MAX_DEFAULT, ShardMigrator
+from quorumlog.node.shard_service import ShardGroupService
 from quorumlog.node.stream_service import StreamService, TopicWatchingMachine
 from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import ChangeKind, Configuration, MembershipChange
 from quorumlog.raft.messages import Message
-from quorumlog.runtime.group import GroupRunner, GroupSettings
+from quorumlog.runtime.group import GroupRunner, GroupSettings, StateMachine
 from quorumlog.runtime.transport import Endpoint, Replier, parse_address
+from quorumlog.shard.config import SHARD_COUNT_DEFAULT
+from quorumlog.shard.controller import ControllerMachine
+from quorumlog.shard.group_machine import ShardGroupMachine
 
 log = logging.getLogger("quorumlog.node")
 
@@ -46,6 +54,16 @@ class NodeSettings(msgspec.Struct, frozen=True):
     fsync: bool = True
     snapshot_entries: int = 20_000
     snapshot_trailing_entries: int = 5_000
+    controller: list[str] = []
+    """The node ids of the shard controller group's members (empty: no sharded KV)."""
+    shard_groups: dict[int, list[str]] = {}
+    """Shard group gid → its members' node ids. This node hosts the groups it is in."""
+    shard_count: int = SHARD_COUNT_DEFAULT
+    """Shards of the sharded KV: fixed for the cluster's life (keys hash to shards)."""
+    shard_monitor_ms: int = 100
+    """How often a shard group's leader checks for a new configuration and moves shards."""
+    shard_pull_bytes_max: int = PULL_BYTES_MAX_DEFAULT
+    """Keys and values per pull chunk (one frame and one log entry each)."""
 
 
 class Node:
@@ -58,6 +76,10 @@ class Node:
         self.endpoint = Endpoint(settings.node_id, settings.cluster_id, settings.peers, self)
         self.groups: dict[str, GroupRunner] = {}
         self.kv: KVService | None = None
+        self.controller: ControllerService | None = None
+        self.shard_services: dict[int, ShardGroupService] = {}
+        self.migrators: list[ShardMigrator] = []
+        self.requester = PeerRequester(settings.cluster_id, f"node-{settings.node_id}")
         self.port = 0
         self.unknown_group_messages = 0
 
@@ -70,11 +92,36 @@ class Node:
         voters = () if settings.join else tuple(sorted([*settings.peers, settings.node_id]))
         machine = KVStateMachine()
         self.streams = StreamService(self, lambda: self.groups[KV_GROUP], machine)
+        group = self.add_group(
+            KV_GROUP, TopicWatchingMachine(machine, self.streams.schedule_sync), voters
+        )
+        group.on_configuration = self.configuration_changed
+        self.kv = KVService(
+            group, machine, lambda: self.address_of(group.core.leader_id), KVLimits()
+        )
+        self.start_sharded_kv()
+        for hosted in self.groups.values():
+            hosted.start()
+        self.streams.start()
+        for migrator in self.migrators:
+            migrator.start()
+        log.info(
+            "node %s listening on %s:%d (data in %s)",
+            self.node_id,
+            host,
+            self.port,
+            settings.data_dir,
+        )
+        return self.port
+
+    def add_group(self, name: str, machine: StateMachine, voters: tuple[str, ...]) -> GroupRunner:
+        """A Raft group hosted here (not started), its data in `data_dir/name`."""
+        settings = self.settings
         group = GroupRunner(
-            KV_GROUP,
+            name,
             RaftConfig(node_id=settings.node_id, election_ticks=settings.election_ticks),
-            Path(settings.data_dir) / KV_GROUP,
-            TopicWatchingMachine(machine, self.streams.schedule_sync),
+            Path(settings.data_dir) / name,
+            machine,
             self.send,
             Configuration(voters=voters),
             self.executor,
@@ -85,23 +132,53 @@ class Node:
                 fsync=settings.fsync,
             ),
         )
-        group.on_configuration = self.configuration_changed
-        self.groups[KV_GROUP] = group
-        self.kv = KVService(
-            group, machine, lambda: self.address_of(group.core.leader_id), KVLimits()
-        )
-        group.start()
-        self.streams.start()
-        log.info(
-            "node %s listening on %s:%d (data in %s)",
-            self.node_id,
-            host,
-            self.port,
-            settings.data_dir,
-        )
-        return self.port
+        self.groups[name] = group
+        return group
+
+    def start_sharded_kv(self) -> None:
+        """Host the controller group and the shard groups this node is a member of."""
+        settings = self.settings
+        if self.node_id in settings.controller:
+            machine = ControllerMachine(settings.shard_count)
+            group = self.add_group(
+                wire.CONTROLLER_GROUP, machine, tuple(sorted(settings.controller))
+            )
+            self.controller = ControllerService(group, machine, self.leader_address_function(group))
+        for gid, members in sorted(settings.shard_groups.items()):
+            if self.node_id not in members:
+                continue
+            shard_machine = ShardGroupMachine(gid, settings.shard_count)
+            group = self.add_group(
+                wire.shard_group_name(gid), shard_machine, tuple(sorted(members))
+            )
+            service = ShardGroupService(
+                gid, group, shard_machine, self.leader_address_function(group), KVLimits()
+            )
+            self.shard_services[gid] = service
+            self.migrators.append(
+                ShardMigrator(
+                    service,
+                    self.controller_addresses,
+                    self.requester,
+                    interval_seconds=settings.shard_monitor_ms / 1000,
+                    pull_bytes_max=settings.shard_pull_bytes_max,
+                )
+            )
+
+    def leader_address_function(self, group: GroupRunner) -> Callable[[], str | None]:
+        return lambda: self.address_of(group.core.leader_id)
+
+    def controller_addresses(self) -> list[str]:
+        return [
+            self.addresses[member]
+            for member in self.settings.controller
+            if member in self.addresses
+        ]
 
     async def stop(self) -> None:
+        for migrator in self.migrators:
+            await migrator.stop()
+        await self.requester.close()
         await self.endpoint.close()
         await self.streams.stop()
         for group in list(self.groups.values()):
@@ -136,6 +213,16 @@ class Node:
             group.step(envelope.message)
 
     def on_client_request(self, request: wire.ClientRequest, reply: Replier) -> None:
+        if isinstance(
+            request,
+            wire.ControllerRequest
+            | wire.ShardGroupRequest
+            | wire.ShardStatusRequest
+            | wire.KVWrite
+            | wire.KVRead
+            | wire.KVScan,
+        ) and self.on_sharded_kv_request(request, reply):
+            return
         if not isinstance(
             request,
             wire.KVWrite
@@ -167,6 +254,53 @@ class Node:
             self.change_membership(group, request, reply)
         else:
             self.transfer_leader(group, request, reply)
+
+    def on_sharded_kv_request(
+        self,
+        request: wire.ControllerRequest
+        | wire.ShardGroupRequest
+        | wire.ShardStatusRequest
+        | wire.KVWrite
+        | wire.KVRead
+        | wire.KVScan,
+        reply: Replier,
+    ) -> bool:
+        """Serve a request for the controller or a shard group; False if it is for another
+        group (the KV requests of the "kv" group go on to the KV service)."""
+        if isinstance(request, wire.KVWrite | wire.KVRead | wire.KVScan):
+            if not request.group.startswith("shard-"):
+                return False
+            service = self.shard_services.get(shard_gid(request.group))
+            if service is None:
+                self.unknown_group(reply, request.request_id, request.group)
+            elif isinstance(request, wire.KVWrite):
+                service.write(request, reply)
+            else:
+                service.read(request, reply)
+            return True
+        if isinstance(request, wire.ControllerRequest):
+            if self.controller is None:
+                self.unknown_group(reply, request.request_id, wire.CONTROLLER_GROUP)
+            else:
+                self.controller.handle(request, reply)
+            return True
+        service = self.shard_services.get(request.gid)
+        if service is None:
+            self.unknown_group(reply, request.request_id, wire.shard_group_name(request.gid))
+        elif isinstance(request, wire.ShardGroupRequest):
+            service.handle_group_request(request, reply)
+        else:
+            reply(service.status(request.request_id, self.node_id))
+        return True
+
+    def unknown_group(self, reply: Replier, request_id: int, group: str) -> None:
+        reply(
+            wire.ErrorResponse(
+                request_id=request_id,
+                code=wire.ErrorCode.UNKNOWN_GROUP,
+                message=f"no group {group!r} on {self.node_id}",
+            )
+        )
 
     def on_stream_request(self, request: wire.ClientRequest, reply: Replier) -> None:
         self.streams.handle(request, reply)
@@ -265,6 +399,12 @@ class Node:
                 request_id=request_id, code=code, message=str(error), leader_hint=hint
             )
         )
+
+
+def shard_gid(group: str) -> int:
+    """The gid in a "shard-<gid>" group name; -1 (no such group) if malformed."""
+    number = group.removeprefix("shard-")
+    return int(number) if number.isdigit() else -1
 
 
 async def run_node(settings: NodeSettings, stop: asyncio.Event) -> None:

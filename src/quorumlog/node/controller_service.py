@@ -1,0 +1,155 @@
+"""Serves the shard controller group: join, leave and move through its log, queries behind
+a ReadIndex round.
+
+Requests that arrive in one event-loop turn go into one controller entry, as KV writes do.
+A request made only of queries changes nothing, so it is answered from the applied history
+once a ReadIndex round confirms this node still leads (linearizable, without a log entry).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from quorumlog.codec import wire
+from quorumlog.errors import NotLeaderError
+from quorumlog.node.errors_to_wire import error_code
+from quorumlog.runtime.group import GroupRunner
+from quorumlog.shard.controller import ControllerMachine, rejected
+from quorumlog.shard.controller_commands import (
+    ControllerBatch,
+    ControllerCommand,
+    ControllerEntry,
+    ControllerResult,
+    Query,
+    decode_commands,
+    encode_entry,
+    encode_results,
+)
+
+Replier = Callable[[wire.Frame], None]
+COMMANDS_PER_REQUEST_MAX = 1_000
+
+
+class ControllerService:
+    def __init__(
+        self,
+        group: GroupRunner,
+        machine: ControllerMachine,
+        leader_address: Callable[[], str | None],
+    ) -> None:
+        self.group = group
+        self.machine = machine
+        self.leader_address = leader_address
+        self.pending: list[tuple[wire.ControllerRequest, list[ControllerCommand], Replier]] = []
+        self.flush_scheduled = False
+
+    def reject(self, reply: Replier, request_id: int, error: BaseException) -> None:
+        code = error_code(error)
+        hint = self.leader_address() if code is wire.ErrorCode.NOT_LEADER else None
+        reply(
+            wire.ErrorResponse(
+                request_id=request_id, code=code, message=str(error), leader_hint=hint
+            )
+        )
+
+    def handle(self, request: wire.ControllerRequest, reply: Replier) -> None:
+        try:
+            commands = decode_commands(request.commands)
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            reply(
+                wire.ErrorResponse(
+                    request_id=request.request_id,
+                    code=wire.ErrorCode.BAD_REQUEST,
+                    message=f"controller commands do not decode: {error}",
+                )
+            )
+            return
+        if not commands or len(commands) > COMMANDS_PER_REQUEST_MAX:
+            reply(
+                wire.ErrorResponse(
+                    request_id=request.request_id,
+                    code=wire.ErrorCode.BAD_REQUEST,
+                    message=f"{len(commands)} commands; send 1 to {COMMANDS_PER_REQUEST_MAX}",
+                )
+            )
+            return
+        if not self.group.core.is_leader:
+            self.reject(
+                reply,
+                request.request_id,
+                NotLeaderError(self.group.node_id, self.group.core.leader_id),
+            )
+            return
+        if all(isinstance(command, Query) for command in commands):
+            self.query(request, commands, reply)
+            return
+        self.pending.append((request, commands, reply))
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def query(
+        self, request: wire.ControllerRequest, commands: list[ControllerCommand], reply: Replier
+    ) -> None:
+        try:
+            future = self.group.linearizable_read()
+        except Exception as error:
+            self.reject(reply, request.request_id, error)
+            return
+
+        def answer(done: asyncio.Future[int]) -> None:
+            error = done.exception()
+            if error is not None:
+                self.reject(reply, request.request_id, error)
+                return
+            results = [self.read(command) for command in commands]
+            reply(
+                wire.ControllerResponse(
+                    request_id=request.request_id, results=encode_results(results)
+                )
+            )
+
+        future.add_done_callback(answer)
+
+    def read(self, command: ControllerCommand) -> ControllerResult:
+        assert isinstance(command, Query)
+        if command.number < -1:
+            return rejected(f"configuration number must be -1 or more, got {command.number}")
+        return ControllerResult(ok=True, configuration=self.machine.query(command.number))
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        pending, self.pending = self.pending, []
+        entry = ControllerEntry(
+            timestamp_ms=int(time.time() * 1000),
+            batches=[
+                ControllerBatch(request.client_id, request.first_unacknowledged, commands)
+                for request, commands, _ in pending
+            ],
+        )
+        try:
+            future = self.group.propose(encode_entry(entry))
+        except Exception as error:
+            for request, _, reply in pending:
+                self.reject(reply, request.request_id, error)
+            return
+
+        def answer(done: asyncio.Future[Any]) -> None:
+            error = done.exception()
+            if error is not None:
+                for request, _, reply in pending:
+                    self.reject(reply, request.request_id, error)
+                return
+            for (request, _, reply), results in zip(pending, done.result(), strict=True):
+                reply(
+                    wire.ControllerResponse(
+                        request_id=request.request_id, results=encode_results(results)
+                    )
+                )
+
+        future.add_done_callback(answer)

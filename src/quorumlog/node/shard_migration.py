@@ -1,0 +1,217 @@
+"""Moves shards for one shard group: runs `shard.group_driver.monitor` on the group's leader
+every `interval_seconds` and carries out what it asks.
+
+- FetchConfiguration: ask the controller for the next configuration number;
+- Propose: propose the entry (a configuration, an insert or a GC confirmation);
+- SendPullRequest: pull from the previous owner, chunk by chunk; each chunk is proposed
+  and applied before the next is asked for, so the log holds at most one chunk per source
+  ahead of the state and a new leader simply starts the pull again;
+- SendDeleteRequest: ask the previous owner to drop its copy, then propose the
+  confirmation.
+
+Nothing is remembered between rounds except which actions are in flight (so a slow pull is
+not started twice) and the controller's latest answer: the driver reads everything else
+from the applied state, and every entry and message names its configuration number, so a
+repeated or late action is harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import msgspec
+
+from quorumlog.codec import wire
+from quorumlog.node.peer_requests import PeerRequester
+from quorumlog.node.shard_service import ShardGroupService
+from quorumlog.shard.config import ShardConfiguration
+from quorumlog.shard.controller_commands import Query, decode_results, encode_commands
+from quorumlog.shard.group_commands import (
+    DeleteResponse,
+    GroupEntry,
+    PullRequest,
+    PullResponse,
+    decode_message,
+    encode_entry,
+    encode_message,
+)
+from quorumlog.shard.group_driver import (
+    FetchConfiguration,
+    Propose,
+    SendDeleteRequest,
+    SendPullRequest,
+    entry_for_delete_response,
+    entry_for_pull_response,
+    monitor,
+    next_pull_request,
+)
+
+log = logging.getLogger("quorumlog.shard")
+
+Response = TypeVar("Response", PullResponse, DeleteResponse)
+
+PULL_BYTES_MAX_DEFAULT = 4 * 1024 * 1024
+
+
+class ShardMigrator:
+    def __init__(
+        self,
+        service: ShardGroupService,
+        controller_addresses: Callable[[], list[str]],
+        requester: PeerRequester,
+        interval_seconds: float = 0.1,
+        pull_bytes_max: int = PULL_BYTES_MAX_DEFAULT,
+    ) -> None:
+        self.service = service
+        self.controller_addresses = controller_addresses
+        self.requester = requester
+        self.interval_seconds = interval_seconds
+        self.pull_bytes_max = pull_bytes_max
+        self.controller_configuration: ShardConfiguration | None = None
+        self.in_flight: dict[tuple[object, ...], asyncio.Task[None]] = {}
+        self.task: asyncio.Task[None] | None = None
+        self.rounds = 0
+
+    @property
+    def machine(self) -> Any:
+        return self.service.machine
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self.run())
+
+    async def stop(self) -> None:
+        tasks = [task for task in (self.task, *self.in_flight.values()) if task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_seconds)  # the monitors' period, as in the reference
+            group = self.service.group
+            if group.stopped or group.failure is not None or not group.core.is_leader:
+                continue
+            try:
+                self.round()
+            except Exception:  # a bug here must not stop the loop: log it and go on
+                log.exception("shard group %d: migration round failed", self.service.gid)
+
+    def round(self) -> None:
+        """One monitor pass: start every action not already in flight."""
+        self.rounds += 1
+        machine = self.service.machine
+        for action in monitor(machine, self.controller_configuration):
+            if isinstance(action, FetchConfiguration):
+                self.launch(("fetch", action.number), self.fetch_configuration(action.number))
+            elif isinstance(action, Propose):
+                key = ("propose", type(action.entry).__name__, machine.current_configuration.number)
+                self.launch(key, self.propose(action.entry))
+            elif isinstance(action, SendPullRequest):
+                self.launch(
+                    ("pull", action.target_gid, action.request.configuration_number),
+                    self.pull(action),
+                )
+            else:
+                self.launch(
+                    ("delete", action.target_gid, action.request.configuration_number),
+                    self.delete(action),
+                )
+
+    def launch(self, key: tuple[object, ...], work: Coroutine[Any, Any, None]) -> None:
+        running = self.in_flight.get(key)
+        if running is not None and not running.done():
+            work.close()
+            return
+        task = asyncio.get_running_loop().create_task(self.logged(key, work))
+        self.in_flight[key] = task
+        task.add_done_callback(lambda _: self.in_flight.pop(key, None))
+
+    async def logged(self, key: tuple[object, ...], work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # the next round tries again
+            log.debug("shard group %d: %s failed: %s", self.service.gid, key, error)
+
+    async def propose(self, entry: GroupEntry) -> None:
+        await self.service.group.propose(encode_entry(entry))
+
+    async def fetch_configuration(self, number: int) -> None:
+        addresses = self.controller_addresses()
+        frame = await self.requester.request(
+            addresses,
+            lambda request_id: wire.ControllerRequest(
+                request_id=request_id,
+                client_id=f"shard-group-{self.service.gid}",
+                commands=encode_commands([Query(0, number)]),
+            ),
+            accept=lambda frame: isinstance(frame, wire.ControllerResponse),
+        )
+        assert isinstance(frame, wire.ControllerResponse)
+        [result] = decode_results(frame.results)
+        if result.ok and result.configuration is not None:
+            known = self.controller_configuration
+            if known is None or result.configuration.number > known.number:
+                self.controller_configuration = result.configuration
+
+    async def pull(self, action: SendPullRequest) -> None:
+        request: PullRequest | None = PullRequest(
+            action.request.requester_gid,
+            action.request.configuration_number,
+            action.request.shards,
+            bytes_max=self.pull_bytes_max,
+        )
+        while request is not None:
+            response = await self.ask(action.target_gid, action.servers, request, PullResponse)
+            entry = entry_for_pull_response(self.service.machine, response)
+            if entry is None:
+                return
+            await self.propose(entry)
+            request = next_pull_request(request, response)
+
+    async def delete(self, action: SendDeleteRequest) -> None:
+        response = await self.ask(action.target_gid, action.servers, action.request, DeleteResponse)
+        entry = entry_for_delete_response(self.service.machine, response)
+        if entry is not None:
+            await self.propose(entry)
+
+    async def ask(
+        self,
+        gid: int,
+        servers: list[str],
+        message: Any,
+        expected: type[Response],
+    ) -> Response:
+        payload = encode_message(message)
+
+        def accept(frame: wire.Frame) -> bool:
+            # A replica that has not applied the configuration yet answers NOT_READY: ask
+            # the next one rather than wait for the next round.
+            if not isinstance(frame, wire.ShardGroupResponse):
+                return False
+            try:
+                decoded = decode_message(frame.message)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                return False
+            if isinstance(decoded, PullResponse) and decoded.status.value == "not_ready":
+                return False
+            return isinstance(decoded, expected)
+
+        frame = await self.requester.request(
+            servers,
+            lambda request_id: wire.ShardGroupRequest(
+                request_id=request_id, gid=gid, message=payload
+            ),
+            accept=accept,
+        )
+        assert isinstance(frame, wire.ShardGroupResponse)
+        decoded = decode_message(frame.message)
+        assert isinstance(decoded, expected)
+        return decoded

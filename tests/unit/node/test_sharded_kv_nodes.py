@@ -1,0 +1,199 @@
+"""Three real nodes in one process host the shard controller and two shard groups: joins,
+moves and leaves migrate shards (in chunks) while every key keeps its value, the old owner
+drops what moved away, and a key sent to the wrong group gets WRONG_GROUP."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from quorumlog.cli.node_commands import free_ports
+from quorumlog.codec import wire
+from quorumlog.node.server import Node, NodeSettings
+from quorumlog.shard.config import ShardConfiguration, shard_for_key
+from quorumlog.shard.controller_commands import (
+    ControllerCommand,
+    ControllerResult,
+    Join,
+    Leave,
+    Move,
+    Query,
+    decode_results,
+    encode_commands,
+)
+from tests.unit.node.test_kv_requests import RawClient
+
+SHARD_COUNT = 4
+NODE_IDS = ["n1", "n2", "n3"]
+
+
+class Cluster:
+    def __init__(self, nodes: list[Node], clients: list[RawClient]) -> None:
+        self.nodes = nodes
+        self.clients = clients
+        self.request_id = 0
+        self.sequence = 0
+
+    @property
+    def addresses(self) -> list[str]:
+        return [f"127.0.0.1:{node.port}" for node in self.nodes]
+
+    async def ask_leader(self, make: type, **fields: object) -> wire.Frame:
+        """Send to every node in turn until one answers other than NOT_LEADER."""
+        deadline = asyncio.get_running_loop().time() + 20
+        while True:
+            for client in self.clients:
+                self.request_id += 1
+                answer = await client.ask(make(request_id=self.request_id, **fields))
+                if not (
+                    isinstance(answer, wire.ErrorResponse)
+                    and answer.code in (wire.ErrorCode.NOT_LEADER, wire.ErrorCode.UNAVAILABLE)
+                ):
+                    return answer
+            assert asyncio.get_running_loop().time() < deadline, "no leader answered"
+            await asyncio.sleep(0.01)
+
+    async def controller(self, command: ControllerCommand) -> ControllerResult:
+        answer = await self.ask_leader(
+            wire.ControllerRequest, client_id="admin", commands=encode_commands([command])
+        )
+        assert isinstance(answer, wire.ControllerResponse), answer
+        [result] = decode_results(answer.results)
+        assert result.ok, result
+        return result
+
+    def next_sequence(self) -> int:
+        self.sequence += 1
+        return self.sequence
+
+    async def latest(self) -> ShardConfiguration:
+        result = await self.controller(Query(0, -1))
+        assert result.configuration is not None
+        return result.configuration
+
+    async def put(self, key: str, value: str) -> None:
+        while True:
+            configuration = await self.latest()
+            gid = configuration.shards[shard_for_key(key, SHARD_COUNT)]
+            command = wire.KVCommand(self.next_sequence(), "put", key, value)
+            answer = await self.ask_leader(
+                wire.KVWrite,
+                client_id="writer",
+                commands=[command],
+                group=wire.shard_group_name(gid),
+            )
+            if isinstance(answer, wire.KVWriteResult):
+                return
+            assert isinstance(answer, wire.ErrorResponse), answer
+            assert answer.code is wire.ErrorCode.WRONG_GROUP, answer
+            await asyncio.sleep(0.02)
+
+    async def get(self, key: str) -> str | None:
+        deadline = asyncio.get_running_loop().time() + 20
+        while True:
+            configuration = await self.latest()
+            gid = configuration.shards[shard_for_key(key, SHARD_COUNT)]
+            answer = await self.ask_leader(
+                wire.KVRead, keys=[key], group=wire.shard_group_name(gid)
+            )
+            if isinstance(answer, wire.KVReadResult):
+                return answer.values[0]
+            assert isinstance(answer, wire.ErrorResponse), answer
+            assert answer.code is wire.ErrorCode.WRONG_GROUP, answer
+            assert asyncio.get_running_loop().time() < deadline, "shard never served"
+            await asyncio.sleep(0.02)
+
+    async def settled(self, number: int) -> None:
+        """Wait until every shard group replica is at `number` with every shard SERVING."""
+        deadline = asyncio.get_running_loop().time() + 30
+        while True:
+            done = all(
+                service.machine.current_configuration.number == number
+                and service.machine.all_serving()
+                for node in self.nodes
+                for service in node.shard_services.values()
+            )
+            if done:
+                return
+            assert asyncio.get_running_loop().time() < deadline, "migration did not finish"
+            await asyncio.sleep(0.02)
+
+
+def test_joins_moves_and_leaves_migrate_shards_between_real_groups(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        ports = free_ports(3)
+        addresses = {node_id: f"127.0.0.1:{port}" for node_id, port in zip(NODE_IDS, ports)}
+        nodes = [
+            Node(
+                NodeSettings(
+                    node_id=node_id,
+                    listen=addresses[node_id],
+                    data_dir=str(tmp_path / node_id),
+                    peers={
+                        other: address for other, address in addresses.items() if other != node_id
+                    },
+                    tick_ms=10,
+                    election_ticks=5,
+                    fsync=False,
+                    controller=NODE_IDS,
+                    shard_groups={1: NODE_IDS, 2: NODE_IDS},
+                    shard_count=SHARD_COUNT,
+                    shard_monitor_ms=20,
+                    shard_pull_bytes_max=200,
+                )
+            )
+            for node_id in NODE_IDS
+        ]
+        for node in nodes:
+            await node.start()
+        clients = [await RawClient.connect(node.port) for node in nodes]
+        cluster = Cluster(nodes, clients)
+        try:
+            servers = list(addresses.values())
+            await cluster.controller(Join(cluster.next_sequence(), {1: servers}))
+            await cluster.settled(1)
+            values = {f"key-{number}": f"value-{number}-" + "x" * 40 for number in range(40)}
+            for key, value in values.items():
+                await cluster.put(key, value)
+
+            await cluster.controller(Join(cluster.next_sequence(), {2: servers}))
+            await cluster.settled(2)
+            moved = await cluster.latest()
+            assert sorted(set(moved.shards)) == [1, 2]
+            for key, value in values.items():
+                assert await cluster.get(key) == value
+
+            # Group 1 dropped what moved away (garbage collection), on every replica.
+            for node in nodes:
+                group_one = node.shard_services[1].machine
+                for shard in range(SHARD_COUNT):
+                    if moved.shards[shard] == 2:
+                        assert group_one.shard_data(shard) == {}
+
+            # A key sent to the group that does not own its shard gets WRONG_GROUP.
+            key = next(k for k in values if moved.shards[shard_for_key(k, SHARD_COUNT)] == 2)
+            wrong = await cluster.ask_leader(
+                wire.KVRead, keys=[key], group=wire.shard_group_name(1)
+            )
+            assert isinstance(wrong, wire.ErrorResponse)
+            assert wrong.code is wire.ErrorCode.WRONG_GROUP
+
+            shard = shard_for_key(key, SHARD_COUNT)
+            await cluster.controller(Move(cluster.next_sequence(), shard, 1))
+            await cluster.settled(3)
+            await cluster.put(key, "after the move")
+            await cluster.controller(Leave(cluster.next_sequence(), [1]))
+            await cluster.settled(4)
+            assert set((await cluster.latest()).shards) == {2}
+            values[key] = "after the move"
+            for key, value in values.items():
+                assert await cluster.get(key) == value
+            for node in nodes:
+                assert node.shard_services[1].machine.stored_key_count() == 0
+        finally:
+            for client in clients:
+                await client.close()
+            for node in nodes:
+                await node.stop()
+
+    asyncio.run(scenario())
