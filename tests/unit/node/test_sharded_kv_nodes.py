@@ -122,7 +122,9 @@ class Cluster:
 def test_joins_moves_and_leaves_migrate_shards_between_real_groups(tmp_path: Path) -> None:
     async def scenario() -> None:
         ports = free_ports(3)
-        addresses = {node_id: f"127.0.0.1:{port}" for node_id, port in zip(NODE_IDS, ports)}
+        addresses = {
+            node_id: f"127.0.0.1:{port}" for node_id, port in zip(NODE_IDS, ports, strict=True)
+        }
         nodes = [
             Node(
                 NodeSettings(
