@@ -222,7 +222,8 @@ class AsyncKVClient:
 
     Use it from one event loop. `batch_commands_max` bounds the commands in one KVWrite
     (and keys in one KVRead); `sequence_window_max` bounds how far new sequences may run
-    ahead of the lowest unanswered one (calls wait for room).
+    ahead of the lowest unanswered one (calls wait for room). `group` names the group the
+    requests go to: "kv", or one shard group "shard-<gid>" of the sharded KV.
     """
 
     def __init__(
@@ -234,6 +235,7 @@ class AsyncKVClient:
         attempt_timeout_seconds: float | None = None,
         batch_commands_max: int = BATCH_COMMANDS_MAX_DEFAULT,
         sequence_window_max: int = SEQUENCE_WINDOW_MAX_DEFAULT,
+        group: str = "kv",
     ) -> None:
         check_timeout(timeout)
         if batch_commands_max <= 0:
@@ -246,6 +248,9 @@ class AsyncKVClient:
         self.client_id = client_id or uuid.uuid4().hex
         self.batch_commands_max = batch_commands_max
         self.sequence_window_max = sequence_window_max
+        self.group = group
+        """The group every KVWrite and KVRead names: "kv", or "shard-<gid>" of the sharded
+        KV (the caller routes each key to the group owning its shard)."""
         self.selector = EndpointSelector(endpoints)
         self.sequences = SequenceTracker(hold_seconds=timeout)
         self.connections: dict[str, asyncio.Task[StreamConnection]] = {}
@@ -388,6 +393,7 @@ class AsyncKVClient:
                 client_id=self.client_id,
                 commands=commands,
                 first_unacknowledged=self.sequences.first_unacknowledged(),
+                group=self.group,
             )
 
         try:
@@ -413,7 +419,9 @@ class AsyncKVClient:
         try:
             response = await self.call(
                 f"read of {len(keys)} keys",
-                lambda request_id: KVRead(request_id=request_id, keys=keys, stale=stale),
+                lambda request_id: KVRead(
+                    request_id=request_id, keys=keys, stale=stale, group=self.group
+                ),
                 KVReadResult,
                 side_effects=False,
                 at_leader=not stale,
