@@ -17,7 +17,7 @@ import msgspec
 
 from quorumlog.codec import wire
 from quorumlog.errors import NotLeaderError
-from quorumlog.node.errors_to_wire import error_code
+from quorumlog.node.errors_to_wire import error_response
 from quorumlog.runtime.group import GroupRunner
 from quorumlog.shard.controller import ControllerMachine, rejected
 from quorumlog.shard.controller_commands import (
@@ -49,13 +49,7 @@ class ControllerService:
         self.flush_scheduled = False
 
     def reject(self, reply: Replier, request_id: int, error: BaseException) -> None:
-        code = error_code(error)
-        hint = self.leader_address() if code is wire.ErrorCode.NOT_LEADER else None
-        reply(
-            wire.ErrorResponse(
-                request_id=request_id, code=code, message=str(error), leader_hint=hint
-            )
-        )
+        reply(error_response(request_id, error, self.leader_address))
 
     def handle(self, request: wire.ControllerRequest, reply: Replier) -> None:
         try:

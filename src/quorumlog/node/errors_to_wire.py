@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from quorumlog.codec.wire import ErrorCode
+from collections.abc import Callable
+
+from quorumlog.codec.wire import ErrorCode, ErrorResponse
 from quorumlog.errors import (
     ConfigurationChangeInProgressError,
     InvalidConfigurationChangeError,
@@ -27,3 +29,13 @@ def error_code(error: BaseException) -> ErrorCode:
     if isinstance(error, InvalidConfigurationChangeError):
         return ErrorCode.INVALID_CONFIGURATION_CHANGE
     return ErrorCode.UNAVAILABLE
+
+
+def error_response(
+    request_id: int, error: BaseException, leader_address: Callable[[], str | None]
+) -> ErrorResponse:
+    """The answer to a request that failed with `error`; NOT_LEADER carries where the
+    leader listens, so the client goes there next."""
+    code = error_code(error)
+    hint = leader_address() if code is ErrorCode.NOT_LEADER else None
+    return ErrorResponse(request_id=request_id, code=code, message=str(error), leader_hint=hint)

@@ -15,7 +15,7 @@ from quorumlog.codec import wire
 from quorumlog.errors import NotLeaderError
 from quorumlog.kv.commands import ClientBatch, KVEntry, encode_entry
 from quorumlog.kv.machine import KVStateMachine
-from quorumlog.node.errors_to_wire import error_code
+from quorumlog.node.errors_to_wire import error_response
 from quorumlog.runtime.group import GroupRunner
 
 Replier = Callable[[wire.Frame], None]
@@ -57,13 +57,7 @@ class KVRequestService:
     # --- errors -------------------------------------------------------------------------
 
     def reject(self, reply: Replier, request_id: int, error: BaseException) -> None:
-        code = error_code(error)
-        hint = self.leader_address() if code is wire.ErrorCode.NOT_LEADER else None
-        reply(
-            wire.ErrorResponse(
-                request_id=request_id, code=code, message=str(error), leader_hint=hint
-            )
-        )
+        reply(error_response(request_id, error, self.leader_address))
 
     def bad_request(
         self, reply: Replier, request_id: int, code: wire.ErrorCode, message: str

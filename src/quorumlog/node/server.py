@@ -19,7 +19,7 @@ from quorumlog.codec import wire
 from quorumlog.errors import QuorumLogError
 from quorumlog.kv.machine import KVStateMachine
 from quorumlog.node.controller_service import ControllerService
-from quorumlog.node.errors_to_wire import error_code
+from quorumlog.node.errors_to_wire import error_response
 from quorumlog.node.kv_service import KVLimits, KVService
 from quorumlog.node.peer_requests import PeerRequester
 from quorumlog.node.shard_migration import PULL_BYTES_MAX_DEFAULT, ShardMigrator
@@ -392,13 +392,7 @@ class Node:
     def reply_error(
         self, reply: Replier, request_id: int, error: BaseException, group: GroupRunner
     ) -> None:
-        code = error_code(error)
-        hint = self.address_of(group.core.leader_id) if code is wire.ErrorCode.NOT_LEADER else None
-        reply(
-            wire.ErrorResponse(
-                request_id=request_id, code=code, message=str(error), leader_hint=hint
-            )
-        )
+        reply(error_response(request_id, error, self.leader_address_function(group)))
 
 
 def shard_gid(group: str) -> int:
