@@ -76,6 +76,27 @@ def bench_stream(
     run_stream_benchmark(as_json, records, spark_records, directory, skip_spark)
 
 
+@bench.command("shard")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
+@click.option("--seconds", type=click.FloatRange(0.5, 600), default=8.0, show_default=True)
+@click.option(
+    "--shard-megabytes", type=click.FloatRange(0.1, 10_000), default=100.0, show_default=True
+)
+@click.option("--groups", type=click.IntRange(2, 16), default=3, show_default=True)
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None)
+def bench_shard(
+    as_json: bool, seconds: float, shard_megabytes: float, groups: int, directory: str | None
+) -> None:
+    """Sharded KV on 3 node processes: puts/s across groups, moving a large shard, and the
+    other shards' throughput during the move."""
+    from quorumlog.bench.shard import ShardBenchSettings, run_shard_benchmark
+
+    settings = ShardBenchSettings(
+        seconds=seconds, shard_megabytes=shard_megabytes, groups=groups, directory=directory
+    )
+    run_shard_benchmark(settings, as_json=as_json)
+
+
 @cli.group()
 def sim() -> None:
     """Deterministic simulations: seeded faults on virtual time."""
