@@ -102,6 +102,11 @@ def sim() -> None:
     """Deterministic simulations: seeded faults on virtual time."""
 
 
+from quorumlog.cli.sim_shardkv_command import sim_shardkv_command  # noqa: E402 - joins sim
+
+sim.add_command(sim_shardkv_command)
+
+
 @sim.command("raft")
 @click.option("--seeds", "seed_range", required=True, help='Seeds to run: "7" or "10-19".')
 @click.option("--nodes", "node_count", type=click.IntRange(1, 9), default=3, show_default=True)
