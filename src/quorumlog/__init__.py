@@ -13,16 +13,29 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from quorumlog.kv.async_client import AsyncKVClient
     from quorumlog.kv.client import KVClient
+    from quorumlog.shard.admin import ShardAdmin
+    from quorumlog.shard.client import ShardedKVClient
     from quorumlog.stream.client_admin import Admin
     from quorumlog.stream.consumer import Consumer
     from quorumlog.stream.producer import Producer
 
-__all__ = ["Admin", "AsyncKVClient", "Consumer", "KVClient", "Producer", "__version__"]
+__all__ = [
+    "Admin",
+    "AsyncKVClient",
+    "Consumer",
+    "KVClient",
+    "Producer",
+    "ShardAdmin",
+    "ShardedKVClient",
+    "__version__",
+]
 
-_STREAM_CLIENTS = {
+_CLIENT_MODULES = {
     "Admin": "quorumlog.stream.client_admin",
     "Consumer": "quorumlog.stream.consumer",
     "Producer": "quorumlog.stream.producer",
+    "ShardAdmin": "quorumlog.shard.admin",
+    "ShardedKVClient": "quorumlog.shard.client",
 }
 
 
@@ -36,8 +49,8 @@ def __getattr__(name: str) -> Any:
         from quorumlog.kv.async_client import AsyncKVClient
 
         return AsyncKVClient
-    if name in _STREAM_CLIENTS:
+    if name in _CLIENT_MODULES:
         import importlib
 
-        return getattr(importlib.import_module(_STREAM_CLIENTS[name]), name)
+        return getattr(importlib.import_module(_CLIENT_MODULES[name]), name)
     raise AttributeError(f"module 'quorumlog' has no attribute {name!r}")

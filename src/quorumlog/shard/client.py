@@ -1,0 +1,575 @@
+"""ShardedKVClient: the blocking client of the sharded KV (one request at a time per client).
+
+    from quorumlog import ShardedKVClient
+
+    with ShardedKVClient(["127.0.0.1:2379"]) as client:  # the shard controller's nodes
+        client.put("colour", "blue")
+        client.get("colour")  # "blue"
+
+A key goes to a shard by a stable hash (`shard.config.shard_for_key`), the shard to the
+group that owns it in the cached configuration, and the request to that group's cached
+leader. A group that answers WRONG_GROUP (the shard moved, or is still arriving), or that
+cannot be reached, makes the client fetch the latest configuration from the controller and
+route again, until `timeout` seconds pass.
+
+Exactly once across migrations: the client has one client id and one sequence tracker for
+every group. A write that may have reached a group is resent with the same (client id,
+sequence) to whichever group owns the shard now; groups hand their dedup sessions over
+with the shard, so the new owner recognises a write the old owner applied. One KVClient
+per group could not do this: each would have its own client id and sequences.
+
+Errors are those of KVClient: `UnknownOutcomeError` when a write may or may not have
+happened, `UnavailableError` when it certainly did not, `RequestRejectedError` when the
+cluster refused it.
+
+The parts without I/O (`ShardRouter`, `RoutedCall`) are separate so they can be tested
+without a cluster; `BlockingTransport` is the I/O both this client and `ShardAdmin` use.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from types import TracebackType
+from typing import TypeVar
+
+from quorumlog.codec.wire import (
+    ClientRequest,
+    ControllerRequest,
+    ControllerResponse,
+    ErrorCode,
+    ErrorResponse,
+    Frame,
+    KVCommand,
+    KVCommandResult,
+    KVRead,
+    KVReadResult,
+    KVWrite,
+    KVWriteResult,
+    shard_group_name,
+)
+from quorumlog.errors import (
+    ClientError,
+    RequestRejectedError,
+    UnavailableError,
+    UnknownOutcomeError,
+)
+from quorumlog.kv.client import TRANSPORT_ERRORS, BlockingConnection
+from quorumlog.kv.connection import (
+    BACKOFF_SECONDS_INITIAL,
+    CLUSTER_ID_DEFAULT,
+    EndpointSelector,
+    RequestAttempts,
+    SequenceTracker,
+    attempt_timeout_for,
+    check_command_result,
+    check_timeout,
+    command_identity,
+    describe,
+    write_results,
+)
+from quorumlog.shard.config import UNASSIGNED_GID, ShardConfiguration, shard_for_key
+from quorumlog.shard.controller_commands import (
+    ControllerCommand,
+    ControllerResult,
+    Query,
+    decode_results,
+    encode_commands,
+)
+
+ResponseType = TypeVar("ResponseType")
+
+REROUTE_BACKOFF_SECONDS_MAX = 0.1
+"""The longest pause between two routings of one request. A shard that is being pulled is
+usually served again within a few monitor rounds (100 ms each by default), so the pause
+stays short."""
+GROUP_UNREACHABLE_PASSES = 2
+"""After this many failed tries per server of a group in a row, the client asks the
+controller again: the group may have left and its shards gone elsewhere."""
+QUERY_LATEST = -1
+
+
+class WrongGroupAnswer(ClientError):
+    """A group said it does not serve the shard now (used inside the client)."""
+
+    def __init__(self, endpoint: str, message: str) -> None:
+        super().__init__(f"{endpoint}: wrong_group: {message}")
+
+
+# --- routing (no I/O) -----------------------------------------------------------------------
+
+
+class ShardRouter:
+    """The cached configuration and, per group, whom to ask (its cached leader first).
+
+    A group's selector survives configuration changes that keep its servers, so the leader
+    it learned stays cached; it is rebuilt when the servers change."""
+
+    def __init__(self) -> None:
+        self.configuration: ShardConfiguration | None = None
+        self.selectors: dict[int, EndpointSelector] = {}
+
+    def learn(self, configuration: ShardConfiguration) -> bool:
+        """Adopt `configuration` unless the cached one is as new; True if adopted."""
+        current = self.configuration
+        if current is not None and configuration.number <= current.number:
+            return False
+        self.configuration = configuration
+        for gid in list(self.selectors):
+            servers = configuration.groups.get(gid)
+            if servers is None or servers != self.selectors[gid].endpoints:
+                del self.selectors[gid]
+        return True
+
+    def shard_of(self, key: str) -> int | None:
+        """The shard of `key`; None before any configuration (the shard count is unknown)."""
+        if self.configuration is None:
+            return None
+        return shard_for_key(key, self.configuration.shard_count)
+
+    def gid_of_key(self, key: str) -> int | None:
+        """The group owning `key`'s shard in the cached configuration; None if none does."""
+        shard = self.shard_of(key)
+        if shard is None:
+            return None
+        assert self.configuration is not None
+        gid = self.configuration.gid_of_shard(shard)
+        return None if gid == UNASSIGNED_GID else gid
+
+    def selector(self, gid: int) -> EndpointSelector:
+        """Whom to ask in group `gid` (which the cached configuration must list)."""
+        selector = self.selectors.get(gid)
+        if selector is None:
+            assert self.configuration is not None
+            selector = EndpointSelector(self.configuration.groups[gid])
+            self.selectors[gid] = selector
+        return selector
+
+
+class RoutedCall:
+    """The rules for one request across routings: one deadline for all of them, and
+    whether any attempt may have reached a group (then the error is UnknownOutcomeError)."""
+
+    def __init__(
+        self, what: str, clock: Callable[[], float], timeout_seconds: float, side_effects: bool
+    ) -> None:
+        self.what = what
+        self.clock = clock
+        self.timeout_seconds = timeout_seconds
+        self.deadline = clock() + timeout_seconds
+        self.side_effects = side_effects
+        self.maybe_delivered = False
+        self.last_error = "no attempt made"
+        self.backoff_seconds = BACKOFF_SECONDS_INITIAL
+
+    def remaining_seconds(self) -> float:
+        return self.deadline - self.clock()
+
+    def round_ended(self, attempts: RequestAttempts) -> None:
+        """Carry one routing's outcome over: a write sent once may have been applied."""
+        self.maybe_delivered = self.maybe_delivered or attempts.maybe_delivered
+        self.last_error = attempts.last_error
+
+    def failed(self, error: str) -> None:
+        self.last_error = error
+
+    def pause_seconds(self, configuration_changed: bool) -> float:
+        """How long to wait before routing again: at once if the configuration moved on
+        (the new owner likely serves), else a growing pause (the shard is on its way)."""
+        if configuration_changed:
+            self.backoff_seconds = BACKOFF_SECONDS_INITIAL
+            return 0.0
+        pause = min(self.backoff_seconds, max(self.remaining_seconds(), 0.0))
+        self.backoff_seconds = min(self.backoff_seconds * 2, REROUTE_BACKOFF_SECONDS_MAX)
+        return pause
+
+    def give_up_error(self) -> ClientError:
+        if self.side_effects and self.maybe_delivered:
+            return UnknownOutcomeError(
+                f"{self.what}: no answer in time; it may or may not have taken effect "
+                f"(last error: {self.last_error})"
+            )
+        return UnavailableError(
+            f"{self.what}: no group could serve it within {self.timeout_seconds:g}s "
+            f"(last error: {self.last_error})"
+        )
+
+
+def group_unreachable(attempts: RequestAttempts) -> bool:
+    """Every server of the group failed `GROUP_UNREACHABLE_PASSES` times in a row."""
+    return attempts.failures_in_row >= GROUP_UNREACHABLE_PASSES * len(attempts.selector.endpoints)
+
+
+def never(attempts: RequestAttempts) -> bool:
+    return False
+
+
+def controller_result(results: bytes, what: str) -> ControllerResult:
+    """The one result of a one-command controller request; raises if it was rejected."""
+    decoded = decode_results(results)
+    if len(decoded) != 1:
+        raise ClientError(f"{what}: the controller answered 1 command with {len(decoded)} results")
+    [result] = decoded
+    if not result.ok:
+        raise RequestRejectedError("rejected", f"{what}: {result.error}")
+    return result
+
+
+# --- transport ------------------------------------------------------------------------------
+
+
+class BlockingTransport:
+    """Connections to every node this client talks to, one per endpoint (groups share nodes),
+    and the attempt loop of one request within one group."""
+
+    def __init__(self, cluster_id: str, client_id: str, attempt_timeout_seconds: float) -> None:
+        self.cluster_id = cluster_id
+        self.client_id = client_id
+        self.attempt_timeout_seconds = attempt_timeout_seconds
+        self.connections: dict[str, BlockingConnection] = {}
+        self.next_request_id = 1
+
+    def call(
+        self,
+        attempts: RequestAttempts,
+        make_request: Callable[[int], ClientRequest],
+        expected: type[ResponseType],
+        at_leader: bool = True,
+        end_round: Callable[[RequestAttempts], bool] = never,
+    ) -> ResponseType | None:
+        """Send until the wanted answer arrives (returned); None when `attempts` gives up or
+        `end_round` says to stop; WrongGroupAnswer on WRONG_GROUP; raises a refusal."""
+        while (attempt := attempts.next()) is not None:
+            if attempt.delay_seconds:
+                time.sleep(attempt.delay_seconds)  # back-off between attempts
+            frame = self.attempt(attempts, attempt.endpoint, attempt.deadline, make_request)
+            if frame is not None:
+                if isinstance(frame, ErrorResponse) and frame.code is ErrorCode.WRONG_GROUP:
+                    raise WrongGroupAnswer(attempt.endpoint, frame.message)
+                answer = attempts.answered(attempt.endpoint, frame, expected)
+                if answer is not None:
+                    if at_leader and attempts.fixed_endpoint is None:
+                        attempts.selector.succeeded_at_leader(attempt.endpoint)
+                    return answer
+            if end_round(attempts):
+                return None
+        return None
+
+    def attempt(
+        self,
+        attempts: RequestAttempts,
+        endpoint: str,
+        deadline: float,
+        make_request: Callable[[int], ClientRequest],
+    ) -> Frame | None:
+        """One try at one node: the frame answered, or None after reporting the failure."""
+        try:
+            connection = self.connect(endpoint, deadline)
+        except TRANSPORT_ERRORS as error:
+            attempts.connect_failed(endpoint, error)
+            return None
+        request_id = self.next_request_id
+        self.next_request_id += 1
+        try:
+            attempts.sent()
+            connection.send(make_request(request_id))
+            return self.receive(connection, request_id, deadline)
+        except TRANSPORT_ERRORS as error:
+            # Also on a timeout: the connection may hold a late answer or a dead peer.
+            self.drop(connection)
+            attempts.lost(endpoint, error)
+            return None
+
+    def receive(self, connection: BlockingConnection, request_id: int, deadline: float) -> Frame:
+        """The answer to `request_id` (a seam: tests override it to lose answers)."""
+        return connection.receive(request_id, deadline)
+
+    def connect(self, endpoint: str, deadline: float) -> BlockingConnection:
+        connection = self.connections.get(endpoint)
+        if connection is None:
+            connection = BlockingConnection.open(
+                endpoint, self.cluster_id, self.client_id, deadline
+            )
+            self.connections[endpoint] = connection
+        return connection
+
+    def drop(self, connection: BlockingConnection) -> None:
+        connection.close()
+        if self.connections.get(connection.endpoint) is connection:
+            del self.connections[connection.endpoint]
+
+    def close(self) -> None:
+        for connection in list(self.connections.values()):
+            self.drop(connection)
+
+
+class ControllerChannel:
+    """Requests to the shard controller group, through its cached leader."""
+
+    def __init__(
+        self, endpoints: list[str], transport: BlockingTransport, timeout_seconds: float
+    ) -> None:
+        self.selector = EndpointSelector(endpoints)
+        self.transport = transport
+        self.timeout_seconds = timeout_seconds
+
+    def send(
+        self,
+        what: str,
+        command: ControllerCommand,
+        side_effects: bool,
+        first_unacknowledged: int = 0,
+        timeout_seconds: float | None = None,
+    ) -> ControllerResult:
+        attempts = RequestAttempts(
+            what,
+            self.selector,
+            time.monotonic,
+            self.timeout_seconds if timeout_seconds is None else timeout_seconds,
+            self.transport.attempt_timeout_seconds,
+            side_effects=side_effects,
+        )
+        encoded = encode_commands([command])
+        response = self.transport.call(
+            attempts,
+            lambda request_id: ControllerRequest(
+                request_id=request_id,
+                client_id=self.transport.client_id,
+                commands=encoded,
+                first_unacknowledged=first_unacknowledged,
+            ),
+            ControllerResponse,
+        )
+        if response is None:
+            raise attempts.give_up_error()
+        return controller_result(response.results, what)
+
+    def query(self, number: int, timeout_seconds: float | None = None) -> ShardConfiguration:
+        """Configuration `number` (-1: the latest). Queries are not logged: no sequence."""
+        result = self.send(
+            f"query configuration {number}",
+            Query(0, number),
+            side_effects=False,
+            timeout_seconds=timeout_seconds,
+        )
+        if result.configuration is None:
+            raise ClientError(f"the controller answered query {number} without a configuration")
+        return result.configuration
+
+
+# --- the client -----------------------------------------------------------------------------
+
+
+class ShardedKVClient:
+    """A blocking client of the sharded KV. See the module docstring."""
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        timeout: float = 5.0,
+        cluster_id: str = CLUSTER_ID_DEFAULT,
+        client_id: str | None = None,
+        attempt_timeout_seconds: float | None = None,
+    ) -> None:
+        check_timeout(timeout)
+        self.timeout = timeout
+        self.client_id = client_id or uuid.uuid4().hex
+        self.transport = BlockingTransport(
+            cluster_id, self.client_id, attempt_timeout_for(timeout, attempt_timeout_seconds)
+        )
+        self.controller = ControllerChannel(endpoints, self.transport, timeout)
+        self.router = ShardRouter()
+        self.sequences = SequenceTracker(hold_seconds=timeout)
+        self.lock = threading.RLock()
+        self.closed = False
+
+    # --- KV -----------------------------------------------------------------------------
+
+    def put(self, key: str, value: str) -> None:
+        self.write("put", key, value, None)
+
+    def append(self, key: str, value: str) -> None:
+        self.write("append", key, value, None)
+
+    def delete(self, key: str) -> None:
+        self.write("delete", key, None, None)
+
+    def cas(self, key: str, expected: str | None, new: str | None) -> bool:
+        """Set `key` to `new` if it holds `expected` now (None: missing / delete). True if set."""
+        return self.write("cas", key, new, expected).ok
+
+    def get(self, key: str, stale: bool = False) -> str | None:
+        """The value of `key`, linearizable; `stale=True` lets any replica of the owning
+        group answer from its state (may be old)."""
+        response = self.routed(
+            f"get {key!r}",
+            key,
+            lambda request_id, group: KVRead(
+                request_id=request_id, keys=[key], stale=stale, group=group
+            ),
+            KVReadResult,
+            side_effects=False,
+            at_leader=not stale,
+        )
+        if len(response.values) != 1:
+            raise ClientError(f"asked for 1 key, got {len(response.values)} values")
+        return response.values[0]
+
+    def write(self, op: str, key: str, value: str | None, expected: str | None) -> KVCommandResult:
+        with self.lock:
+            sequence = self.sequences.allocate((op, key, value, expected), time.monotonic())
+            command = KVCommand(sequence, op, key, value, expected)
+            try:
+                response = self.routed(
+                    f"{op} {key!r}",
+                    key,
+                    lambda request_id, group: KVWrite(
+                        request_id=request_id,
+                        client_id=self.client_id,
+                        commands=[command],
+                        first_unacknowledged=self.sequences.first_unacknowledged(),
+                        group=group,
+                    ),
+                    KVWriteResult,
+                    side_effects=True,
+                )
+            except UnknownOutcomeError:
+                self.sequences.hold_unknown(sequence, command_identity(command), time.monotonic())
+                raise
+            except BaseException:
+                self.sequences.acknowledge(sequence)
+                raise
+            self.sequences.acknowledge(sequence)
+            [result] = write_results(response, 1, shard_group_name_of(self.router, key))
+            return check_command_result(command, result)
+
+    # --- configuration ------------------------------------------------------------------
+
+    def query(self, number: int = QUERY_LATEST) -> ShardConfiguration:
+        """Configuration `number` from the controller (-1: the latest)."""
+        with self.lock:
+            self.check_open()
+            configuration = self.controller.query(number)
+            if number == QUERY_LATEST:
+                self.router.learn(configuration)
+            return configuration
+
+    # --- routing ------------------------------------------------------------------------
+
+    def routed(
+        self,
+        what: str,
+        key: str,
+        make_request: Callable[[int, str], ClientRequest],
+        expected: type[ResponseType],
+        side_effects: bool,
+        at_leader: bool = True,
+    ) -> ResponseType:
+        """Send to the group owning `key`, routing again after WRONG_GROUP or an unreachable
+        group, until the answer or the deadline. Every routing sends the same request."""
+        with self.lock:
+            self.check_open()
+            call = RoutedCall(what, time.monotonic, self.timeout, side_effects)
+            if self.router.configuration is None:
+                self.refresh(call)
+            while call.remaining_seconds() > 0:
+                gid = self.router.gid_of_key(key)
+                if gid is None:
+                    call.failed(f"no group owns the shard of {key!r}")
+                    self.pause_and_refresh(call)
+                    continue
+                answer = self.ask_group(call, gid, make_request, expected, at_leader)
+                if answer is not None:
+                    return answer
+                self.pause_and_refresh(call)
+            raise call.give_up_error()
+
+    def ask_group(
+        self,
+        call: RoutedCall,
+        gid: int,
+        make_request: Callable[[int, str], ClientRequest],
+        expected: type[ResponseType],
+        at_leader: bool,
+    ) -> ResponseType | None:
+        """One routing: the answer from group `gid`, or None to route again."""
+        attempts = RequestAttempts(
+            call.what,
+            self.router.selector(gid),
+            call.clock,
+            call.remaining_seconds(),
+            self.transport.attempt_timeout_seconds,
+            side_effects=call.side_effects,
+        )
+        group = shard_group_name(gid)
+        try:
+            answer = self.transport.call(
+                attempts,
+                lambda request_id: make_request(request_id, group),
+                expected,
+                at_leader=at_leader,
+                end_round=group_unreachable,
+            )
+        except WrongGroupAnswer as wrong:
+            call.round_ended(attempts)
+            call.failed(str(wrong))
+            return None
+        call.round_ended(attempts)
+        return answer
+
+    def pause_and_refresh(self, call: RoutedCall) -> None:
+        changed = self.refresh(call)
+        pause = call.pause_seconds(changed)
+        if pause > 0:
+            time.sleep(pause)  # back-off while the shard is on its way to its owner
+
+    def refresh(self, call: RoutedCall) -> bool:
+        """Fetch the latest configuration within the call's time; True if it is newer."""
+        remaining = call.remaining_seconds()
+        if remaining <= 0:
+            return False
+        try:
+            configuration = self.controller.query(QUERY_LATEST, timeout_seconds=remaining)
+        except (UnavailableError, UnknownOutcomeError) as error:
+            call.failed(f"controller: {describe(error)}")
+            return False
+        return self.router.learn(configuration)
+
+    # --- lifetime -----------------------------------------------------------------------
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise ClientError("the client is closed")
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.transport.close()
+
+    def __enter__(self) -> ShardedKVClient:
+        return self
+
+    def __exit__(
+        self,
+        exception_type: type[BaseException] | None,
+        exception: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def shard_group_name_of(router: ShardRouter, key: str) -> str:
+    """The group `key` was routed to, for error messages."""
+    gid = router.gid_of_key(key)
+    return shard_group_name(gid) if gid is not None else "no group"
+
+
+__all__ = [
+    "BlockingTransport",
+    "ControllerChannel",
+    "RoutedCall",
+    "ShardRouter",
+    "ShardedKVClient",
+]
