@@ -168,8 +168,9 @@ register_stream_commands()
 
 def register_kv_commands() -> None:
     from quorumlog.cli.kv_commands import COMMANDS
+    from quorumlog.cli.shard_commands import COMMANDS as SHARD_COMMANDS
 
-    for command in COMMANDS:
+    for command in [*COMMANDS, *SHARD_COMMANDS]:
         cli.add_command(command)
 
 

@@ -165,10 +165,28 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def sharded_kv_arguments(node_ids: list[str], group_count: int) -> list[str]:
+    """`quorumlog node` flags for a controller group and shard groups 1..G on every node."""
+    if group_count == 0:
+        return []
+    members = ",".join(node_ids)
+    arguments = ["--controller", members]
+    for gid in range(1, group_count + 1):
+        arguments += ["--shard-group", f"{gid}={members}"]
+    return arguments
+
+
 def start_dev_cluster(
-    directory: str, nodes: int, cluster_id: str, extra_arguments: list[str] | None = None
+    directory: str,
+    nodes: int,
+    cluster_id: str,
+    extra_arguments: list[str] | None = None,
+    group_count: int = 0,
 ) -> dict[str, object]:
-    """Start `nodes` node processes under `directory`; returns the state written there."""
+    """Start `nodes` node processes under `directory`; returns the state written there.
+
+    With `group_count`, every node hosts the shard controller and shard groups 1..G (not
+    yet joined: see `join_dev_groups`); the state records the groups' servers."""
     base = Path(directory).resolve()
     base.mkdir(parents=True, exist_ok=True)
     existing = load_dev_state(str(base))
@@ -200,6 +218,7 @@ def start_dev_cluster(
                 str(base / node_id),
                 "--cluster-id",
                 cluster_id,
+                *sharded_kv_arguments(ids, group_count),
                 *(extra_arguments or []),
             ],
             stdout=log_file,
@@ -216,9 +235,27 @@ def start_dev_cluster(
         "addresses": addresses,
         "pids": pids,
         "endpoints": ",".join(addresses.values()),
+        "groups": {str(gid): list(addresses.values()) for gid in range(1, group_count + 1)},
     }
     dev_state_path(str(base)).write_text(json.dumps(state, indent=2))
     return state
+
+
+JOIN_TIMEOUT_SECONDS = 30.0
+"""Long enough for fresh node processes to start and elect a controller leader."""
+
+
+def join_dev_groups(state: dict[str, object]) -> int:
+    """Join the dev cluster's shard groups through its controller; the configuration
+    number. The controller deduplicates the join, so a retry inside the client is safe."""
+    from quorumlog.shard.admin import ShardAdmin
+
+    groups: dict[str, list[str]] = state["groups"]  # type: ignore[assignment]
+    endpoints = str(state["endpoints"]).split(",")
+    with ShardAdmin(
+        endpoints, timeout=JOIN_TIMEOUT_SECONDS, cluster_id=str(state["cluster_id"])
+    ) as admin:
+        return admin.join({int(gid): servers for gid, servers in groups.items()})
 
 
 def stop_dev_cluster(directory: str, timeout_seconds: float = 10.0) -> list[str]:
@@ -269,13 +306,34 @@ def dev_group() -> None:
 @dev_group.command("up")
 @click.option("--nodes", default=3, show_default=True, type=click.IntRange(1, 9))
 @click.option(
+    "--groups",
+    "group_count",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 64),
+    help="Shard groups 1..G (sharded KV), each on every node, with the controller group.",
+)
+@click.option(
     "--dir", "directory", default=DEFAULT_DEV_DIR, show_default=True, envvar="QUORUMLOG_DEV_DIR"
 )
 @click.option("--cluster-id", default="quorumlog", envvar="QUORUMLOG_CLUSTER_ID")
-def dev_up(nodes: int, directory: str, cluster_id: str) -> None:
-    """Start the cluster in the background and print the endpoints."""
-    state = start_dev_cluster(directory, nodes, cluster_id)
+def dev_up(nodes: int, group_count: int, directory: str, cluster_id: str) -> None:
+    """Start the cluster in the background and print the endpoints.
+
+    With --groups G, every node also hosts the shard controller and shard groups 1..G,
+    and the groups are joined through the controller, so `quorumlog shard put` works at
+    once."""
+    state = start_dev_cluster(directory, nodes, cluster_id, group_count=group_count)
     click.echo(f"started {nodes} nodes; data and logs under {state['directory']}")
+    if group_count:
+        try:
+            number = join_dev_groups(state)
+        except QuorumLogError as error:
+            raise QuorumLogError(
+                f"the nodes run but joining the shard groups failed ({error}); "
+                f"`quorumlog dev down` stops them"
+            ) from error
+        click.echo(f"joined shard groups 1..{group_count}: configuration {number}")
     click.echo(f"export QUORUMLOG_ENDPOINTS={state['endpoints']}")
 
 
@@ -304,4 +362,7 @@ def dev_status(directory: str) -> None:
     for node_id, address in addresses.items():
         alive = "up" if process_alive(pids[node_id]) else "down"
         click.echo(f"{node_id}  {address}  pid {pids[node_id]}  {alive}")
+    groups: dict[str, list[str]] = state.get("groups") or {}  # type: ignore[assignment]
+    for gid, servers in groups.items():
+        click.echo(f"shard group {gid}  {','.join(servers)}")
     click.echo(f"export QUORUMLOG_ENDPOINTS={state['endpoints']}")
