@@ -9,10 +9,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from quorumlog.cli.node_commands import DEV_STATE_FILE, process_alive
+from quorumlog.cli.defaults import DEV_STATE_FILE
+from quorumlog.cli.node_commands import process_alive
 
 from .process_cluster import query_status, wait_until
 
@@ -95,3 +97,47 @@ def test_dev_up_status_down(dev_directory: Path) -> None:
     for node_id in ("n1", "n2", "n3"):
         assert (dev_directory / f"{node_id}.log").exists()
         assert (dev_directory / node_id / "kv" / "log").is_dir()  # data stays
+
+
+def test_dev_up_with_shard_groups_then_shard_commands(dev_directory: Path) -> None:
+    started = quorumlog("dev", "up", "--groups", "2", "--dir", str(dev_directory))
+    assert started.returncode == 0, started.stderr
+    assert "joined shard groups 1..2: configuration 1" in started.stdout
+    state = json.loads((dev_directory / DEV_STATE_FILE).read_text())
+    endpoints = state["endpoints"]
+    assert sorted(state["groups"]) == ["1", "2"]
+    assert all(servers == endpoints.split(",") for servers in state["groups"].values())
+    status = quorumlog("dev", "status", "--dir", str(dev_directory))
+    assert "shard group 1" in status.stdout and "shard group 2" in status.stdout
+
+    query = quorumlog("shard", "query", "-w", "json", endpoints=endpoints)
+    assert query.returncode == 0, query.stderr
+    configuration = json.loads(query.stdout)
+    assert configuration["number"] == 1
+    assert sorted(set(configuration["shards"])) == [1, 2]
+
+    def every_shard_serving() -> dict[str, Any] | None:
+        shard_status = quorumlog("shard", "status", "-w", "json", endpoints=endpoints)
+        if shard_status.returncode != 0:
+            return None
+        report: dict[str, Any] = json.loads(shard_status.stdout)
+        rows = report["shards"]
+        serving = all(row["state"] == "serving" and row["leader"] for row in rows)
+        return report if serving else None
+
+    report = wait_until(every_shard_serving, COMMAND_TIMEOUT_SECONDS, "every shard to serve")
+    assert [row["shard"] for row in report["shards"]] == list(range(16))
+    assert [row["gid"] for row in report["shards"]] == configuration["shards"]
+    assert {row["leader"] for row in report["shards"]} <= set(endpoints.split(","))
+
+    put = quorumlog("shard", "put", "colour", "blue", endpoints=endpoints)
+    assert put.returncode == 0, put.stderr
+    get = quorumlog("shard", "get", "colour", endpoints=endpoints)
+    assert get.stdout.strip() == "blue", get.stderr
+    refused = quorumlog("shard", "move", "0", "9", endpoints=endpoints)
+    assert refused.returncode == 1
+    assert refused.stderr.count("\n") == 1 and "group 9" in refused.stderr
+
+    stopped = quorumlog("dev", "down", "--dir", str(dev_directory))
+    assert stopped.returncode == 0, stopped.stderr
+    assert "stopped n1, n2, n3" in stopped.stdout
