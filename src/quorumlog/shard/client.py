@@ -170,7 +170,9 @@ class RoutedCall:
     def round_ended(self, attempts: RequestAttempts) -> None:
         """Carry one routing's outcome over: a write sent once may have been applied."""
         self.maybe_delivered = self.maybe_delivered or attempts.maybe_delivered
-        self.last_error = attempts.last_error
+        if attempts.maybe_delivered or attempts.failures_in_row:
+            # A routing that made no attempt (no time left) has no error worth reporting.
+            self.last_error = attempts.last_error
 
     def failed(self, error: str) -> None:
         self.last_error = error
