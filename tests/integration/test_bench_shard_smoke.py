@@ -20,13 +20,16 @@ SUMMARY_KEYS = {
     "unaffected_ops_ratio",
     "unaffected_ops_per_s_before",
     "unaffected_ops_per_s_during",
+    "migration_seconds_paced",
+    "unaffected_ops_ratio_paced",
+    "unaffected_paced_ops_per_s",
     "shard_bytes",
     "shard_count",
     "groups",
     "node_rss_mb_max",
     "load_average_at_start",
 }
-PHASES = ["cluster", "throughput", "fill", "migration", "nodes"]
+PHASES = ["cluster", "throughput", "fill", "migration-closed-loop", "migration-paced", "nodes"]
 
 
 def test_bench_shard_prints_phases_and_a_summary(tmp_path: Path) -> None:
@@ -58,6 +61,7 @@ def test_bench_shard_prints_phases_and_a_summary(tmp_path: Path) -> None:
     assert summary["ops_per_s"] > 0
     assert summary["migration_seconds"] > 0
     assert summary["garbage_collected_seconds"] > 0
+    assert summary["migration_seconds_paced"] > 0
     assert summary["unaffected_ops_per_s_before"] > 0
     assert summary["shard_bytes"] >= 900_000
     assert summary["groups"] == 3

@@ -10,14 +10,18 @@ object with a "phase" name:
   `AsyncKVClient` per group, put 100-byte values to keys of every shard for `--seconds`:
   committed puts/s across the groups, latency percentiles.
 - `fill`: one shard is loaded with `--shard-megabytes` of 64 KiB values.
-- `migration`: a load process puts to every other shard (the unaffected ones) for
-  `--seconds`, then the shard moves to another group (a `Move` through the controller)
-  while that load goes on. `migration_seconds` runs from the move's commit (the
-  controller's answer) until the new owner serves the shard: its leader reports every
-  shard SERVING at the new configuration and a read of a moved key returns its value.
-  `unaffected_ops_ratio` is the load's puts/s during the migration ÷ its puts/s in the
-  `--seconds` before the move. `garbage_collected_seconds`: until the old owner no longer
-  holds the shard on any replica.
+- `migration-closed-loop`: a load process puts to every other shard (the unaffected ones)
+  with `migration_concurrency` puts in flight (saturating) for `--seconds`, then the shard
+  moves to another group (a `Move` through the controller) while that load goes on.
+  `migration_seconds` runs from the move's commit (the controller's answer) until the new
+  owner serves the shard: its leader reports every shard SERVING at the new configuration
+  and a read of a moved key returns its value. `unaffected_ops_ratio` is the load's puts/s
+  during the migration ÷ its puts/s in the `--seconds` before the move.
+  `garbage_collected_seconds`: until no replica of the old owner holds the shard.
+- `migration-paced`: the shard moves back, the same way, under a paced (open loop) load on
+  the other shards at half the puts/s they took at saturation. At saturation the figure
+  says how the nodes' CPU is shared between serving and migrating; paced, it says whether
+  the move stalls the other shards when the cluster has headroom.
 - `nodes`: the peak RSS of each node process (VmHWM from /proc).
 
 The last line sums it up (see `run_shard_benchmark`). The machine's other load shows up in
@@ -72,6 +76,7 @@ FILL_PUTS_IN_FLIGHT = 16
 SETTLE_TIMEOUT_SECONDS = 60.0
 MIGRATION_TIMEOUT_SECONDS = 600.0
 MOVED_SHARD = 0
+PACED_FRACTION_OF_SATURATED = 0.5
 
 
 class ShardBenchSettings:
@@ -115,8 +120,16 @@ def run_shard_benchmark(settings: ShardBenchSettings, as_json: bool) -> dict[str
         emit(throughput, as_json)
         fill = fill_phase(cluster, configuration, settings)
         emit(fill, as_json)
-        migration = migration_phase(cluster, admin, configuration, fill, settings)
+        source = configuration.shards[MOVED_SHARD]
+        target = next(gid for gid in cluster.gids if gid != source)
+        migration = migration_phase(cluster, admin, configuration, target, fill, settings)
         emit(migration, as_json)
+        # Back again under a paced load at a fraction of what the unaffected shards took
+        # at saturation: the headroom a cluster runs with, so the figure shows whether
+        # the move stalls the other shards rather than how two cores are shared.
+        rate = PACED_FRACTION_OF_SATURATED * migration["ops_per_s_before"]
+        paced = migration_phase(cluster, admin, admin.latest(), source, fill, settings, rate=rate)
+        emit(paced, as_json)
         rss = {node_id: round(peak_rss_megabytes(pid), 1) for node_id, pid in cluster.pids.items()}
         emit({"phase": "nodes", "rss_mb": rss}, as_json)
     finally:
@@ -131,6 +144,9 @@ def run_shard_benchmark(settings: ShardBenchSettings, as_json: bool) -> dict[str
         "unaffected_ops_ratio": migration["unaffected_ops_ratio"],
         "unaffected_ops_per_s_before": migration["ops_per_s_before"],
         "unaffected_ops_per_s_during": migration["ops_per_s_during"],
+        "migration_seconds_paced": paced["migration_seconds"],
+        "unaffected_ops_ratio_paced": paced["unaffected_ops_ratio"],
+        "unaffected_paced_ops_per_s": paced["offered_ops_per_s"],
         "shard_bytes": fill["shard_bytes"],
         "shard_count": settings.shard_count,
         "groups": settings.groups,
@@ -275,11 +291,14 @@ def migration_phase(
     cluster: ShardNodeCluster,
     admin: ControllerAdmin,
     configuration: ShardConfiguration,
+    target: int,
     fill: dict[str, Any],
     settings: ShardBenchSettings,
+    rate: float = 0.0,
 ) -> dict[str, Any]:
+    """Move MOVED_SHARD to `target` under a load on every other shard: closed loop
+    (saturating) when `rate` is 0, else `rate` puts/s started whatever the answers do."""
     source = configuration.shards[MOVED_SHARD]
-    target = next(gid for gid in cluster.gids if gid != source)
     unaffected = {
         shard: gid for shard, gid in enumerate(configuration.shards) if shard != MOVED_SHARD
     }
@@ -293,6 +312,8 @@ def migration_phase(
         settings.migration_concurrency,
         until_stdin_closes=True,
     )
+    if rate > 0:
+        command += ["--rate", repr(rate)]
     load_average = os.getloadavg()[0]
     load = LoadProcesses([command])
     try:
@@ -316,8 +337,13 @@ def migration_phase(
     assert isinstance(load_result, ShardLoadResult)
     before = ops_per_second(load_result, start_at, move_sent - settings.seconds, move_sent)
     during = ops_per_second(load_result, start_at, move_committed, served)
+    load_description: dict[str, Any] = (
+        {"load": "paced", "offered_ops_per_s": round(rate, 1)}
+        if rate > 0
+        else {"load": "closed-loop", "concurrency": settings.migration_concurrency}
+    )
     return {
-        "phase": "migration",
+        "phase": f"migration-{load_description['load']}",
         "shard": MOVED_SHARD,
         "from_group": source,
         "to_group": target,
@@ -326,7 +352,7 @@ def migration_phase(
         "migration_seconds": round(served - move_committed, 3),
         "garbage_collected_seconds": round(garbage_collected - move_committed, 3),
         "unaffected_shards": len(unaffected),
-        "concurrency": settings.migration_concurrency,
+        **load_description,
         "ops_per_s_before": round(before, 1),
         "ops_per_s_during": round(during, 1),
         "unaffected_ops_ratio": round(during / before, 3) if before else None,

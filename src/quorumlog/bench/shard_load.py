@@ -9,6 +9,9 @@ table look-up. The process opens one `AsyncKVClient` per group (group "shard-<gi
 each group's puts are batched and pipelined to its own leader, and walks a fixed set of
 keys per shard, chosen by their hash (`keys_for_shard`).
 
+Closed loop by default (`--concurrency` puts in flight); `--rate N` starts N puts/s
+whatever the answers do (open loop).
+
 Start and window are those of `kv_load` (ready line, then `{"start_at": T}` on stdin).
 With `--until-stdin-closes` the window also ends early when stdin closes, so the driver
 can run the load for as long as something else (a migration) takes. Besides the totals
@@ -39,6 +42,8 @@ from quorumlog.shard.config import shard_for_key
 KEYS_PER_SHARD_DEFAULT = 64
 BUCKET_SECONDS_DEFAULT = 0.05
 CLIENT_TIMEOUT_SECONDS = 10.0
+PACED_TICK_SECONDS = 0.002
+"""Paced load: puts due are started in bursts this far apart (cheaper than a timer each)."""
 
 
 def keys_for_shard(shard: int, shard_count: int, count: int, prefix: str = "key") -> list[str]:
@@ -129,6 +134,43 @@ async def closed_loop(
         counters.finished(started, error=False)
 
 
+async def one_paced_put(
+    client: AsyncKVClient, key: str, value: str, counters: Counters, started: float
+) -> None:
+    try:
+        await client.put(key, value)
+    except ClientError:
+        counters.finished(started, error=True)
+        return
+    counters.finished(started, error=False)
+
+
+async def paced(
+    clients: dict[str, AsyncKVClient],
+    keys: list[tuple[str, str]],
+    rate: float,
+    value: str,
+    counters: Counters,
+) -> None:
+    """Start puts at `rate` per second from now until the window ends, whatever the answers
+    do (open loop): a stall on the nodes shows as fewer answers, not as less offered load."""
+    window = counters.window
+    begun = time.monotonic()
+    started_count = 0
+    running: set[asyncio.Task[None]] = set()
+    while (now := time.monotonic()) < window.end:
+        due = int((now - begun) * rate)
+        while started_count < due:
+            group, key = keys[started_count % len(keys)]
+            task = asyncio.create_task(one_paced_put(clients[group], key, value, counters, now))
+            running.add(task)
+            task.add_done_callback(running.discard)
+            started_count += 1
+        await asyncio.sleep(PACED_TICK_SECONDS)  # the pacing clock, not a wait for a condition
+    if running:
+        await asyncio.wait(running)
+
+
 async def end_window_when_stdin_closes(window: Window) -> None:
     loop = asyncio.get_running_loop()
     while await loop.run_in_executor(None, sys.stdin.buffer.readline):
@@ -167,12 +209,15 @@ async def run_load(arguments: argparse.Namespace) -> ShardLoadResult:
             if arguments.until_stdin_closes
             else None
         )
-        await asyncio.gather(
-            *(
-                closed_loop(clients, keys, worker, value, counters)
-                for worker in range(arguments.concurrency)
+        if arguments.rate > 0:
+            await paced(clients, keys, arguments.rate, value, counters)
+        else:
+            await asyncio.gather(
+                *(
+                    closed_loop(clients, keys, worker, value, counters)
+                    for worker in range(arguments.concurrency)
+                )
             )
-        )
         if watcher is not None:
             watcher.cancel()
     finally:
@@ -197,6 +242,7 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, required=True, help="the longest window")
     parser.add_argument("--until-stdin-closes", action="store_true")
     parser.add_argument("--concurrency", type=int, default=1000)
+    parser.add_argument("--rate", type=float, default=0.0, help="puts/s; 0: closed loop")
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--keys-per-shard", type=int, default=KEYS_PER_SHARD_DEFAULT)
     parser.add_argument("--bucket-seconds", type=float, default=BUCKET_SECONDS_DEFAULT)
