@@ -271,15 +271,6 @@ def test_a_lost_answer_retried_across_a_migration_applies_once(
     lost_answer_retried_across_a_migration(cluster, admin, touch_groups=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "server bug: merge_session_records stamps moved sessions with the new owner's entry "
-        "clock, 0 when that group never applied a client write; its first client write "
-        "then jumps the clock to now and expires them (older than the TTL), so the retry "
-        "is applied again"
-    ),
-)
 def test_sessions_moved_to_a_group_without_client_writes_survive(
     cluster: InProcessCluster, admin: ShardAdmin
 ) -> None:

@@ -58,6 +58,12 @@ class InsertShards(msgspec.Struct, frozen=True, array_like=True, tag="insert_sha
     stay PULLING, waiting for their next chunk. None: every shard in `shards` is complete.
     A large shard moves in chunks so no log entry or frame has to hold all of it."""
 
+    clock_ms: int = 0
+    """The previous owner's entry time when it answered. The new owner moves its own clock
+    up to it before merging the sessions: sessions are stamped with the new owner's clock,
+    and a clock that is stale (an idle group, or one that never saw a client write) would
+    let its next write expire them at once, and a retry would then be applied twice."""
+
     def is_finished(self, shard: int) -> bool:
         return self.finished is None or shard in self.finished
 

@@ -254,6 +254,7 @@ def entry_for_pull_response(
         shards={shard: insert.shards[shard] for shard in wanted},
         sessions={shard: insert.sessions.get(shard, []) for shard in finished},
         finished=None if len(finished) == len(wanted) else finished,
+        clock_ms=insert.clock_ms,
     )
 
 

@@ -268,6 +268,7 @@ class ShardGroupMachine:
                 configuration_number=configuration_number,
                 shards={shard: dict(sorted(self.shards[shard].data.items())) for shard in ready},
                 sessions={shard: self.shards[shard].sessions.to_records() for shard in ready},
+                clock_ms=self.clock_ms,
             )
             return PullResponse(self.gid, configuration_number, PullStatus.OK, insert)
         return self.pull_chunk(configuration_number, ready, resume_at or (-1, 0), bytes_max)
@@ -307,6 +308,7 @@ class ShardGroupMachine:
             shards=chunk,
             sessions={shard: self.shards[shard].sessions.to_records() for shard in finished},
             finished=finished,
+            clock_ms=self.clock_ms,
         )
         return PullResponse(
             self.gid, configuration_number, PullStatus.OK, insert, resume_at=next_resume
@@ -449,6 +451,9 @@ class ShardGroupMachine:
             return self.refused(
                 f"insert for configuration {entry.configuration_number}, current is {number}"
             )
+        # Sessions merge at this group's clock: bring it up to the sender's first (see
+        # InsertShards.clock_ms).
+        self.advance_clock(entry.clock_ms)
         inserted: list[int] = []
         for index in sorted(entry.shards):
             if not 0 <= index < self.shard_count:

@@ -651,3 +651,27 @@ def test_random_logs_replay_to_identical_bytes() -> None:
             first_unacknowledged=generator.randrange(0, 20),
         )
     assert replica.replayed().snapshot() == replica.machine.snapshot()
+
+
+def test_sessions_moved_to_a_group_that_never_wrote_survive_its_first_write() -> None:
+    """The new owner's clock is 0 (it never applied a client write): the insert brings it up
+    to the sender's clock, so its first write (at about the sender's time) does not expire
+    the sessions that just arrived, and a retry of a write applied before the move stays a
+    duplicate."""
+    old, new = Replica(1), Replica(2)
+    hour_ms = 60 * 60 * 1000
+    old.timestamp_ms = 5 * hour_ms
+    for replica in (old, new):
+        replica.configure(1, [1] * SHARD_COUNT)
+    key = key_in_shard(0)
+    assert old.write(key, "a", sequence=1, operation="append") == ok()
+    for replica in (old, new):
+        replica.configure(2, [2, 1, 1, 1])
+    assert new.machine.clock_ms == 0
+    new.control(insert_from(old, 2, [0]))
+    assert new.machine.clock_ms == old.machine.clock_ms
+    new.timestamp_ms = old.timestamp_ms
+    # The retry of the append (same client, same sequence) is answered from the session.
+    assert new.write(key, "a", sequence=1, operation="append") == ok()
+    assert new.machine.shard_data(0)[key] == "a"
+    assert new.machine.duplicate_count == 1
