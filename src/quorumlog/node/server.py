@@ -22,6 +22,7 @@ from quorumlog.node.controller_service import ControllerService
 from quorumlog.node.errors_to_wire import error_response
 from quorumlog.node.kv_service import KVLimits, KVService
 from quorumlog.node.peer_requests import PeerRequester
+from quorumlog.node.preferred_leaders import PreferredLeaders, preferred_leader
 from quorumlog.node.shard_migration import PULL_BYTES_MAX_DEFAULT, ShardMigrator
 from quorumlog.node.shard_service import ShardGroupService
 from quorumlog.node.stream_service import StreamService, TopicWatchingMachine
@@ -64,6 +65,9 @@ class NodeSettings(msgspec.Struct, frozen=True):
     """How often a shard group's leader checks for a new configuration and moves shards."""
     shard_pull_bytes_max: int = PULL_BYTES_MAX_DEFAULT
     """Keys and values per pull chunk (one frame and one log entry each)."""
+    preferred_leader_ms: int = 1_000
+    """How often a shard group's leader checks whether to hand leadership to the group's
+    preferred member (spreads leaders over nodes); 0 turns it off."""
 
 
 class Node:
@@ -79,6 +83,7 @@ class Node:
         self.controller: ControllerService | None = None
         self.shard_services: dict[int, ShardGroupService] = {}
         self.migrators: list[ShardMigrator] = []
+        self.preferred_leaders = PreferredLeaders([], 0)
         self.requester = PeerRequester(settings.cluster_id, f"node-{settings.node_id}")
         self.port = 0
         self.unknown_group_messages = 0
@@ -105,6 +110,7 @@ class Node:
         self.streams.start()
         for migrator in self.migrators:
             migrator.start()
+        self.preferred_leaders.start()
         log.info(
             "node %s listening on %s:%d (data in %s)",
             self.node_id,
@@ -144,6 +150,7 @@ class Node:
                 wire.CONTROLLER_GROUP, machine, tuple(sorted(settings.controller))
             )
             self.controller = ControllerService(group, machine, self.leader_address_function(group))
+        preferred: list[tuple[GroupRunner, str]] = []
         for gid, members in sorted(settings.shard_groups.items()):
             if self.node_id not in members:
                 continue
@@ -155,6 +162,7 @@ class Node:
                 gid, group, shard_machine, self.leader_address_function(group), KVLimits()
             )
             self.shard_services[gid] = service
+            preferred.append((group, preferred_leader(gid, members)))
             self.migrators.append(
                 ShardMigrator(
                     service,
@@ -164,6 +172,8 @@ class Node:
                     pull_bytes_max=settings.shard_pull_bytes_max,
                 )
             )
+
+        self.preferred_leaders = PreferredLeaders(preferred, settings.preferred_leader_ms / 1000)
 
     def leader_address_function(self, group: GroupRunner) -> Callable[[], str | None]:
         return lambda: self.address_of(group.core.leader_id)
@@ -176,6 +186,7 @@ class Node:
         ]
 
     async def stop(self) -> None:
+        await self.preferred_leaders.stop()
         for migrator in self.migrators:
             await migrator.stop()
         await self.requester.close()

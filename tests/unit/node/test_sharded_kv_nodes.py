@@ -199,3 +199,69 @@ def test_joins_moves_and_leaves_migrate_shards_between_real_groups(tmp_path: Pat
                 await node.stop()
 
     asyncio.run(scenario())
+
+
+def test_shard_group_leaders_spread_to_their_preferred_members(tmp_path: Path) -> None:
+    """Groups 1..3 on n1..n3 end up led by n1, n2, n3; with n3 stopped, group 3 keeps a
+    leader elsewhere and nobody tries to hand it to the dead node."""
+
+    async def scenario() -> None:
+        ports = free_ports(3)
+        addresses = {
+            node_id: f"127.0.0.1:{port}" for node_id, port in zip(NODE_IDS, ports, strict=True)
+        }
+        nodes = [
+            Node(
+                NodeSettings(
+                    node_id=node_id,
+                    listen=addresses[node_id],
+                    data_dir=str(tmp_path / node_id),
+                    peers={other: a for other, a in addresses.items() if other != node_id},
+                    tick_ms=10,
+                    election_ticks=5,
+                    fsync=False,
+                    shard_groups={1: NODE_IDS, 2: NODE_IDS, 3: NODE_IDS},
+                    shard_count=SHARD_COUNT,
+                    preferred_leader_ms=30,
+                )
+            )
+            for node_id in NODE_IDS
+        ]
+        for node in nodes:
+            await node.start()
+        loop = asyncio.get_running_loop()
+
+        def leader_of(gid: int) -> str | None:
+            return next(
+                (
+                    node.node_id
+                    for node in nodes
+                    if not node.groups[wire.shard_group_name(gid)].stopped
+                    and node.groups[wire.shard_group_name(gid)].core.is_leader
+                ),
+                None,
+            )
+
+        try:
+            deadline = loop.time() + 20
+            while [leader_of(gid) for gid in (1, 2, 3)] != NODE_IDS:
+                assert loop.time() < deadline, [leader_of(gid) for gid in (1, 2, 3)]
+                await asyncio.sleep(0.01)
+            await nodes[2].stop()
+            stopped_at = [len(node.preferred_leaders.transfers) for node in nodes[:2]]
+            deadline = loop.time() + 20
+            while leader_of(3) not in ("n1", "n2"):
+                assert loop.time() < deadline, "group 3 found no leader without n3"
+                await asyncio.sleep(0.01)
+            # Let many check periods pass: nobody hands group 3 to the dead node.
+            watch_until = loop.time() + 0.5
+            while loop.time() < watch_until:
+                await asyncio.sleep(0.03)
+            for node, first in zip(nodes[:2], stopped_at, strict=True):
+                assert ("shard-3", "n3") not in node.preferred_leaders.transfers[first:]
+        finally:
+            for node in nodes:
+                if not node.groups["kv"].stopped:
+                    await node.stop()
+
+    asyncio.run(scenario())

@@ -1,0 +1,81 @@
+"""Preferred leaders: spread the leaders of a node's shard groups over their members.
+
+Groups that start together on the same nodes tend to elect the same node (the first to
+time out wins them all), and then one process does every group's leader work while the
+others idle. Like Kafka's preferred replica election, each shard group has a preferred
+leader (member (gid - 1) mod n of its sorted members, so groups 1, 2, 3 on n1..n3 prefer
+n1, n2, n3); a leader that is not the preferred one hands leadership over, but only when the
+preferred member is caught up and answered recently, so a transfer finishes at once (a
+transfer to a dead node would hold proposals until it timed out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from quorumlog.raft.progress import ReplicationState
+from quorumlog.runtime.group import GroupRunner
+
+log = logging.getLogger("quorumlog.node")
+
+
+def preferred_leader(gid: int, members: list[str]) -> str:
+    ordered = sorted(members)
+    return ordered[(gid - 1) % len(ordered)]
+
+
+def ready_to_hand_over(group: GroupRunner, target: str) -> bool:
+    """This node leads `group`, and `target` is a voter that is caught up and active."""
+    core = group.core
+    leader = core.leader
+    if leader is None or target == core.node_id or not core.configuration.is_voter(target):
+        return False
+    if leader.transfer_target is not None:
+        return False
+    progress = leader.progress.get(target)
+    return (
+        progress is not None
+        and progress.recent_active
+        and progress.state is ReplicationState.APPEND
+        and progress.match_index == core.log.last_index
+    )
+
+
+class PreferredLeaders:
+    def __init__(self, groups: list[tuple[GroupRunner, str]], interval_seconds: float) -> None:
+        self.groups = groups
+        """Each hosted group with its preferred leader's node id."""
+        self.interval_seconds = interval_seconds
+        self.task: asyncio.Task[None] | None = None
+        self.transfers: list[tuple[str, str]] = []
+        """(group, target) of every hand-over started here, oldest first."""
+
+    def start(self) -> None:
+        if self.groups and self.interval_seconds > 0:
+            self.task = asyncio.get_running_loop().create_task(self.run())
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_seconds)  # a periodic check, as Kafka's
+            self.check()
+
+    def check(self) -> None:
+        for group, target in self.groups:
+            if group.stopped or group.failure is not None or not ready_to_hand_over(group, target):
+                continue
+            try:
+                group.core.transfer_leadership(target)
+            except Exception as error:  # a membership change raced us: try next period
+                log.debug("group %s: no transfer to %s: %s", group.group_id, target, error)
+                continue
+            group.schedule()
+            self.transfers.append((group.group_id, target))
+            log.info("group %s: leadership to preferred leader %s", group.group_id, target)
