@@ -77,6 +77,10 @@ SETTLE_TIMEOUT_SECONDS = 60.0
 MIGRATION_TIMEOUT_SECONDS = 600.0
 MOVED_SHARD = 0
 PACED_FRACTION_OF_SATURATED = 0.5
+TIMELINE_STEP_SECONDS = 0.25
+TIMELINE_MARGIN_SECONDS = 1.0
+"""The migration phases print the unaffected shards' puts/s in steps of this, from 1 s
+before the move until 1 s after the new owner serves: a stall shows as a run of zeros."""
 
 
 class ShardBenchSettings:
@@ -330,6 +334,8 @@ def migration_phase(
             raise BenchError("the move returned no configuration number")
         served = wait_served(cluster, target, number, fill["moved_key"])
         garbage_collected = wait_garbage_collected(cluster, source, number)
+        # A timer: the load runs on for the end of the printed timeline.
+        time.sleep(max(served + TIMELINE_MARGIN_SECONDS - time.monotonic(), 0))
         [output] = load.finish(FINISH_SLACK_SECONDS)
     finally:
         load.kill()
@@ -356,6 +362,14 @@ def migration_phase(
         "ops_per_s_before": round(before, 1),
         "ops_per_s_during": round(during, 1),
         "unaffected_ops_ratio": round(during / before, 3) if before else None,
+        "ops_per_s_by_quarter_second": [
+            round(ops_per_second(load_result, start_at, at, at + TIMELINE_STEP_SECONDS))
+            for at in stepped(
+                move_sent - TIMELINE_MARGIN_SECONDS,
+                served + TIMELINE_MARGIN_SECONDS,
+                TIMELINE_STEP_SECONDS,
+            )
+        ],
         "errors": load_result.errors,
         "load_average_at_start": round(load_average, 2),
     }
@@ -403,6 +417,11 @@ def wait_garbage_collected(cluster: ShardNodeCluster, gid: int, number: int) -> 
             return time.monotonic()
         time.sleep(POLL_INTERVAL_SECONDS)
     raise BenchError(f"group {gid} kept the moved shard for {MIGRATION_TIMEOUT_SECONDS}s")
+
+
+def stepped(start: float, end: float, step: float) -> list[float]:
+    """start, start + step, ... up to (not including) end."""
+    return [start + number * step for number in range(max(0, int((end - start) / step)))]
 
 
 def ops_per_second(result: ShardLoadResult, window_start: float, start: float, end: float) -> float:
