@@ -24,8 +24,12 @@ object with a "phase" name:
   the move stalls the other shards when the cluster has headroom.
 - `nodes`: the peak RSS of each node process (VmHWM from /proc).
 
-The last line sums it up (see `run_shard_benchmark`). The machine's other load shows up in
-the figures: the summary carries the load average at the start.
+The last line sums it up: ops_per_s, p50_ms, p99_ms (throughput); migration_seconds,
+garbage_collected_seconds, unaffected_ops_ratio and the puts/s before and during
+(closed loop); migration_seconds_paced, unaffected_ops_ratio_paced and the paced rate;
+shard_bytes, shard_count, groups, node_rss_mb_max, load_average_at_start (the machine's
+other load shows up in every figure). Each migration phase also prints the unaffected
+shards' puts/s per quarter second around the move.
 """
 
 from __future__ import annotations
@@ -78,9 +82,10 @@ MIGRATION_TIMEOUT_SECONDS = 600.0
 MOVED_SHARD = 0
 PACED_FRACTION_OF_SATURATED = 0.5
 TIMELINE_STEP_SECONDS = 0.25
+"""The migration phases print the unaffected shards' puts/s in steps of this, from
+TIMELINE_MARGIN_SECONDS before the move until as long after the new owner serves: a stall
+shows as a run of zeros."""
 TIMELINE_MARGIN_SECONDS = 1.0
-"""The migration phases print the unaffected shards' puts/s in steps of this, from 1 s
-before the move until 1 s after the new owner serves: a stall shows as a run of zeros."""
 
 
 class ShardBenchSettings:

@@ -198,7 +198,7 @@ async def run_load(arguments: argparse.Namespace) -> ShardLoadResult:
     }
     try:
         # One put per group first: connects, finds each leader, fails fast if one is down.
-        first_key = {group: key for group, key in reversed(keys)}
+        first_key = {group: key for group, key in reversed(keys)}  # each group's first key
         await asyncio.gather(*(clients[group].put(key, value) for group, key in first_key.items()))
         announce_ready()
         line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.readline)
