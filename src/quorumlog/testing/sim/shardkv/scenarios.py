@@ -319,8 +319,17 @@ def unaffected_shards(run: ScenarioRun) -> None:
     staying = [key for key in run.keys_of_group(101) if run.shard_of(key) != moving_shard]
     moving = [key for key in run.keys if run.shard_of(key) == moving_shard]
     cluster.partition_away(100)
-    cluster.move(moving_shard, 101)
-    cluster.run(500)
+    number = cluster.move(moving_shard, 101)
+
+    def pulling() -> bool:
+        leader = cluster.leader_of(101)
+        return (
+            leader is not None
+            and leader.machine.current_configuration.number == number
+            and leader.machine.shard_state(moving_shard) is ShardState.PULLING
+        )
+
+    cluster.run_until(pulling, 10_000)
     states = cluster.shard_states(101)
     check_invariant(
         states[moving_shard] is ShardState.PULLING,
