@@ -42,18 +42,24 @@ class FrameDecoder:
         position = 0
         buffer = self.buffer
         available = len(buffer)
-        while available - position >= FRAME_HEADER_BYTES:
-            (length,) = FRAME_HEADER.unpack_from(buffer, position)
-            if length > self.frame_bytes_max:
-                raise FrameError(
-                    f"peer announced a frame of {length} bytes; frame_bytes_max="
-                    f"{self.frame_bytes_max}"
-                )
-            end = position + FRAME_HEADER_BYTES + length
-            if end > available:
-                break
-            payloads.append(bytes(buffer[position + FRAME_HEADER_BYTES : end]))
-            position = end
+        if available < FRAME_HEADER_BYTES:
+            return payloads
+        # Payloads are cut through a memoryview: one copy each, not a bytearray slice and
+        # then a bytes copy of it (large frames, such as shard pulls, pay for every copy).
+        # The view must be released before the buffer can shrink.
+        with memoryview(buffer) as view:
+            while available - position >= FRAME_HEADER_BYTES:
+                (length,) = FRAME_HEADER.unpack_from(buffer, position)
+                if length > self.frame_bytes_max:
+                    raise FrameError(
+                        f"peer announced a frame of {length} bytes; frame_bytes_max="
+                        f"{self.frame_bytes_max}"
+                    )
+                end = position + FRAME_HEADER_BYTES + length
+                if end > available:
+                    break
+                payloads.append(bytes(view[position + FRAME_HEADER_BYTES : end]))
+                position = end
         if position:
             del buffer[:position]
         return payloads
