@@ -73,6 +73,20 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
     help="A shard group and its members' node ids: GID=ID,ID,... (repeat per group).",
 )
 @click.option("--shard-count", default=16, show_default=True, type=click.IntRange(1, 4096))
+@click.option(
+    "--shard-migration-mib-per-second",
+    default=32.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="How fast this node pulls moving shards, all groups together (0: unthrottled).",
+)
+@click.option(
+    "--shard-pull-kib",
+    default=1024,
+    show_default=True,
+    type=click.IntRange(1, 16 * 1024),
+    help="Shard data per pull chunk (one frame and one log entry).",
+)
 def node_command(
     node_id: str,
     listen: str,
@@ -86,6 +100,8 @@ def node_command(
     controller: str,
     shard_groups: tuple[str, ...],
     shard_count: int,
+    shard_migration_mib_per_second: float,
+    shard_pull_kib: int,
 ) -> None:
     """Run one node in the foreground; logs to stderr; SIGTERM stops it cleanly."""
     from quorumlog.node.server import NodeSettings, run_node
@@ -109,6 +125,8 @@ def node_command(
         controller=[member.strip() for member in controller.split(",") if member.strip()],
         shard_groups=parse_shard_groups(shard_groups),
         shard_count=shard_count,
+        shard_migration_bytes_per_second=int(shard_migration_mib_per_second * 1024 * 1024),
+        shard_pull_bytes_max=shard_pull_kib * 1024,
     )
 
     async def main() -> None:

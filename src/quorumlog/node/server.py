@@ -23,7 +23,12 @@ from quorumlog.node.errors_to_wire import error_response
 from quorumlog.node.kv_service import KVLimits, KVService
 from quorumlog.node.peer_requests import PeerRequester
 from quorumlog.node.preferred_leaders import PreferredLeaders, preferred_leader
-from quorumlog.node.shard_migration import PULL_BYTES_MAX_DEFAULT, ShardMigrator
+from quorumlog.node.shard_migration import (
+    MIGRATION_BYTES_PER_SECOND_DEFAULT,
+    PULL_BYTES_MAX_DEFAULT,
+    ByteRatePacer,
+    ShardMigrator,
+)
 from quorumlog.node.shard_service import ShardGroupService
 from quorumlog.node.stream_service import StreamService, TopicWatchingMachine
 from quorumlog.raft.config import RaftConfig
@@ -65,6 +70,8 @@ class NodeSettings(msgspec.Struct, frozen=True):
     """How often a shard group's leader checks for a new configuration and moves shards."""
     shard_pull_bytes_max: int = PULL_BYTES_MAX_DEFAULT
     """Keys and values per pull chunk (one frame and one log entry each)."""
+    shard_migration_bytes_per_second: int = MIGRATION_BYTES_PER_SECOND_DEFAULT
+    """How fast this node pulls shard data, all its groups together (0: unthrottled)."""
     preferred_leader_ms: int = 1_000
     """How often a shard group's leader checks whether to hand leadership to the group's
     preferred member (spreads leaders over nodes); 0 turns it off."""
@@ -85,6 +92,7 @@ class Node:
         self.migrators: list[ShardMigrator] = []
         self.preferred_leaders = PreferredLeaders([], 0)
         self.requester = PeerRequester(settings.cluster_id, f"node-{settings.node_id}")
+        self.migration_pacer = ByteRatePacer(settings.shard_migration_bytes_per_second)
         self.port = 0
         self.unknown_group_messages = 0
 
@@ -170,6 +178,7 @@ class Node:
                     self.requester,
                     interval_seconds=settings.shard_monitor_ms / 1000,
                     pull_bytes_max=settings.shard_pull_bytes_max,
+                    pacer=self.migration_pacer,
                 )
             )
 

@@ -54,7 +54,46 @@ log = logging.getLogger("quorumlog.shard")
 
 Response = TypeVar("Response", PullResponse, DeleteResponse)
 
-PULL_BYTES_MAX_DEFAULT = 4 * 1024 * 1024
+PULL_BYTES_MAX_DEFAULT = 1024 * 1024
+"""Keys and values per pull chunk: one frame and one log entry. Small enough that a chunk
+holds the loop, the disk and the peer links only briefly (other groups' writes queue
+behind it), large enough that per-chunk costs stay small."""
+
+MIGRATION_BYTES_PER_SECOND_DEFAULT = 32 * 1024 * 1024
+"""How fast one node pulls shard data, all groups together. Moving a shard costs every
+replica of both groups CPU, disk and network; unthrottled it takes that from the shards
+that are not moving (as Kafka's replication throttle and TiKV's snapshot rate limit)."""
+
+
+class ByteRatePacer:
+    """Spaces out work so that, over time, at most `bytes_per_second` pass (0: no limit).
+
+    `pace(count)` books `count` bytes and waits until the bytes booked before them have
+    had their time; shared by every migrator of a node, so the rate is the node's."""
+
+    def __init__(self, bytes_per_second: int) -> None:
+        self.bytes_per_second = bytes_per_second
+        self.next_free = 0.0
+        self.paced_seconds = 0.0
+
+    async def pace(self, count: int) -> None:
+        if self.bytes_per_second <= 0:
+            return
+        now = asyncio.get_running_loop().time()
+        self.next_free = max(self.next_free, now) + count / self.bytes_per_second
+        delay = self.next_free - now - count / self.bytes_per_second
+        if delay > 0:
+            self.paced_seconds += delay
+            await asyncio.sleep(delay)  # the throttle itself: waiting is the point
+
+
+def insert_bytes(response: PullResponse) -> int:
+    insert = response.insert
+    if insert is None:
+        return 0
+    return sum(
+        len(key) + len(value) for data in insert.shards.values() for key, value in data.items()
+    )
 
 
 class ShardMigrator:
@@ -65,12 +104,14 @@ class ShardMigrator:
         requester: PeerRequester,
         interval_seconds: float = 0.1,
         pull_bytes_max: int = PULL_BYTES_MAX_DEFAULT,
+        pacer: ByteRatePacer | None = None,
     ) -> None:
         self.service = service
         self.controller_addresses = controller_addresses
         self.requester = requester
         self.interval_seconds = interval_seconds
         self.pull_bytes_max = pull_bytes_max
+        self.pacer = pacer or ByteRatePacer(0)
         self.controller_configuration: ShardConfiguration | None = None
         self.in_flight: dict[tuple[object, ...], asyncio.Task[None]] = {}
         self.task: asyncio.Task[None] | None = None
@@ -170,6 +211,7 @@ class ShardMigrator:
         )
         while request is not None:
             response = await self.ask(action.target_gid, action.servers, request, PullResponse)
+            await self.pacer.pace(insert_bytes(response))
             entry = entry_for_pull_response(self.service.machine, response)
             if entry is None:
                 return

@@ -265,3 +265,25 @@ def test_shard_group_leaders_spread_to_their_preferred_members(tmp_path: Path) -
                     await node.stop()
 
     asyncio.run(scenario())
+
+
+def test_the_migration_pacer_holds_pulls_to_its_rate() -> None:
+    from quorumlog.node.shard_migration import ByteRatePacer
+
+    async def scenario() -> tuple[float, float]:
+        pacer = ByteRatePacer(bytes_per_second=20_000)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        await pacer.pace(1_000)  # the first chunk goes at once
+        first = loop.time() - start
+        for _ in range(4):
+            await pacer.pace(1_000)
+        # Four more chunks wait for the four booked before them: 4 * 1,000 / 20,000 s.
+        return first, loop.time() - start
+
+    first_seconds, total_seconds = asyncio.run(scenario())
+    assert first_seconds < 0.05
+    assert total_seconds >= 0.2 - 0.005
+    unlimited = ByteRatePacer(0)
+    asyncio.run(unlimited.pace(10**9))
+    assert unlimited.paced_seconds == 0
