@@ -66,6 +66,7 @@ from quorumlog.bench.shard_processes import (
 )
 from quorumlog.codec.wire import KVRead, KVReadResult, shard_group_name
 from quorumlog.kv.async_client import AsyncKVClient
+from quorumlog.node.shard_migration import MIGRATION_BYTES_PER_SECOND_DEFAULT
 from quorumlog.shard.config import ShardConfiguration
 from quorumlog.shard.controller_commands import Join, Move
 
@@ -99,6 +100,7 @@ class ShardBenchSettings:
         groups: int = 3,
         shard_count: int = 16,
         directory: str | None = None,
+        migration_mib_per_second: float | None = None,
     ) -> None:
         if groups < 2:
             raise ValueError("a shard moves between two groups: --groups must be at least 2")
@@ -112,6 +114,8 @@ class ShardBenchSettings:
         self.groups = groups
         self.shard_count = shard_count
         self.directory = directory
+        self.migration_mib_per_second = migration_mib_per_second
+        """The nodes' migration throttle; None: the node's default."""
         self.warm_up_seconds = min(WARM_UP_SECONDS_MAX, seconds / 2)
 
 
@@ -121,7 +125,14 @@ def run_shard_benchmark(settings: ShardBenchSettings, as_json: bool) -> dict[str
     base = Path(tempfile.mkdtemp(prefix="quorumlog-bench-shard-", dir=settings.directory))
     base_cluster = base / "nodes"
     base_cluster.mkdir()
-    cluster = ShardNodeCluster(base_cluster, CLUSTER_ID, settings.groups, settings.shard_count)
+    node_arguments = (
+        []
+        if settings.migration_mib_per_second is None
+        else ["--shard-migration-mib-per-second", str(settings.migration_mib_per_second)]
+    )
+    cluster = ShardNodeCluster(
+        base_cluster, CLUSTER_ID, settings.groups, settings.shard_count, node_arguments
+    )
     try:
         cluster_phase, admin, configuration = start_cluster(cluster, settings)
         emit(cluster_phase, as_json)
@@ -159,6 +170,11 @@ def run_shard_benchmark(settings: ShardBenchSettings, as_json: bool) -> dict[str
         "shard_bytes": fill["shard_bytes"],
         "shard_count": settings.shard_count,
         "groups": settings.groups,
+        "migration_mib_per_second": (
+            MIGRATION_BYTES_PER_SECOND_DEFAULT / (1024 * 1024)
+            if settings.migration_mib_per_second is None
+            else settings.migration_mib_per_second
+        ),
         "node_rss_mb_max": max(rss.values()),
         "load_average_at_start": round(load_average, 2),
     }

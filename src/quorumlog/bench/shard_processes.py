@@ -50,11 +50,18 @@ class ShardNodeCluster(NodeCluster):
     """`NodeCluster` whose nodes all host the controller and every shard group."""
 
     def __init__(
-        self, directory: Path, cluster_id: str, group_count: int, shard_count: int
+        self,
+        directory: Path,
+        cluster_id: str,
+        group_count: int,
+        shard_count: int,
+        node_arguments: list[str] | None = None,
     ) -> None:
         super().__init__(directory, node_count=3, cluster_id=cluster_id)
         self.group_count = group_count
         self.shard_count = shard_count
+        self.node_arguments = list(node_arguments or [])
+        """Extra `quorumlog node` flags for every node (e.g. the migration throttle)."""
 
     @property
     def gids(self) -> list[int]:
@@ -85,6 +92,7 @@ class ShardNodeCluster(NodeCluster):
         ]
         for gid in self.gids:
             command += ["--shard-group", f"{gid}={node_ids}"]
+        command += self.node_arguments
         with open(self.directory / f"{node_id}.log", "ab") as log_file:
             self.processes[node_id] = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file

@@ -84,15 +84,30 @@ def bench_stream(
 )
 @click.option("--groups", type=click.IntRange(2, 16), default=3, show_default=True)
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None)
+@click.option(
+    "--migration-mib-per-second",
+    type=click.FloatRange(0),
+    default=None,
+    help="The nodes' migration throttle (default: the node's; 0: unthrottled).",
+)
 def bench_shard(
-    as_json: bool, seconds: float, shard_megabytes: float, groups: int, directory: str | None
+    as_json: bool,
+    seconds: float,
+    shard_megabytes: float,
+    groups: int,
+    directory: str | None,
+    migration_mib_per_second: float | None,
 ) -> None:
     """Sharded KV on 3 node processes: puts/s across groups, moving a large shard, and the
     other shards' throughput during the move."""
     from quorumlog.bench.shard import ShardBenchSettings, run_shard_benchmark
 
     settings = ShardBenchSettings(
-        seconds=seconds, shard_megabytes=shard_megabytes, groups=groups, directory=directory
+        seconds=seconds,
+        shard_megabytes=shard_megabytes,
+        groups=groups,
+        directory=directory,
+        migration_mib_per_second=migration_mib_per_second,
     )
     run_shard_benchmark(settings, as_json=as_json)
 
