@@ -26,6 +26,7 @@ SUMMARY_KEYS = {
     "shard_bytes",
     "shard_count",
     "groups",
+    "migration_mib_per_second",
     "node_rss_mb_max",
     "load_average_at_start",
 }
