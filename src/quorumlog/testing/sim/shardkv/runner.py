@@ -124,7 +124,7 @@ def _run_once(seed: int, scenario: str | None, trace: TraceRecorder | None) -> S
         run = ScenarioRun(cluster, derive_random(seed, f"scenario:{name}"))
         SCENARIOS[name](run)
         finish(run)
-        result.linearizable = True
+        result.linearizable = run.linearizable
     except Exception as error:  # any exception is a finding, reported with its seed
         result.ok = False
         kind = "invariant violated" if isinstance(error, InvariantViolation) else "exception"
@@ -196,7 +196,9 @@ def run_shardkv_seeds(
         simulated_seconds=sum(result.simulated_ms for result in results) / 1000,
         wall_seconds=time.perf_counter() - started,
         invariant_checks=sum(result.invariant_checks for result in results),
-        linearizability_undecided=[],
+        linearizability_undecided=[
+            result.seed for result in results if result.ok and result.linearizable is None
+        ],
         results=results,
     )
     return ShardRunSummary(summary=summary, outcomes=outcomes)

@@ -64,6 +64,8 @@ class ScenarioRun:
         self.token_count = 0
         self.workload: Workload | None = None
         self.unknown_allowed = True
+        self.linearizable: bool | None = None
+        """The checker's verdict at the end: None if its search ran out of its budget."""
 
     def append(self, key: str, padding: str = "") -> None:
         """An acknowledged scripted append of a fresh token (with `padding` to make the
@@ -154,6 +156,7 @@ def finish(run: ScenarioRun) -> None:
     check_append_tokens(operations, final_values)
     verdict = cluster.check_linearizable(LINEARIZABILITY_STEPS_MAX)
     check_invariant(verdict.ok is not False, f"not linearizable: {verdict.explanation}")
+    run.linearizable = verdict.ok
     cluster.run(500)  # followers catch up; replicas at one index must agree
     cluster.shard_checker.check_replicas_agree()
     cluster.shard_checker.check_storage_bounded()
