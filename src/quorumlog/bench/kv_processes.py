@@ -23,7 +23,14 @@ import msgspec
 
 from quorumlog.bench.kv_load import READY_LINE
 from quorumlog.codec.frame import FrameDecoder, encode_frame
-from quorumlog.codec.wire import StatusRequest, StatusResponse, decode, encode
+from quorumlog.codec.wire import (
+    ClientRequest,
+    Frame,
+    StatusRequest,
+    StatusResponse,
+    decode,
+    encode,
+)
 from quorumlog.kv.connection import hello_frame
 
 LOOPBACK = "127.0.0.1"
@@ -35,6 +42,7 @@ READY_TIMEOUT_SECONDS = 60.0
 """Load processes connect and PySyncObj elects within this (generous: a loaded machine)."""
 FINISH_SLACK_SECONDS = 30.0
 CLOCK_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+RECEIVE_BYTES = 1 << 20
 
 
 class BenchError(RuntimeError):
@@ -55,25 +63,34 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def query_status(address: str, cluster_id: str, timeout_seconds: float) -> StatusResponse | None:
-    """One node's status on a fresh connection, or None if it does not answer in time."""
+def request_once(
+    address: str, cluster_id: str, request: ClientRequest, timeout_seconds: float, client_id: str
+) -> Frame | None:
+    """The node's answer to `request` on a fresh connection; None if it gives none in time."""
     host, _, port = address.rpartition(":")
     deadline = time.monotonic() + timeout_seconds
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_seconds) as sock:
-            sock.sendall(hello_frame(cluster_id, "bench-status"))
-            sock.sendall(encode_frame(encode(StatusRequest(request_id=1))))
+            sock.sendall(hello_frame(cluster_id, client_id))
+            sock.sendall(encode_frame(encode(request)))
             decoder = FrameDecoder()
             payloads: list[bytes] = []
             while len(payloads) < 2:
                 sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                data = sock.recv(65536)
+                data = sock.recv(RECEIVE_BYTES)
                 if not data:
                     return None
                 payloads.extend(decoder.feed(data))
     except OSError:
         return None
-    frame = decode(payloads[1])
+    return decode(payloads[1])
+
+
+def query_status(address: str, cluster_id: str, timeout_seconds: float) -> StatusResponse | None:
+    """One node's status on a fresh connection, or None if it does not answer in time."""
+    frame = request_once(
+        address, cluster_id, StatusRequest(request_id=1), timeout_seconds, "bench-status"
+    )
     return frame if isinstance(frame, StatusResponse) else None
 
 
@@ -142,11 +159,16 @@ class NodeCluster:
             str(self.directory / node_id),
             "--cluster-id",
             self.cluster_id,
+            *self.extra_node_arguments(node_id),
         ]
         with open(self.directory / f"{node_id}.log", "ab") as log_file:
             self.processes[node_id] = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file
             )
+
+    def extra_node_arguments(self, node_id: str) -> list[str]:
+        """`quorumlog node` flags after the common ones (a hook for subclasses)."""
+        return []
 
     def wait_for_leader(self, timeout_seconds: float) -> str | None:
         """The leader's id once one is elected; None if a node exits first."""

@@ -8,14 +8,11 @@ request that timed out.
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+from quorumlog.bench import kv_processes
 from quorumlog.bench.kv_processes import POLL_INTERVAL_SECONDS, BenchError, NodeCluster
-from quorumlog.codec.frame import FrameDecoder, encode_frame
 from quorumlog.codec.wire import (
     ClientRequest,
     ControllerRequest,
@@ -25,10 +22,7 @@ from quorumlog.codec.wire import (
     Frame,
     ShardStatusRequest,
     ShardStatusResponse,
-    decode,
-    encode,
 )
-from quorumlog.kv.connection import hello_frame
 from quorumlog.shard.config import ShardConfiguration
 from quorumlog.shard.controller_commands import (
     ControllerCommand,
@@ -67,59 +61,22 @@ class ShardNodeCluster(NodeCluster):
     def gids(self) -> list[int]:
         return list(range(1, self.group_count + 1))
 
-    def launch(self, node_id: str) -> None:
+    def extra_node_arguments(self, node_id: str) -> list[str]:
+        """Host the controller and every shard group on this node."""
         node_ids = ",".join(self.addresses)
-        peers = ",".join(f"{other}={a}" for other, a in self.addresses.items() if other != node_id)
-        command = [
-            sys.executable,
-            "-m",
-            "quorumlog",
-            "node",
-            "--id",
-            node_id,
-            "--listen",
-            self.addresses[node_id],
-            "--peers",
-            peers,
-            "--data-dir",
-            str(self.directory / node_id),
-            "--cluster-id",
-            self.cluster_id,
-            "--controller",
-            node_ids,
-            "--shard-count",
-            str(self.shard_count),
-        ]
+        arguments = ["--controller", node_ids, "--shard-count", str(self.shard_count)]
         for gid in self.gids:
-            command += ["--shard-group", f"{gid}={node_ids}"]
-        command += self.node_arguments
-        with open(self.directory / f"{node_id}.log", "ab") as log_file:
-            self.processes[node_id] = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file
-            )
+            arguments += ["--shard-group", f"{gid}={node_ids}"]
+        return arguments + self.node_arguments
 
 
 def request_once(
     address: str, cluster_id: str, request: ClientRequest, timeout_seconds: float
 ) -> Frame | None:
     """The node's answer to `request` on a fresh connection; None if it gives none in time."""
-    host, _, port = address.rpartition(":")
-    deadline = time.monotonic() + timeout_seconds
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_seconds) as sock:
-            sock.sendall(hello_frame(cluster_id, "bench-shard-admin"))
-            sock.sendall(encode_frame(encode(request)))
-            decoder = FrameDecoder()
-            payloads: list[bytes] = []
-            while len(payloads) < 2:
-                sock.settimeout(max(deadline - time.monotonic(), 0.001))
-                data = sock.recv(1 << 20)
-                if not data:
-                    return None
-                payloads.extend(decoder.feed(data))
-    except OSError:
-        return None
-    return decode(payloads[1])
+    return kv_processes.request_once(
+        address, cluster_id, request, timeout_seconds, "bench-shard-admin"
+    )
 
 
 class ControllerAdmin:
