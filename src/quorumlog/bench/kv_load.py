@@ -24,6 +24,8 @@ import asyncio
 import math
 import sys
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import msgspec
 
@@ -190,13 +192,18 @@ def read_start_at(line: bytes) -> float:
     return msgspec.json.decode(line, type=StartSignal).start_at
 
 
+async def read_start_signal() -> float:
+    """Announce readiness, then read the window's start from stdin."""
+    announce_ready()
+    line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.readline)
+    return read_start_at(line)
+
+
 async def wait_for_start(arguments: argparse.Namespace) -> float:
     """The window's start: --start-at if given, else announce readiness and read it."""
     if arguments.start_at is not None:
         return float(arguments.start_at)
-    announce_ready()
-    line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.readline)
-    return read_start_at(line)
+    return await read_start_signal()
 
 
 async def run_load(arguments: argparse.Namespace) -> LoadResult:
@@ -251,16 +258,22 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    arguments = parse_arguments(sys.argv[1:] if argv is None else argv)
+def run_and_print(load: Callable[[], Coroutine[Any, Any, msgspec.Struct]]) -> None:
+    """Run `load()` on uvloop (asyncio where uvloop is missing) and print its result as
+    one JSON line: the last line a load process writes."""
     try:
         import uvloop
 
-        result = uvloop.run(run_load(arguments))
+        result = uvloop.run(load())
     except ImportError:  # pragma: no cover - uvloop is a dependency; for odd platforms
-        result = asyncio.run(run_load(arguments))
+        result = asyncio.run(load())
     sys.stdout.write(msgspec.json.encode(result).decode() + "\n")
     sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> None:
+    arguments = parse_arguments(sys.argv[1:] if argv is None else argv)
+    run_and_print(lambda: run_load(arguments))
 
 
 if __name__ == "__main__":

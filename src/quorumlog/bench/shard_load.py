@@ -31,8 +31,8 @@ import msgspec
 from quorumlog.bench.kv_load import (
     LatencyHistogram,
     Window,
-    announce_ready,
-    read_start_at,
+    read_start_signal,
+    run_and_print,
 )
 from quorumlog.codec.wire import shard_group_name
 from quorumlog.errors import ClientError
@@ -200,9 +200,7 @@ async def run_load(arguments: argparse.Namespace) -> ShardLoadResult:
         # One put per group first: connects, finds each leader, fails fast if one is down.
         first_key = {group: key for group, key in reversed(keys)}  # each group's first key
         await asyncio.gather(*(clients[group].put(key, value) for group, key in first_key.items()))
-        announce_ready()
-        line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.buffer.readline)
-        window = Window(read_start_at(line), arguments.seconds)
+        window = Window(await read_start_signal(), arguments.seconds)
         counters = Counters(window, arguments.bucket_seconds)
         watcher = (
             asyncio.create_task(end_window_when_stdin_closes(window))
@@ -252,14 +250,7 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     arguments = parse_arguments(sys.argv[1:] if argv is None else argv)
-    try:
-        import uvloop
-
-        result = uvloop.run(run_load(arguments))
-    except ImportError:  # pragma: no cover - uvloop is a dependency; for odd platforms
-        result = asyncio.run(run_load(arguments))
-    sys.stdout.write(msgspec.json.encode(result).decode() + "\n")
-    sys.stdout.flush()
+    run_and_print(lambda: run_load(arguments))
 
 
 if __name__ == "__main__":
