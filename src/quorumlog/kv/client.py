@@ -15,12 +15,13 @@ also serialises concurrent calls on one client, so sharing one is safe, just not
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
-from types import TracebackType
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import msgspec
@@ -46,6 +47,7 @@ from quorumlog.codec.wire import (
 from quorumlog.errors import ClientError, UnknownOutcomeError
 from quorumlog.kv.connection import (
     CLUSTER_ID_DEFAULT,
+    CommandIdentity,
     EndpointSelector,
     Member,
     RequestAttempts,
@@ -53,13 +55,13 @@ from quorumlog.kv.connection import (
     attempt_timeout_for,
     check_command_result,
     check_timeout,
-    command_identity,
     hello_frame,
     members_from_status,
     parse_endpoint,
     welcome_node_id,
     write_results,
 )
+from quorumlog.kv.lifetime import Closing
 
 ResponseType = TypeVar("ResponseType")
 RECEIVE_BYTES = 256 * 1024
@@ -134,7 +136,45 @@ TRANSPORT_ERRORS = (
 )
 
 
-class KVClient:
+@contextlib.contextmanager
+def tracked_sequence(sequences: SequenceTracker, identity: CommandIdentity) -> Iterator[int]:
+    """The sequence for one logged request, acknowledged once the block ends, or held for
+    `identity` if it ends in UnknownOutcomeError (a retry of the same request reuses it)."""
+    sequence = sequences.allocate(identity, time.monotonic())
+    try:
+        yield sequence
+    except UnknownOutcomeError:
+        sequences.hold_unknown(sequence, identity, time.monotonic())
+        raise
+    except BaseException:
+        sequences.acknowledge(sequence)
+        raise
+    sequences.acknowledge(sequence)
+
+
+class KVOperations(ABC):
+    """put, append, delete and cas of the blocking KV clients, on top of their `write`."""
+
+    def put(self, key: str, value: str) -> None:
+        self.write("put", key, value, None)
+
+    def append(self, key: str, value: str) -> None:
+        self.write("append", key, value, None)
+
+    def delete(self, key: str) -> None:
+        self.write("delete", key, None, None)
+
+    def cas(self, key: str, expected: str | None, new: str | None) -> bool:
+        """Set `key` to `new` if it holds `expected` now (None: missing / delete). True if set."""
+        return self.write("cas", key, new, expected).ok
+
+    @abstractmethod
+    def write(
+        self, op: str, key: str, value: str | None, expected: str | None
+    ) -> KVCommandResult: ...
+
+
+class KVClient(KVOperations, Closing):
     """A blocking client of the replicated KV. See the module docstring."""
 
     def __init__(
@@ -157,20 +197,7 @@ class KVClient:
         self.lock = threading.RLock()
         self.closed = False
 
-    # --- KV -----------------------------------------------------------------------------
-
-    def put(self, key: str, value: str) -> None:
-        self.write("put", key, value, None)
-
-    def append(self, key: str, value: str) -> None:
-        self.write("append", key, value, None)
-
-    def delete(self, key: str) -> None:
-        self.write("delete", key, None, None)
-
-    def cas(self, key: str, expected: str | None, new: str | None) -> bool:
-        """Set `key` to `new` if it holds `expected` now (None: missing / delete). True if set."""
-        return self.write("cas", key, new, expected).ok
+    # --- KV (put, append, delete and cas: KVOperations) ---------------------------------
 
     def get(self, key: str, stale: bool = False) -> str | None:
         """The value of `key`, linearizable; `stale=True` lets any node answer from its state."""
@@ -187,10 +214,8 @@ class KVClient:
 
     def write(self, op: str, key: str, value: str | None, expected: str | None) -> KVCommandResult:
         with self.lock:
-            identity = (op, key, value, expected)
-            sequence = self.sequences.allocate(identity, time.monotonic())
-            command = KVCommand(sequence, op, key, value, expected)
-            try:
+            with tracked_sequence(self.sequences, (op, key, value, expected)) as sequence:
+                command = KVCommand(sequence, op, key, value, expected)
                 response = self.call(
                     f"{op} {key!r}",
                     lambda request_id: KVWrite(
@@ -202,13 +227,6 @@ class KVClient:
                     KVWriteResult,
                     side_effects=True,
                 )
-            except UnknownOutcomeError:
-                self.sequences.hold_unknown(sequence, command_identity(command), time.monotonic())
-                raise
-            except BaseException:
-                self.sequences.acknowledge(sequence)
-                raise
-            self.sequences.acknowledge(sequence)
             [result] = write_results(response, 1, self.selector.choose())
             return check_command_result(command, result)
 
@@ -353,16 +371,5 @@ class KVClient:
             if self.connection is not None:
                 self.drop_connection(self.connection)
 
-    def __enter__(self) -> KVClient:
-        return self
 
-    def __exit__(
-        self,
-        exception_type: type[BaseException] | None,
-        exception: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-
-__all__ = ["KVClient", "Member"]
+__all__ = ["KVClient", "KVOperations", "Member", "tracked_sequence"]

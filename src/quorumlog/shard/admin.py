@@ -15,26 +15,22 @@ arguments within `timeout` seconds reuses its sequence, as KV writes do.
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from collections.abc import Callable
-from types import TracebackType
 
 import msgspec
 
 from quorumlog.codec.wire import ShardStatusRequest, ShardStatusResponse
-from quorumlog.errors import ClientError, QuorumLogError, UnknownOutcomeError
+from quorumlog.errors import QuorumLogError
+from quorumlog.kv.client import tracked_sequence
 from quorumlog.kv.connection import (
     CLUSTER_ID_DEFAULT,
     EndpointSelector,
     RequestAttempts,
-    SequenceTracker,
-    attempt_timeout_for,
-    check_timeout,
     describe,
 )
-from quorumlog.shard.client import QUERY_LATEST, BlockingTransport, ControllerChannel
+from quorumlog.shard.client import QUERY_LATEST, ControllerClient
 from quorumlog.shard.config import UNASSIGNED_GID, ShardConfiguration
 from quorumlog.shard.controller_commands import ControllerCommand, Join, Leave, Move
 
@@ -116,8 +112,10 @@ def group_status(
     )
 
 
-class ShardAdmin:
+class ShardAdmin(ControllerClient):
     """Join, leave, move and query through the shard controller; status from the groups."""
+
+    closed_message = "the admin client is closed"
 
     def __init__(
         self,
@@ -127,16 +125,13 @@ class ShardAdmin:
         client_id: str | None = None,
         attempt_timeout_seconds: float | None = None,
     ) -> None:
-        check_timeout(timeout)
-        self.timeout = timeout
-        self.client_id = client_id or f"admin-{uuid.uuid4().hex}"
-        self.transport = BlockingTransport(
-            cluster_id, self.client_id, attempt_timeout_for(timeout, attempt_timeout_seconds)
+        super().__init__(
+            endpoints,
+            timeout,
+            cluster_id,
+            client_id or f"admin-{uuid.uuid4().hex}",
+            attempt_timeout_seconds,
         )
-        self.controller = ControllerChannel(endpoints, self.transport, timeout)
-        self.sequences = SequenceTracker(hold_seconds=timeout)
-        self.lock = threading.RLock()
-        self.closed = False
 
     # --- controller commands ------------------------------------------------------------
 
@@ -177,21 +172,13 @@ class ShardAdmin:
         (or the one held for the same change after an unknown outcome)."""
         with self.lock:
             self.check_open()
-            sequence = self.sequences.allocate(identity, time.monotonic())
-            try:
+            with tracked_sequence(self.sequences, identity) as sequence:
                 result = self.controller.send(
                     what,
                     make_command(sequence),
                     side_effects=True,
                     first_unacknowledged=self.sequences.first_unacknowledged(),
                 )
-            except UnknownOutcomeError:
-                self.sequences.hold_unknown(sequence, identity, time.monotonic())
-                raise
-            except BaseException:
-                self.sequences.acknowledge(sequence)
-                raise
-            self.sequences.acknowledge(sequence)
             if result.configuration_number is None:
                 # A duplicate whose result the controller already forgot: it did happen.
                 return self.controller.query(QUERY_LATEST).number
@@ -238,28 +225,6 @@ class ShardAdmin:
         if response is None:
             raise attempts.give_up_error()
         return response
-
-    # --- lifetime -----------------------------------------------------------------------
-
-    def check_open(self) -> None:
-        if self.closed:
-            raise ClientError("the admin client is closed")
-
-    def close(self) -> None:
-        with self.lock:
-            self.closed = True
-            self.transport.close()
-
-    def __enter__(self) -> ShardAdmin:
-        return self
-
-    def __exit__(
-        self,
-        exception_type: type[BaseException] | None,
-        exception: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 __all__ = ["GroupStatus", "ShardAdmin", "ShardClusterStatus", "ShardRow", "shard_rows"]

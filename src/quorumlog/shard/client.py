@@ -32,7 +32,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from types import TracebackType
 from typing import TypeVar
 
 from quorumlog.codec.wire import (
@@ -56,7 +55,12 @@ from quorumlog.errors import (
     UnavailableError,
     UnknownOutcomeError,
 )
-from quorumlog.kv.client import TRANSPORT_ERRORS, BlockingConnection
+from quorumlog.kv.client import (
+    TRANSPORT_ERRORS,
+    BlockingConnection,
+    KVOperations,
+    tracked_sequence,
+)
 from quorumlog.kv.connection import (
     BACKOFF_SECONDS_INITIAL,
     CLUSTER_ID_DEFAULT,
@@ -66,10 +70,10 @@ from quorumlog.kv.connection import (
     attempt_timeout_for,
     check_command_result,
     check_timeout,
-    command_identity,
     describe,
     write_results,
 )
+from quorumlog.kv.lifetime import Closing
 from quorumlog.shard.config import UNASSIGNED_GID, ShardConfiguration, shard_for_key
 from quorumlog.shard.controller_commands import (
     ControllerCommand,
@@ -361,10 +365,45 @@ class ControllerChannel:
         return result.configuration
 
 
-# --- the client -----------------------------------------------------------------------------
+# --- the clients ----------------------------------------------------------------------------
 
 
-class ShardedKVClient:
+class ControllerClient(Closing):
+    """What ShardedKVClient and ShardAdmin share: one transport to every node, the
+    controller channel through it, one sequence tracker, a lock and the closed flag."""
+
+    closed_message = "the client is closed"
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        timeout: float,
+        cluster_id: str,
+        client_id: str,
+        attempt_timeout_seconds: float | None,
+    ) -> None:
+        check_timeout(timeout)
+        self.timeout = timeout
+        self.client_id = client_id
+        self.transport = BlockingTransport(
+            cluster_id, self.client_id, attempt_timeout_for(timeout, attempt_timeout_seconds)
+        )
+        self.controller = ControllerChannel(endpoints, self.transport, timeout)
+        self.sequences = SequenceTracker(hold_seconds=timeout)
+        self.lock = threading.RLock()
+        self.closed = False
+
+    def check_open(self) -> None:
+        if self.closed:
+            raise ClientError(self.closed_message)
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            self.transport.close()
+
+
+class ShardedKVClient(KVOperations, ControllerClient):
     """A blocking client of the sharded KV. See the module docstring."""
 
     def __init__(
@@ -375,32 +414,12 @@ class ShardedKVClient:
         client_id: str | None = None,
         attempt_timeout_seconds: float | None = None,
     ) -> None:
-        check_timeout(timeout)
-        self.timeout = timeout
-        self.client_id = client_id or uuid.uuid4().hex
-        self.transport = BlockingTransport(
-            cluster_id, self.client_id, attempt_timeout_for(timeout, attempt_timeout_seconds)
+        super().__init__(
+            endpoints, timeout, cluster_id, client_id or uuid.uuid4().hex, attempt_timeout_seconds
         )
-        self.controller = ControllerChannel(endpoints, self.transport, timeout)
         self.router = ShardRouter()
-        self.sequences = SequenceTracker(hold_seconds=timeout)
-        self.lock = threading.RLock()
-        self.closed = False
 
-    # --- KV -----------------------------------------------------------------------------
-
-    def put(self, key: str, value: str) -> None:
-        self.write("put", key, value, None)
-
-    def append(self, key: str, value: str) -> None:
-        self.write("append", key, value, None)
-
-    def delete(self, key: str) -> None:
-        self.write("delete", key, None, None)
-
-    def cas(self, key: str, expected: str | None, new: str | None) -> bool:
-        """Set `key` to `new` if it holds `expected` now (None: missing / delete). True if set."""
-        return self.write("cas", key, new, expected).ok
+    # --- KV (put, append, delete and cas: KVOperations) ---------------------------------
 
     def get(self, key: str, stale: bool = False) -> str | None:
         """The value of `key`, linearizable; `stale=True` lets any replica of the owning
@@ -421,9 +440,8 @@ class ShardedKVClient:
 
     def write(self, op: str, key: str, value: str | None, expected: str | None) -> KVCommandResult:
         with self.lock:
-            sequence = self.sequences.allocate((op, key, value, expected), time.monotonic())
-            command = KVCommand(sequence, op, key, value, expected)
-            try:
+            with tracked_sequence(self.sequences, (op, key, value, expected)) as sequence:
+                command = KVCommand(sequence, op, key, value, expected)
                 response = self.routed(
                     f"{op} {key!r}",
                     key,
@@ -437,13 +455,6 @@ class ShardedKVClient:
                     KVWriteResult,
                     side_effects=True,
                 )
-            except UnknownOutcomeError:
-                self.sequences.hold_unknown(sequence, command_identity(command), time.monotonic())
-                raise
-            except BaseException:
-                self.sequences.acknowledge(sequence)
-                raise
-            self.sequences.acknowledge(sequence)
             [result] = write_results(response, 1, shard_group_name_of(self.router, key))
             return check_command_result(command, result)
 
@@ -539,28 +550,6 @@ class ShardedKVClient:
             return False
         return self.router.learn(configuration)
 
-    # --- lifetime -----------------------------------------------------------------------
-
-    def check_open(self) -> None:
-        if self.closed:
-            raise ClientError("the client is closed")
-
-    def close(self) -> None:
-        with self.lock:
-            self.closed = True
-            self.transport.close()
-
-    def __enter__(self) -> ShardedKVClient:
-        return self
-
-    def __exit__(
-        self,
-        exception_type: type[BaseException] | None,
-        exception: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
 
 def shard_group_name_of(router: ShardRouter, key: str) -> str:
     """The group `key` was routed to, for error messages."""
@@ -571,6 +560,7 @@ def shard_group_name_of(router: ShardRouter, key: str) -> str:
 __all__ = [
     "BlockingTransport",
     "ControllerChannel",
+    "ControllerClient",
     "RoutedCall",
     "ShardRouter",
     "ShardedKVClient",

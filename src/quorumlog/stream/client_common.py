@@ -24,8 +24,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
-from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 from quorumlog.codec.checksum import crc32c
 from quorumlog.codec.wire import (
@@ -48,6 +47,7 @@ from quorumlog.kv.connection import (
     RequestAttempts,
     check_timeout,
 )
+from quorumlog.kv.lifetime import Closing
 from quorumlog.stream.topics import decode_descriptor, topic_key
 
 ResponseType = TypeVar("ResponseType")
@@ -442,7 +442,7 @@ async def leader_status(transport: StreamTransport, topic: str, partition: int) 
         return status
 
 
-class BlockingClient:
+class BlockingClient(Closing):
     """The base of the blocking stream clients: an I/O thread with a `StreamTransport`."""
 
     def __init__(
@@ -494,17 +494,6 @@ class BlockingClient:
         with contextlib.suppress(Exception):
             self.io.run(self.transport.close())
         self.io.stop()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exception_type: type[BaseException] | None,
-        exception: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 __all__ = [
