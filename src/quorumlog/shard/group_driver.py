@@ -190,12 +190,20 @@ def handle_pull_request(machine: ShardGroupMachine, request: PullRequest) -> Pul
 def handle_delete_request(
     machine: ShardGroupMachine, request: DeleteRequest
 ) -> DeleteResponse | Propose:
-    """Answer at once if the copy is already gone; otherwise the entry to propose, whose
-    applied result goes to `delete_response_after_apply`."""
+    """Answer at once if the copy is already gone, or if this replica has not applied the
+    request's configuration yet; otherwise the entry to propose, whose applied result goes
+    to `delete_response_after_apply`."""
     current = machine.current_configuration
     number = request.configuration_number
     if number < current.number:
         return delete_response(machine, request, ok=True)
+    if number > current.number:
+        # This leader's applied state lags its log (a new leader still applying). Which
+        # shards to drop is only known in configuration `number`: filtering against this
+        # older one would find none, and an empty delete answered ok would tell the new
+        # owner the copy is gone while it stays BE_PULLING here for ever. Not yet: the
+        # requester asks again next round.
+        return delete_response(machine, request, ok=False)
     shards = sorted(
         {
             shard
@@ -203,12 +211,8 @@ def handle_delete_request(
             if 0 <= shard < machine.shard_count and current.shards[shard] == request.requester_gid
         }
     )
-    if number == current.number and all(
-        machine.shard_state(shard) is not ShardState.BE_PULLING for shard in shards
-    ):
+    if all(machine.shard_state(shard) is not ShardState.BE_PULLING for shard in shards):
         return delete_response(machine, request, ok=True)
-    # A configuration ahead of ours means this replica's applied state lags its log; the
-    # entry lands behind that configuration and the applied result says whether it took.
     return Propose(DeleteShards(number, shards))
 
 

@@ -42,6 +42,7 @@ from quorumlog.shard.group_driver import (
     Propose,
     SendDeleteRequest,
     SendPullRequest,
+    delete_response_after_apply,
     entry_for_delete_response,
     entry_for_pull_response,
     handle_delete_request,
@@ -172,14 +173,11 @@ def test_a_delete_request_for_shards_the_requester_does_not_own_deletes_nothing(
     )
 
 
-def test_a_lagging_previous_owner_proposes_and_reports_what_applied() -> None:
+def test_a_lagging_previous_owner_says_not_yet() -> None:
     lagging = machine_at(1, [1, 1, 1, 1])
     request = DeleteRequest(2, 2, [0])
-    decision = handle_delete_request(lagging, request)
-    assert decision == Propose(DeleteShards(2, []))
-    result = lagging.apply_entry(DeleteShards(2, []))
-    assert isinstance(result, ControlApplied)
-    assert not result.accepted  # it never reached configuration 2: the requester retries
+    # It has not applied configuration 2: nothing is proposed, the requester retries.
+    assert handle_delete_request(lagging, request) == DeleteResponse(1, 2, [0], ok=False)
 
 
 # --- the new owner's side ---------------------------------------------------------------------
@@ -621,3 +619,46 @@ def test_a_silent_source_does_not_hold_back_shards_from_another() -> None:
     actions = monitor(receiver)
     assert SendDeleteRequest(1, servers(1), DeleteRequest(3, 2, [0])) in actions
     assert SendPullRequest(2, servers(2), PullRequest(3, 2, [2])) in actions
+
+
+def test_a_delete_reaching_a_leader_that_has_not_applied_the_configuration_waits() -> None:
+    """The new owner pulled from a replica that applied configuration 2; its delete reaches
+    the old owner's leader before that leader applied 2. Answering from configuration 1
+    would drop nothing and still say ok (found in review): the copy would stay BE_PULLING
+    for ever and the old owner could never take configuration 3. It must say not yet, and
+    drop the copy when asked again after applying 2."""
+    c1, c2 = configuration(1, [1, 1, 1, 1]), configuration(2, [2, 1, 1, 1])
+    follower, leader, new_owner = (
+        ShardGroupMachine(1, SHARD_COUNT),
+        ShardGroupMachine(1, SHARD_COUNT),
+        ShardGroupMachine(2, SHARD_COUNT),
+    )
+    for machine in (follower, leader, new_owner):
+        machine.apply_entry(NewConfiguration(c1))
+    for machine in (follower, leader):
+        put(machine, "a", "x", 1)
+    for machine in (follower, new_owner):
+        machine.apply_entry(NewConfiguration(c2))
+    pulled = handle_pull_request(follower, PullRequest(2, 2, [0]))
+    insert = entry_for_pull_response(new_owner, pulled)
+    assert insert is not None
+    new_owner.apply_entry(insert)
+    request = DeleteRequest(2, 2, [0])
+
+    early = handle_delete_request(leader, request)
+    assert isinstance(early, DeleteResponse) and not early.ok
+    assert entry_for_delete_response(new_owner, early) is None
+
+    leader.apply_entry(NewConfiguration(c2))
+    assert leader.shard_state(0) is ShardState.BE_PULLING
+    retried = handle_delete_request(leader, request)
+    assert isinstance(retried, Propose)
+    applied = leader.apply_entry(retried.entry)
+    assert isinstance(applied, ControlApplied)
+    response = delete_response_after_apply(leader, request, applied)
+    assert response.ok
+    assert leader.shard_state(0) is ShardState.SERVING and leader.shard_data(0) == {}
+    confirm = entry_for_delete_response(new_owner, response)
+    assert confirm is not None
+    new_owner.apply_entry(confirm)
+    assert leader.all_serving() and new_owner.all_serving()
