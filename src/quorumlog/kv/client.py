@@ -136,6 +136,51 @@ TRANSPORT_ERRORS = (
 )
 
 
+class AttemptSender(ABC):
+    """One try of one request at one node over a `BlockingConnection`, for the blocking
+    clients; they say which connection to use for a node and how to drop one."""
+
+    next_request_id: int
+    """The request id of the next attempt (each client starts it at 1)."""
+
+    def attempt(
+        self,
+        attempts: RequestAttempts,
+        endpoint: str,
+        deadline: float,
+        make_request: Callable[[int], ClientRequest],
+    ) -> Frame | None:
+        """One try at one node: the frame answered, or None after reporting the failure."""
+        try:
+            connection = self.connect(endpoint, deadline)
+        except TRANSPORT_ERRORS as error:
+            attempts.connect_failed(endpoint, error)
+            return None
+        request_id = self.next_request_id
+        self.next_request_id += 1
+        try:
+            attempts.sent()
+            connection.send(make_request(request_id))
+            return self.receive(connection, request_id, deadline)
+        except TRANSPORT_ERRORS as error:
+            # Also on a timeout: the connection may hold a late answer or a dead peer.
+            self.drop_connection(connection)
+            attempts.lost(endpoint, error)
+            return None
+
+    def receive(self, connection: BlockingConnection, request_id: int, deadline: float) -> Frame:
+        """The answer to `request_id` (a seam: tests override it to lose answers)."""
+        return connection.receive(request_id, deadline)
+
+    @abstractmethod
+    def connect(self, endpoint: str, deadline: float) -> BlockingConnection:
+        """The connection to `endpoint`, opened by `deadline` if there is none."""
+
+    @abstractmethod
+    def drop_connection(self, connection: BlockingConnection) -> None:
+        """Close `connection` and forget it (it may hold a late answer or a dead peer)."""
+
+
 @contextlib.contextmanager
 def tracked_sequence(sequences: SequenceTracker, identity: CommandIdentity) -> Iterator[int]:
     """The sequence for one logged request, acknowledged once the block ends, or held for
@@ -174,7 +219,7 @@ class KVOperations(ABC):
     ) -> KVCommandResult: ...
 
 
-class KVClient(KVOperations, Closing):
+class KVClient(KVOperations, AttemptSender, Closing):
     """A blocking client of the replicated KV. See the module docstring."""
 
     def __init__(
@@ -323,31 +368,6 @@ class KVClient(KVOperations, Closing):
                     return answer
             raise attempts.give_up_error()
 
-    def attempt(
-        self,
-        attempts: RequestAttempts,
-        endpoint: str,
-        deadline: float,
-        make_request: Callable[[int], ClientRequest],
-    ) -> Frame | None:
-        """One try at one node: the frame answered, or None after reporting the failure."""
-        try:
-            connection = self.connect(endpoint, deadline)
-        except TRANSPORT_ERRORS as error:
-            attempts.connect_failed(endpoint, error)
-            return None
-        request_id = self.next_request_id
-        self.next_request_id += 1
-        try:
-            attempts.sent()
-            connection.send(make_request(request_id))
-            return connection.receive(request_id, deadline)
-        except TRANSPORT_ERRORS as error:
-            # Also on a timeout: the connection may hold a late answer or a dead peer.
-            self.drop_connection(connection)
-            attempts.lost(endpoint, error)
-            return None
-
     def connect(self, endpoint: str, deadline: float) -> BlockingConnection:
         connection = self.connection
         if connection is not None and connection.endpoint == endpoint:
@@ -372,4 +392,4 @@ class KVClient(KVOperations, Closing):
                 self.drop_connection(self.connection)
 
 
-__all__ = ["KVClient", "KVOperations", "Member", "tracked_sequence"]
+__all__ = ["AttemptSender", "KVClient", "KVOperations", "Member", "tracked_sequence"]

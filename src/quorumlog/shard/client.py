@@ -40,7 +40,6 @@ from quorumlog.codec.wire import (
     ControllerResponse,
     ErrorCode,
     ErrorResponse,
-    Frame,
     KVCommand,
     KVCommandResult,
     KVRead,
@@ -56,7 +55,7 @@ from quorumlog.errors import (
     UnknownOutcomeError,
 )
 from quorumlog.kv.client import (
-    TRANSPORT_ERRORS,
+    AttemptSender,
     BlockingConnection,
     KVOperations,
     tracked_sequence,
@@ -226,7 +225,7 @@ def controller_result(results: bytes, what: str) -> ControllerResult:
 # --- transport ------------------------------------------------------------------------------
 
 
-class BlockingTransport:
+class BlockingTransport(AttemptSender):
     """Connections to every node this client talks to, one per endpoint (groups share nodes),
     and the attempt loop of one request within one group."""
 
@@ -263,35 +262,6 @@ class BlockingTransport:
                 return None
         return None
 
-    def attempt(
-        self,
-        attempts: RequestAttempts,
-        endpoint: str,
-        deadline: float,
-        make_request: Callable[[int], ClientRequest],
-    ) -> Frame | None:
-        """One try at one node: the frame answered, or None after reporting the failure."""
-        try:
-            connection = self.connect(endpoint, deadline)
-        except TRANSPORT_ERRORS as error:
-            attempts.connect_failed(endpoint, error)
-            return None
-        request_id = self.next_request_id
-        self.next_request_id += 1
-        try:
-            attempts.sent()
-            connection.send(make_request(request_id))
-            return self.receive(connection, request_id, deadline)
-        except TRANSPORT_ERRORS as error:
-            # Also on a timeout: the connection may hold a late answer or a dead peer.
-            self.drop(connection)
-            attempts.lost(endpoint, error)
-            return None
-
-    def receive(self, connection: BlockingConnection, request_id: int, deadline: float) -> Frame:
-        """The answer to `request_id` (a seam: tests override it to lose answers)."""
-        return connection.receive(request_id, deadline)
-
     def connect(self, endpoint: str, deadline: float) -> BlockingConnection:
         connection = self.connections.get(endpoint)
         if connection is None:
@@ -301,14 +271,14 @@ class BlockingTransport:
             self.connections[endpoint] = connection
         return connection
 
-    def drop(self, connection: BlockingConnection) -> None:
+    def drop_connection(self, connection: BlockingConnection) -> None:
         connection.close()
         if self.connections.get(connection.endpoint) is connection:
             del self.connections[connection.endpoint]
 
     def close(self) -> None:
         for connection in list(self.connections.values()):
-            self.drop(connection)
+            self.drop_connection(connection)
 
 
 class ControllerChannel:
