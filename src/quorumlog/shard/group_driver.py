@@ -245,7 +245,7 @@ def entry_for_pull_response(
     previous = machine.previous_configuration
     wanted = [
         shard
-        for shard in sorted(insert.shards)
+        for shard in sorted(set(insert.shards) | set(insert.sessions))
         if 0 <= shard < machine.shard_count
         and machine.shard_state(shard) is ShardState.PULLING
         and previous.shards[shard] == response.source_gid
@@ -255,8 +255,8 @@ def entry_for_pull_response(
     finished = [shard for shard in wanted if insert.is_finished(shard)]
     return InsertShards(
         configuration_number=number,
-        shards={shard: insert.shards[shard] for shard in wanted},
-        sessions={shard: insert.sessions.get(shard, []) for shard in finished},
+        shards={shard: insert.shards.get(shard, {}) for shard in wanted},
+        sessions={shard: insert.sessions[shard] for shard in wanted if shard in insert.sessions},
         finished=None if len(finished) == len(wanted) else finished,
         clock_ms=insert.clock_ms,
     )

@@ -183,8 +183,9 @@ class ShardGroupMachine:
         self.clock_ms = 0
         self._applied_index = 0
         self.duplicate_count = 0
-        self.frozen_key_cache: dict[int, list[str]] = {}
-        """BE_PULLING shard → its keys, sorted (see `frozen_keys`); not part of the state."""
+        self.frozen_cache: dict[int, tuple[list[str], list[SessionRecord]]] = {}
+        """BE_PULLING shard → its sorted keys and its sessions (see `frozen_contents`); not
+        part of the state."""
 
     def new_session_table(self) -> SessionTable:
         return SessionTable(self.session_ttl_ms, self.session_count_max, self.session_results_max)
@@ -249,7 +250,7 @@ class ShardGroupMachine:
         answer, because nothing changes a BE_PULLING shard until it is dropped.
 
         With `bytes_max`, the answer holds keys from `resume_at` on, in (shard, key) order,
-        up to about that many bytes; a shard's sessions travel with its last chunk."""
+        up to about that many bytes; a shard's sessions follow its keys (see `pull_chunk`)."""
         number = self.current_configuration.number
         if number < configuration_number:
             return PullResponse(self.gid, configuration_number, PullStatus.NOT_READY)
@@ -280,33 +281,47 @@ class ShardGroupMachine:
         resume_at: tuple[int, int],
         bytes_max: int,
     ) -> PullResponse:
+        """One chunk of a chunked pull. Each shard is a sequence of its keys (sorted) then
+        its dedup sessions (in activity order); `resume_at` is (shard, position in that
+        sequence). Sessions count against `bytes_max` too: results can carry values, and
+        a shard with many clients would otherwise make one chunk larger than a frame."""
         resume_shard, resume_position = resume_at
         chunk: dict[int, dict[str, str]] = {}
+        chunk_sessions: dict[int, list[SessionRecord]] = {}
         finished: list[int] = []
         size = 0
         next_resume: tuple[int, int] | None = None
         for shard_index in ready:
             if shard_index < resume_shard:
                 continue
-            keys = self.frozen_keys(shard_index)
+            keys, records = self.frozen_contents(shard_index)
+            total = len(keys) + len(records)
             position = resume_position if shard_index == resume_shard else 0
             data = self.shards[shard_index].data
             items: dict[str, str] = {}
-            while position < len(keys) and (bytes_max <= 0 or size < bytes_max):
-                key = keys[position]
-                value = data[key]
-                items[key] = value
-                size += len(key) + len(value) + PULL_ITEM_OVERHEAD_BYTES
+            sessions: list[SessionRecord] = []
+            while position < total and (bytes_max <= 0 or size < bytes_max):
+                if position < len(keys):
+                    key = keys[position]
+                    value = data[key]
+                    items[key] = value
+                    size += len(key) + len(value) + PULL_ITEM_OVERHEAD_BYTES
+                else:
+                    record = records[position - len(keys)]
+                    sessions.append(record)
+                    size += session_record_bytes(record)
                 position += 1
             chunk[shard_index] = items
-            if position < len(keys):
+            if sessions:
+                chunk_sessions[shard_index] = sessions
+            if position < total:
                 next_resume = (shard_index, position)
                 break
             finished.append(shard_index)
         insert = InsertShards(
             configuration_number=configuration_number,
             shards=chunk,
-            sessions={shard: self.shards[shard].sessions.to_records() for shard in finished},
+            sessions=chunk_sessions,
             finished=finished,
             clock_ms=self.clock_ms,
         )
@@ -314,14 +329,16 @@ class ShardGroupMachine:
             self.gid, configuration_number, PullStatus.OK, insert, resume_at=next_resume
         )
 
-    def frozen_keys(self, shard_index: int) -> list[str]:
-        """The sorted keys of a BE_PULLING shard, computed once: its data cannot change
-        until it is dropped, and a chunked pull reads it many times."""
-        keys = self.frozen_key_cache.get(shard_index)
-        if keys is None:
-            keys = sorted(self.shards[shard_index].data)
-            self.frozen_key_cache[shard_index] = keys
-        return keys
+    def frozen_contents(self, shard_index: int) -> tuple[list[str], list[SessionRecord]]:
+        """The sorted keys and the session records of a BE_PULLING shard, computed once:
+        neither can change until the shard is dropped, and a chunked pull reads them many
+        times."""
+        contents = self.frozen_cache.get(shard_index)
+        if contents is None:
+            shard = self.shards[shard_index]
+            contents = (sorted(shard.data), shard.sessions.to_records())
+            self.frozen_cache[shard_index] = contents
+        return contents
 
     # --- apply --------------------------------------------------------------------------
 
@@ -455,20 +472,20 @@ class ShardGroupMachine:
         # InsertShards.clock_ms).
         self.advance_clock(entry.clock_ms)
         inserted: list[int] = []
-        for index in sorted(entry.shards):
+        for index in sorted(set(entry.shards) | set(entry.sessions)):
             if not 0 <= index < self.shard_count:
                 continue
             shard = self.shards[index]
             if shard.state is not ShardState.PULLING:
                 continue  # inserted before: overwriting would lose writes applied since
             # A chunk adds to what earlier chunks brought; a repeated chunk (a pull
-            # restarted by a new leader) writes the same frozen values again.
-            shard.data.update(entry.shards[index])
-            if not entry.is_finished(index):
-                continue
+            # restarted by a new leader) writes the same frozen values and merges the same
+            # sessions again, which changes nothing.
+            shard.data.update(entry.shards.get(index, {}))
             merge_session_records(shard.sessions, entry.sessions.get(index, []), self.clock_ms)
-            shard.state = ShardState.GARBAGE_COLLECTING
-            inserted.append(index)
+            if entry.is_finished(index):
+                shard.state = ShardState.GARBAGE_COLLECTING
+                inserted.append(index)
         return ControlApplied(accepted=True, configuration_number=number, shards=inserted)
 
     def apply_delete_shards(self, entry: DeleteShards) -> ControlApplied:
@@ -496,7 +513,7 @@ class ShardGroupMachine:
         return ControlApplied(accepted=True, configuration_number=number, shards=deleted)
 
     def drop(self, shard: Shard) -> None:
-        self.frozen_key_cache.pop(self.shards.index(shard), None)
+        self.frozen_cache.pop(self.shards.index(shard), None)
         shard.state = ShardState.SERVING
         shard.data = {}
         shard.sessions = self.new_session_table()
@@ -549,7 +566,7 @@ class ShardGroupMachine:
                 raise MalformedEntryError(f"shard group {self.gid} snapshot: {error}") from error
             shards.append(shard)
         self.shards = shards
-        self.frozen_key_cache = {}
+        self.frozen_cache = {}
         self.current_configuration = snapshot.current
         self.previous_configuration = snapshot.previous
         self.clock_ms = snapshot.clock_ms
@@ -590,6 +607,13 @@ def snapshot_problem(snapshot: GroupSnapshot, gid: int, shard_count: int) -> str
         if record.state is ShardState.SERVING and not owned and record.data:
             return f"shard {index} holds data it does not own"
     return None
+
+
+def session_record_bytes(record: SessionRecord) -> int:
+    """About what one session record adds to a pull chunk."""
+    return (
+        len(record.client_id) + 24 + sum(len(result.value or "") + 12 for result in record.results)
+    )
 
 
 def merge_session_records(table: SessionTable, records: list[SessionRecord], clock_ms: int) -> None:

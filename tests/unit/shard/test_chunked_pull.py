@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from quorumlog.shard.group_commands import PullRequest, PullStatus
+from quorumlog.codec.wire import KVCommand
+from quorumlog.kv.commands import ClientBatch
+from quorumlog.shard.group_commands import ClientWrites, PullRequest, PullStatus, encode_message
 from quorumlog.shard.group_driver import (
     entry_for_pull_response,
     handle_pull_request,
@@ -91,3 +93,36 @@ def test_resume_positions_are_the_same_on_every_replica() -> None:
     replica = old.replayed()
     request = PullRequest(2, 2, [1, 3], bytes_max=50)
     assert handle_pull_request(old.machine, request) == handle_pull_request(replica, request)
+
+
+def test_sessions_count_against_the_chunk_bound() -> None:
+    """500 clients each keep an unacknowledged failed cas whose result holds the 20 KB value
+    it found: 10 MB of sessions. They follow the keys in bounded chunks instead of riding
+    in one (found in review: one chunk of 50 MB, over a frame at 700 clients), and the new
+    owner ends with every one of them."""
+    key = key_in_shard(1, 0)
+    old, new = Replica(1), Replica(2)
+    for replica in (old, new):
+        replica.configure(1, [1] * SHARD_COUNT)
+    put = KVCommand(1, "put", key, "v" * 20_000)
+    old.propose(ClientWrites(2_000, [ClientBatch("w", 0, [put])]))
+    failed_cas = [
+        ClientBatch(f"c{i}", 0, [KVCommand(1, "cas", key, "x", "nope")]) for i in range(500)
+    ]
+    old.propose(ClientWrites(3_000, failed_cas))
+    for replica in (old, new):
+        replica.configure(2, [1, 2, 1, 2])
+    bytes_max = 256 * 1024
+    request: PullRequest | None = PullRequest(2, 2, [1, 3], bytes_max=bytes_max)
+    largest = 0
+    while request is not None:
+        response = handle_pull_request(old.machine, request)
+        largest = max(largest, len(encode_message(response)))
+        entry = entry_for_pull_response(new.machine, response)
+        assert entry is not None
+        new.control(entry)
+        request = next_pull_request(request, response)
+    assert largest < 2 * bytes_max
+    assert new.machine.shard_state(1) is ShardState.GARBAGE_COLLECTING
+    clients = {record.client_id for record in new.machine.shards[1].sessions.to_records()}
+    assert {f"c{i}" for i in range(500)} <= clients
