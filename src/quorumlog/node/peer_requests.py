@@ -20,12 +20,16 @@ from quorumlog.kv.async_client import StreamConnection
 from quorumlog.kv.connection import is_endpoint
 
 ATTEMPT_TIMEOUT_SECONDS = 1.0
-"""One attempt at one address: about an election, so a dead leader is soon given up on."""
+"""One attempt at one address: about an election, so a dead leader is soon given up on.
+Requests whose answers are large (shard pulls) pass a longer one."""
 
 
 class PeerRequester:
     def __init__(
-        self, cluster_id: str, client_name: str, attempt_timeout_seconds: float = 1.0
+        self,
+        cluster_id: str,
+        client_name: str,
+        attempt_timeout_seconds: float = ATTEMPT_TIMEOUT_SECONDS,
     ) -> None:
         self.cluster_id = cluster_id
         self.client_name = client_name
@@ -42,6 +46,7 @@ class PeerRequester:
         make_request: Callable[[int], wire.ClientRequest],
         timeout_seconds: float = 5.0,
         accept: Callable[[wire.Frame], bool] | None = None,
+        attempt_timeout_seconds: float | None = None,
     ) -> wire.Frame:
         """Send to the group at `addresses` until one answers with something other than
         an error response (or something `accept` takes); UnavailableError at the timeout.
@@ -56,7 +61,12 @@ class PeerRequester:
             order = self.order(key, addresses)
             while order:
                 address = order.pop(0)
-                frame = await self.attempt(address, make_request, deadline)
+                frame = await self.attempt(
+                    address,
+                    make_request,
+                    deadline,
+                    attempt_timeout_seconds or self.attempt_timeout_seconds,
+                )
                 if frame is None:
                     last_problem = f"{address} did not answer"
                     continue
@@ -95,8 +105,9 @@ class PeerRequester:
         address: str,
         make_request: Callable[[int], wire.ClientRequest],
         deadline: float,
+        attempt_timeout_seconds: float,
     ) -> wire.Frame | None:
-        attempt_deadline = min(deadline, time.monotonic() + self.attempt_timeout_seconds)
+        attempt_deadline = min(deadline, time.monotonic() + attempt_timeout_seconds)
         try:
             connection = await self.connect(address, attempt_deadline)
             request_id = self.next_request_id
@@ -105,7 +116,11 @@ class PeerRequester:
                 attempt_deadline - time.monotonic(), 0.0
             )
             return await connection.request(make_request(request_id), request_id, loop_deadline)
-        except Exception:  # timeout, lost connection, refused handshake, garbled answer
+        except TimeoutError:
+            # Only this request is late: the connection carries other groups' requests
+            # too, and stays unless it breaks (a dead peer's connection does, by itself).
+            return None
+        except Exception:  # lost connection, refused handshake, garbled answer
             await self.drop(address)
             return None
 

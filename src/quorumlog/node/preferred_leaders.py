@@ -14,11 +14,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 
 from quorumlog.raft.progress import ReplicationState
 from quorumlog.runtime.group import GroupRunner
 
 log = logging.getLogger("quorumlog.node")
+
+TRANSFERS_KEPT = 256
+"""Hand-overs remembered (for status and tests); older ones are forgotten."""
 
 
 def preferred_leader(gid: int, members: list[str]) -> str:
@@ -49,8 +53,8 @@ class PreferredLeaders:
         """Each hosted group with its preferred leader's node id."""
         self.interval_seconds = interval_seconds
         self.task: asyncio.Task[None] | None = None
-        self.transfers: list[tuple[str, str]] = []
-        """(group, target) of every hand-over started here, oldest first."""
+        self.transfers: deque[tuple[str, str]] = deque(maxlen=TRANSFERS_KEPT)
+        """(group, target) of the latest hand-overs started here, oldest first."""
 
     def start(self) -> None:
         if self.groups and self.interval_seconds > 0:

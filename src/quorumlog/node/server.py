@@ -288,8 +288,13 @@ class Node:
         """Serve a request for the controller or a shard group; False if it is for another
         group (the KV requests of the "kv" group go on to the KV service)."""
         if isinstance(request, wire.KVWrite | wire.KVRead | wire.KVScan):
-            if not request.group.startswith("shard-"):
+            if request.group == KV_GROUP:
                 return False
+            if not request.group.startswith("shard-"):
+                # The controller or a stream partition: not a KV group. (Without this the
+                # request would go on to the KV service and be served by the "kv" group.)
+                self.unknown_group(reply, request.request_id, request.group)
+                return True
             service = self.shard_services.get(shard_gid(request.group))
             if service is None:
                 self.unknown_group(reply, request.request_id, request.group)
@@ -418,7 +423,10 @@ class Node:
 def shard_gid(group: str) -> int:
     """The gid in a "shard-<gid>" group name; -1 (no such group) if malformed."""
     number = group.removeprefix("shard-")
-    return int(number) if number.isdigit() else -1
+    # isdigit alone takes "²" and digit strings too long for int(): ASCII, bounded.
+    if number.isascii() and number.isdigit() and len(number) <= 9:
+        return int(number)
+    return -1
 
 
 async def run_node(settings: NodeSettings, stop: asyncio.Event) -> None:

@@ -65,6 +65,15 @@ replica of both groups CPU, disk and network; unthrottled it takes that from the
 that are not moving (as Kafka's replication throttle and TiKV's snapshot rate limit)."""
 
 
+PROPOSE_TIMEOUT_SECONDS = 30.0
+
+
+def pull_attempt_timeout_seconds(bytes_max: int) -> float:
+    """How long one pull attempt may take: building, sending and decoding a chunk grows
+    with its size; a timeout too short for the chunk would ask for it again for ever."""
+    return 2.0 + bytes_max / (1024 * 1024)
+
+
 class ByteRatePacer:
     """Spaces out work so that, over time, at most `bytes_per_second` pass (0: no limit).
 
@@ -182,7 +191,11 @@ class ShardMigrator:
             log.debug("shard group %d: %s failed: %s", self.service.gid, key, error)
 
     async def propose(self, entry: GroupEntry) -> None:
-        await self.service.group.propose(encode_entry(entry))
+        # Bounded, so an entry whose fate is never reported cannot hold its action's
+        # in-flight slot for ever; the next round proposes again (entries are idempotent).
+        await asyncio.wait_for(
+            self.service.group.propose(encode_entry(entry)), PROPOSE_TIMEOUT_SECONDS
+        )
 
     async def fetch_configuration(self, number: int) -> None:
         addresses = self.controller_addresses()
@@ -246,12 +259,15 @@ class ShardMigrator:
                 return False
             return isinstance(decoded, expected)
 
+        attempt_seconds = pull_attempt_timeout_seconds(self.pull_bytes_max)
         frame = await self.requester.request(
             servers,
             lambda request_id: wire.ShardGroupRequest(
                 request_id=request_id, gid=gid, message=payload
             ),
             accept=accept,
+            timeout_seconds=3 * attempt_seconds,
+            attempt_timeout_seconds=attempt_seconds,
         )
         assert isinstance(frame, wire.ShardGroupResponse)
         decoded = decode_message(frame.message)

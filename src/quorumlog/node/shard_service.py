@@ -102,7 +102,7 @@ class ShardGroupService(KVRequestService):
     def scan(self, request: wire.KVScan) -> wire.KVScanResult | wire.ErrorResponse:
         machine = self.machine
         shards = (
-            request.shards
+            sorted(set(request.shards))
             if request.shards is not None
             else [s for s in range(machine.shard_count) if machine.can_serve(s)]
         )

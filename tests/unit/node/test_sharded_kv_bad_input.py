@@ -51,6 +51,19 @@ def test_bad_sharded_requests_get_typed_errors(tmp_path: Path) -> None:
                 (wire.ShardStatusRequest(request_id=6, gid=7), UNKNOWN),
                 (wire.KVRead(request_id=7, keys=["k"], group="shard-x"), UNKNOWN),
                 (wire.KVRead(request_id=8, keys=["k"], group="shard-2"), UNKNOWN),
+                # Found in review: these reached int() and closed the connection ...
+                (wire.KVRead(request_id=16, keys=["k"], group="shard-\u00b2"), UNKNOWN),
+                (wire.KVRead(request_id=17, keys=["k"], group="shard-" + "9" * 5000), UNKNOWN),
+                # ... and a KV request naming the controller was served by the "kv" group.
+                (
+                    wire.KVWrite(
+                        request_id=18,
+                        client_id="c",
+                        commands=[wire.KVCommand(1, "put", "k", "v")],
+                        group="controller",
+                    ),
+                    UNKNOWN,
+                ),
                 (
                     wire.KVWrite(
                         request_id=9,
