@@ -20,13 +20,13 @@ from typing import Any, TypeVar
 import pytest
 
 from quorumlog import ShardAdmin, ShardedKVClient
-from quorumlog.cli.node_commands import free_ports
 from quorumlog.codec.wire import Frame, KVWrite, KVWriteResult
 from quorumlog.errors import UnavailableError, UnknownOutcomeError
 from quorumlog.kv.client import BlockingConnection
-from quorumlog.node.server import Node, NodeSettings
+from quorumlog.node.server import Node
 from quorumlog.shard.client import BlockingTransport
 from quorumlog.shard.config import shard_for_key
+from tests.unit.node.in_process_cluster import node_settings, start_nodes
 
 SHARD_COUNT = 8
 NODE_IDS = ["n1", "n2", "n3"]
@@ -41,34 +41,21 @@ class InProcessCluster:
     """Three nodes on an event loop in a background thread."""
 
     def __init__(self, directory: Path) -> None:
-        ports = free_ports(len(NODE_IDS))
-        self.addresses = {
-            node_id: f"127.0.0.1:{port}" for node_id, port in zip(NODE_IDS, ports, strict=True)
-        }
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.nodes = [
-            Node(
-                NodeSettings(
-                    node_id=node_id,
-                    listen=address,
-                    data_dir=str(directory / node_id),
-                    peers={
-                        other: other_address
-                        for other, other_address in self.addresses.items()
-                        if other != node_id
-                    },
-                    tick_ms=10,
-                    election_ticks=5,
-                    fsync=False,
-                    controller=NODE_IDS,
-                    shard_groups={gid: NODE_IDS for gid in GIDS},
-                    shard_count=SHARD_COUNT,
-                    shard_monitor_ms=20,
-                )
-            )
-            for node_id, address in self.addresses.items()
-        ]
+        self.settings = node_settings(
+            NODE_IDS,
+            directory,
+            tick_ms=10,
+            election_ticks=5,
+            fsync=False,
+            controller=NODE_IDS,
+            shard_groups={gid: NODE_IDS for gid in GIDS},
+            shard_count=SHARD_COUNT,
+            shard_monitor_ms=20,
+        )
+        self.nodes: list[Node] = []
+        self.addresses: dict[str, str] = {}
 
     @property
     def endpoints(self) -> list[str]:
@@ -80,8 +67,8 @@ class InProcessCluster:
 
     def start(self) -> None:
         self.thread.start()
-        for node in self.nodes:
-            self.run(node.start())
+        self.nodes = self.run(start_nodes(self.settings))
+        self.addresses = {node.node_id: node.addresses[node.node_id] for node in self.nodes}
 
     def stop(self) -> None:
         for node in self.nodes:

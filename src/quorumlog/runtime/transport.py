@@ -249,8 +249,12 @@ class Endpoint:
 
     def update_peers(self, peer_addresses: dict[str, str]) -> None:
         """Dial every known peer whose id sorts after ours (they wait for us to dial)."""
+        previous = self.peer_addresses
         self.peer_addresses = {p: a for p, a in peer_addresses.items() if p != self.node_id}
         for peer, address in sorted(self.peer_addresses.items()):
+            if peer in self.dialers and previous.get(peer) != address:
+                # The peer moved (or its address was a placeholder): dial the new one now.
+                self.dialers.pop(peer).cancel()
             if peer > self.node_id and peer not in self.dialers:
                 self.dialers[peer] = asyncio.create_task(self.dial_forever(peer, address))
         for peer in [p for p in self.dialers if p not in self.peer_addresses]:

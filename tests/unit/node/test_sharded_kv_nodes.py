@@ -7,9 +7,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from quorumlog.cli.node_commands import free_ports
 from quorumlog.codec import wire
-from quorumlog.node.server import Node, NodeSettings
+from quorumlog.node.server import Node
 from quorumlog.shard.config import ShardConfiguration, shard_for_key
 from quorumlog.shard.controller_commands import (
     ControllerCommand,
@@ -21,6 +20,7 @@ from quorumlog.shard.controller_commands import (
     decode_results,
     encode_commands,
 )
+from tests.unit.node.in_process_cluster import node_settings, start_nodes
 from tests.unit.node.test_kv_requests import RawClient
 
 SHARD_COUNT = 4
@@ -121,33 +121,21 @@ class Cluster:
 
 def test_joins_moves_and_leaves_migrate_shards_between_real_groups(tmp_path: Path) -> None:
     async def scenario() -> None:
-        ports = free_ports(3)
-        addresses = {
-            node_id: f"127.0.0.1:{port}" for node_id, port in zip(NODE_IDS, ports, strict=True)
-        }
-        nodes = [
-            Node(
-                NodeSettings(
-                    node_id=node_id,
-                    listen=addresses[node_id],
-                    data_dir=str(tmp_path / node_id),
-                    peers={
-                        other: address for other, address in addresses.items() if other != node_id
-                    },
-                    tick_ms=10,
-                    election_ticks=5,
-                    fsync=False,
-                    controller=NODE_IDS,
-                    shard_groups={1: NODE_IDS, 2: NODE_IDS},
-                    shard_count=SHARD_COUNT,
-                    shard_monitor_ms=20,
-                    shard_pull_bytes_max=200,
-                )
+        nodes = await start_nodes(
+            node_settings(
+                NODE_IDS,
+                tmp_path,
+                tick_ms=10,
+                election_ticks=5,
+                fsync=False,
+                controller=NODE_IDS,
+                shard_groups={1: NODE_IDS, 2: NODE_IDS},
+                shard_count=SHARD_COUNT,
+                shard_monitor_ms=20,
+                shard_pull_bytes_max=200,
             )
-            for node_id in NODE_IDS
-        ]
-        for node in nodes:
-            await node.start()
+        )
+        addresses = {node.node_id: node.addresses[node.node_id] for node in nodes}
         clients = [await RawClient.connect(node.port) for node in nodes]
         cluster = Cluster(nodes, clients)
         try:
@@ -219,29 +207,18 @@ def test_shard_group_leaders_spread_to_their_preferred_members(tmp_path: Path) -
     leader elsewhere and nobody tries to hand it to the dead node."""
 
     async def scenario() -> None:
-        ports = free_ports(3)
-        addresses = {
-            node_id: f"127.0.0.1:{port}" for node_id, port in zip(NODE_IDS, ports, strict=True)
-        }
-        nodes = [
-            Node(
-                NodeSettings(
-                    node_id=node_id,
-                    listen=addresses[node_id],
-                    data_dir=str(tmp_path / node_id),
-                    peers={other: a for other, a in addresses.items() if other != node_id},
-                    tick_ms=10,
-                    election_ticks=5,
-                    fsync=False,
-                    shard_groups={1: NODE_IDS, 2: NODE_IDS, 3: NODE_IDS},
-                    shard_count=SHARD_COUNT,
-                    preferred_leader_ms=30,
-                )
+        nodes = await start_nodes(
+            node_settings(
+                NODE_IDS,
+                tmp_path,
+                tick_ms=10,
+                election_ticks=5,
+                fsync=False,
+                shard_groups={1: NODE_IDS, 2: NODE_IDS, 3: NODE_IDS},
+                shard_count=SHARD_COUNT,
+                preferred_leader_ms=30,
             )
-            for node_id in NODE_IDS
-        ]
-        for node in nodes:
-            await node.start()
+        )
         loop = asyncio.get_running_loop()
 
         def leader_of(gid: int) -> str | None:
