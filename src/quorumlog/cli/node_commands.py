@@ -75,7 +75,7 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
 @click.option("--shard-count", default=16, show_default=True, type=click.IntRange(1, 4096))
 @click.option(
     "--shard-migration-mib-per-second",
-    default=32.0,
+    default=16.0,
     show_default=True,
     type=click.FloatRange(0),
     help="How fast this node pulls moving shards, all groups together (0: unthrottled).",

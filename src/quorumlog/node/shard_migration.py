@@ -59,7 +59,7 @@ PULL_BYTES_MAX_DEFAULT = 1024 * 1024
 holds the loop, the disk and the peer links only briefly (other groups' writes queue
 behind it), large enough that per-chunk costs stay small."""
 
-MIGRATION_BYTES_PER_SECOND_DEFAULT = 32 * 1024 * 1024
+MIGRATION_BYTES_PER_SECOND_DEFAULT = 16 * 1024 * 1024
 """How fast one node pulls shard data, all groups together. Moving a shard costs every
 replica of both groups CPU, disk and network; unthrottled it takes that from the shards
 that are not moving (as Kafka's replication throttle and TiKV's snapshot rate limit)."""
