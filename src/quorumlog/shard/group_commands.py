@@ -55,8 +55,9 @@ class InsertShards(msgspec.Struct, frozen=True, array_like=True, tag="insert_sha
     """shard → its dedup sessions, so a retry of a write applied there is not applied here."""
     finished: list[int] | None = None
     """The shards this entry completes (they start serving); the others only add data and
-    sessions and stay PULLING, waiting for their next chunk. None: every shard in `shards` is complete.
-    A large shard moves in chunks so no log entry or frame has to hold all of it."""
+    sessions and stay PULLING, waiting for their next chunk. None: every shard in `shards`
+    is complete. A large shard moves in chunks so no log entry or frame has to hold all
+    of it."""
 
     clock_ms: int = 0
     """The previous owner's entry time when it answered. The new owner moves its own clock
