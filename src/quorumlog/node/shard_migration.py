@@ -178,16 +178,19 @@ class ShardMigrator:
         if running is not None and not running.done():
             work.close()
             return
-        task = asyncio.get_running_loop().create_task(self.logged(key, work))
+        # The task runs `work` itself (no wrapper coroutine): a task cancelled before it
+        # starts then closes `work` too, instead of leaving it never awaited.
+        task = asyncio.get_running_loop().create_task(work)
         self.in_flight[key] = task
-        task.add_done_callback(lambda _: self.in_flight.pop(key, None))
+        task.add_done_callback(lambda done: self.finished(key, done))
 
-    async def logged(self, key: tuple[object, ...], work: Coroutine[Any, Any, None]) -> None:
-        try:
-            await work
-        except asyncio.CancelledError:
-            raise
-        except Exception as error:  # the next round tries again
+    def finished(self, key: tuple[object, ...], task: asyncio.Task[None]) -> None:
+        if self.in_flight.get(key) is task:
+            del self.in_flight[key]
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:  # the next round tries again
             log.debug("shard group %d: %s failed: %s", self.service.gid, key, error)
 
     async def propose(self, entry: GroupEntry) -> None:
