@@ -5,8 +5,8 @@ time out wins them all), and then one process does every group's leader work whi
 others idle. Like Kafka's preferred replica election, each shard group has a preferred
 leader (member (gid - 1) mod n of its sorted members, so groups 1, 2, 3 on n1..n3 prefer
 n1, n2, n3); a leader that is not the preferred one hands leadership over, but only when the
-preferred member is caught up and answered recently, so a transfer finishes at once (a
-transfer to a dead node would hold proposals until it timed out).
+preferred member is nearly caught up and answered recently, so a transfer finishes at once
+(a transfer to a dead node would hold proposals until it timed out).
 """
 
 from __future__ import annotations
@@ -20,6 +20,9 @@ from quorumlog.raft.progress import ReplicationState
 from quorumlog.runtime.group import GroupRunner
 
 log = logging.getLogger("quorumlog.node")
+
+HAND_OVER_LAG_ENTRIES_MAX = 64
+"""How far behind the leader's log the preferred member may be when a hand-over starts."""
 
 TRANSFERS_KEPT = 256
 """Hand-overs remembered (for status and tests); older ones are forgotten."""
@@ -39,11 +42,14 @@ def ready_to_hand_over(group: GroupRunner, target: str) -> bool:
     if leader.transfer_target is not None:
         return False
     progress = leader.progress.get(target)
+    # A little behind is fine: the transfer itself brings the target up to date before
+    # it sends TimeoutNow. Requiring it exactly caught up would put hand-overs off for as
+    # long as writes keep coming.
     return (
         progress is not None
         and progress.recent_active
         and progress.state is ReplicationState.APPEND
-        and progress.match_index == core.log.last_index
+        and progress.match_index + HAND_OVER_LAG_ENTRIES_MAX >= core.log.last_index
     )
 
 
