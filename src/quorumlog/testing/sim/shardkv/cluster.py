@@ -161,6 +161,7 @@ class ShardCluster:
                 events=self.events,
                 controller_servers=CONTROLLER_IDS,
                 options=self.options.server,
+                rng=derive_random(self.seed, f"server:{node_id}"),
                 trace=self.trace,
             )
             self.rpc.register(node_id, server.handle)

@@ -39,6 +39,15 @@ class Exchange:
         if rotate:
             self.server_index += 1
 
+    def release_to(self, servers: list[str], hint: str | None) -> None:
+        """Release after a "not leader": next try the hinted leader if it is one of
+        `servers`, else the next server."""
+        if hint is not None and hint in servers:
+            self.busy = False
+            self.server_index = servers.index(hint)
+        else:
+            self.release(rotate=True)
+
     def send(
         self,
         *,

@@ -8,8 +8,12 @@ The driver is pure; this is the runtime that carries out its actions on virtual 
 * `Propose` — proposed once while it is pending (the monitor runs every
   `monitor_interval_ms` and would otherwise fill the log with copies);
 * `SendPullRequest` — one chunk at a time per previous owner: the next chunk is asked for
-  only once the insert of the last one is applied (`next_pull_request`);
-* `SendDeleteRequest` — to the previous owner's leader; its answer becomes the GC entry.
+  only once the insert of the last one is applied (`next_pull_request`). Each attempt goes
+  to a seeded choice among the owner's replicas: any replica that applied the configuration
+  answers, as on real nodes, so the new owner may hold data from a follower well before
+  that group's leader has applied the configuration (members may lag, see `member.py`);
+* `SendDeleteRequest` — to the previous owner's leader, following the "not leader" hints;
+  its answer becomes the GC entry.
 
 Everything kept between monitor runs is volatile and rebuilt from the applied state: it is
 dropped when the member restarts or its term changes, which is what a real new leader
@@ -18,6 +22,7 @@ would do, so repeated pulls, inserts and deletes are exercised.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 import msgspec
@@ -88,6 +93,7 @@ class ShardGroupServer:
         events: EventQueue,
         controller_servers: list[str],
         options: ServerOptions,
+        rng: random.Random,
         trace: TraceRecorder | None,
     ) -> None:
         self.gid = gid
@@ -96,6 +102,8 @@ class ShardGroupServer:
         self.events = events
         self.controller_servers = controller_servers
         self.options = options
+        self.rng = rng
+        """Which replica of another group a pull goes to."""
         self.trace = trace
         self.driver_key: tuple[int, int] = (-1, -1)
         self.fetched_configuration: ShardConfiguration | None = None
@@ -105,6 +113,10 @@ class ShardGroupServer:
         self.pending_entries: set[bytes] = set()
         self.monitor_runs = 0
         self.chunks_applied = 0
+        self.lagging_leaderships = 0
+        """Leaderships whose first monitor run found applied behind commit (apply lag)."""
+        self.deletes_ahead_of_apply = 0
+        """Deletes that reached this leader for a configuration it had not applied yet."""
         events.schedule(options.monitor_interval_ms, self.monitor_tick)
 
     # --- requests from clients and other groups -------------------------------------------
@@ -156,8 +168,12 @@ class ShardGroupServer:
     def delete(self, request: DeleteRequest, reply: Reply) -> None:
         member = self.member
         if not member.is_leader:
-            reply(NotLeader())
+            reply(NotLeader(leader_hint=member.core.leader_id))
             return
+        # A leader answers from its applied state, which may lag its log (a new leader
+        # still applying): the driver must not take "not applied yet" for "done".
+        if request.configuration_number > member.machine.current_configuration.number:
+            self.deletes_ahead_of_apply += 1
         answer = handle_delete_request(member.machine, request)
         if isinstance(answer, DeleteResponse):
             reply(answer)
@@ -190,6 +206,8 @@ class ShardGroupServer:
     def reset(self, key: tuple[int, int]) -> None:
         """A new leadership: forget every volatile exchange (a real new leader has none)."""
         self.driver_key = key
+        if self.member.applied_index < self.member.core.commit_index:
+            self.lagging_leaderships += 1
         self.fetch = Exchange()
         self.pulls = {}
         self.deletes = {}
@@ -270,7 +288,7 @@ class ShardGroupServer:
             if not self.propose(entry, applied):
                 exchange.release()
 
-        self.send(exchange, action.servers, request, handle)
+        self.send(exchange, [self.rng.choice(action.servers)], request, handle)
 
     def send_delete(self, action: SendDeleteRequest) -> None:
         key = (action.request.configuration_number, action.target_gid)
@@ -279,6 +297,9 @@ class ShardGroupServer:
             return
 
         def handle(message: RpcMessage) -> None:
+            if isinstance(message, NotLeader):
+                exchange.release_to(action.servers, message.leader_hint)
+                return
             if not isinstance(message, DeleteResponse):
                 exchange.release(rotate=True)
                 return

@@ -7,6 +7,14 @@ Ready loop for a machine given by a factory, in the same order (raft/ready.py): 
 messages, install snapshot, truncate, append, sync (virtual fsync time), messages after
 persist, persisted, apply, reads. A crash loses unsynced writes through `SimDisk`.
 
+Apply may lag the commit index (`MemberOptions.apply_batch_entries_max`): committed entries
+then queue and are applied a bounded batch at a time, each batch after a seeded virtual
+delay. A real node is like that: it applies at most `COMMITTED_ENTRIES_PER_READY_MAX`
+entries per Ready, after that Ready's fsync, and answers requests between Readies, so a
+leader fresh from an election or a restart serves (`is_leader`) while its applied state is
+behind its log. Code that reads the applied state on a leader must cope with that; without
+the lag every member applies the moment it learns of a commit and such bugs never show.
+
 The Raft safety checks of `sim.invariants.InvariantChecker` run on it too: the checker reads
 only `node_id`, `core`, `disk` and `applied_index`, which this class has with the same
 meaning.
@@ -14,6 +22,7 @@ meaning.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
 
@@ -60,6 +69,22 @@ class MemberOptions(msgspec.Struct, frozen=True):
     """Small on purpose: snapshots and their restore must happen in every scenario."""
     snapshot_trailing_entries: int = 2
     torn_tail_probability: float = 0.5
+    apply_batch_entries_max: int = 0
+    """0: a Ready's committed entries are applied as it is handled (applied == commit
+    whenever the member is idle). Otherwise committed entries queue and at most this many
+    are applied per step, each step `apply_delay_ms_min..max` after the last (see the module
+    docstring)."""
+    apply_delay_ms_min: int = 0
+    apply_delay_ms_max: int = 0
+    apply_stall_probability: float = 0.0
+    """The chance that an apply step waits `apply_stall_ms_max` at most instead: a slow
+    fsync, a large entry, a pause. It opens the long windows in which a leader serves on an
+    old applied state (one elected during the stall, a restart replaying its log)."""
+    apply_stall_ms_max: int = 0
+
+    @property
+    def apply_lags(self) -> bool:
+        return self.apply_batch_entries_max > 0
 
 
 class ProposalOutcome(msgspec.Struct, frozen=True):
@@ -109,6 +134,7 @@ class RaftMember(Generic[MachineT]):
         self.checker = checker
         self.trace = trace
         self.rng = derive_random(seed, f"member:{node_id}")
+        self.apply_rng = derive_random(seed, f"apply:{node_id}")
         self.disk = SimDisk()
         self.incarnation = 0
         self.up = False
@@ -126,6 +152,9 @@ class RaftMember(Generic[MachineT]):
         self.next_read_id = 0
         self.reads: dict[int, ReadCallback] = {}
         self.reads_waiting: list[tuple[int, int]] = []
+        self.unapplied: deque[LogEntry] = deque()
+        """Committed entries handed out by the core, not yet applied (apply lag only)."""
+        self.apply_scheduled = False
         checker.register(self.as_checked_node())
         self.start()
 
@@ -164,6 +193,8 @@ class RaftMember(Generic[MachineT]):
         )
         self.up = True
         self.persisting = None
+        self.unapplied = deque()
+        self.apply_scheduled = False
         self.checker.on_start(self.as_checked_node())
         self.events.schedule(self.rng.randrange(self.options.tick_ms), self._tick, self.incarnation)
         self._after_event()
@@ -177,6 +208,8 @@ class RaftMember(Generic[MachineT]):
         self.crash_count += 1
         report = self.disk.crash(self.rng, self.options.torn_tail_probability)
         self.persisting = None
+        self.unapplied = deque()
+        self.apply_scheduled = False
         self.proposals = {}
         self.reads = {}
         self.reads_waiting = []
@@ -288,7 +321,11 @@ class RaftMember(Generic[MachineT]):
             last = ready.entries[-1]
             self.core.persisted(last.index, last.term)
         if ready.committed_entries:
-            self._apply(ready.committed_entries)
+            if self.options.apply_lags:
+                self.unapplied.extend(ready.committed_entries)
+                self._schedule_apply()
+            else:
+                self._apply(ready.committed_entries)
         for read_state in ready.read_states:
             self.reads_waiting.append((read_state.index, read_state.request_id))
         for request_id in ready.failed_reads:
@@ -298,7 +335,39 @@ class RaftMember(Generic[MachineT]):
         if self.reads_waiting:
             self._serve_reads()
 
+    def _schedule_apply(self) -> None:
+        if self.apply_scheduled:
+            return
+        self.apply_scheduled = True
+        options = self.options
+        rng = self.apply_rng
+        if options.apply_stall_probability and rng.random() < options.apply_stall_probability:
+            delay_ms = draw_int(rng, options.apply_delay_ms_max, options.apply_stall_ms_max)
+        else:
+            delay_ms = draw_int(rng, options.apply_delay_ms_min, options.apply_delay_ms_max)
+        self.events.schedule(delay_ms, self._apply_step, self.incarnation)
+
+    def _apply_step(self, incarnation: int) -> None:
+        """Apply the next batch of queued committed entries (apply lag only)."""
+        if incarnation != self.incarnation:
+            return
+        self.apply_scheduled = False
+        queue = self.unapplied
+        count = min(len(queue), self.options.apply_batch_entries_max)
+        if count:
+            self._apply([queue.popleft() for _ in range(count)])
+        if queue:
+            self._schedule_apply()
+        if self.reads_waiting:
+            self._serve_reads()
+        self._after_event()
+
     def _install_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
+        # Entries still queued are all below the snapshot (the core takes one only beyond
+        # its commit index), which holds their effects: drop them, and their proposals are
+        # reported lost below like any the snapshot covers. (Applying them first would run
+        # proposal callbacks, which may propose, in the middle of this Ready.)
+        self.unapplied.clear()
         self.checker.on_snapshot_install(self.as_checked_node(), meta, data)
         self.machine.restore(data)
         self.snapshots_restored += 1
@@ -378,7 +447,8 @@ class RaftMember(Generic[MachineT]):
         core = self.core
         return (
             f"{self.node_id}: {core.role.value} term={core.term} commit={core.commit_index} "
-            f"applied={self.applied_index} log=[{core.log.first_index}, {core.log.last_index}]"
+            f"applied={self.applied_index} queued={len(self.unapplied)} "
+            f"log=[{core.log.first_index}, {core.log.last_index}]"
         )
 
 

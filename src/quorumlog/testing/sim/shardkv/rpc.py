@@ -54,6 +54,9 @@ class NotLeader(msgspec.Struct, frozen=True, tag="not_leader"):
     """This server cannot take the request now (not the leader, or its proposal was lost):
     try another server of the group."""
 
+    leader_hint: str | None = None
+    """The leader this server last heard from, if any: the one to try next."""
+
 
 class ControllerQuery(msgspec.Struct, frozen=True, tag="controller_query"):
     number: int

@@ -2,7 +2,8 @@
 
 Seed N runs scenario number N mod the scenario count (so consecutive seeds cover them
 all), with settings drawn from the seed: network delays, drops and duplicates, snapshot
-interval, chunked pulls (a small `pull_bytes_max` in some seeds), fsync latency. The
+interval, chunked pulls (a small `pull_bytes_max` in some seeds), fsync latency, and how far
+members' applied state may lag their commit index (batches, delays, stalls). The
 summary has the same shape as `quorumlog sim raft`'s (`sim.runner.RunSummary`); a failing
 seed is reported with the scenario and the command that replays it, and a second traced
 run of it supplies the trace tail.
@@ -29,6 +30,8 @@ from quorumlog.testing.sim.shardkv.scenarios import SCENARIOS, ScenarioRun, fini
 from quorumlog.testing.sim.trace import TraceRecorder
 
 TRACE_TAIL_LINES = 60
+APPLY_BATCH_CHOICES = (0, 1, 4, 16)
+"""Entries applied per apply step; 0: no apply lag."""
 
 
 def scenario_for_seed(seed: int) -> str:
@@ -49,11 +52,9 @@ def plan_options(seed: int) -> ShardSimOptions:
         append_entries_max=rng.choice([4, 64]),
         snapshot_chunk_bytes_max=rng.choice([256, 1024 * 1024]),
     )
-    member = MemberOptions(
-        fsync_ms_max=rng.choice([0, 3, 10]),
-        snapshot_interval_entries=rng.choice([8, 16, 48]),
-        snapshot_trailing_entries=rng.choice([0, 2, 8]),
-    )
+    fsync_ms_max = rng.choice([0, 3, 10])
+    snapshot_interval_entries = rng.choice([8, 16, 48])
+    snapshot_trailing_entries = rng.choice([0, 2, 8])
     server = ServerOptions(pull_bytes_max=rng.choice([0, 0, 24, 120]))
     network = NetworkFaults(
         delay_ms_min=1,
@@ -62,6 +63,21 @@ def plan_options(seed: int) -> ShardSimOptions:
         tail_delay_ms_max=300,
         drop_probability=rng.choice([0.0, 0.0, 0.01, 0.03]),
         duplicate_probability=rng.choice([0.0, 0.01, 0.03]),
+    )
+    # Drawn last so the draws above stay what they were for every seed. Most seeds let
+    # members apply behind their commit index (bounded batches, seeded delays and stalls):
+    # leaders then serve on an applied state that lags their log, as real ones do.
+    member = MemberOptions(
+        fsync_ms_max=fsync_ms_max,
+        snapshot_interval_entries=snapshot_interval_entries,
+        snapshot_trailing_entries=snapshot_trailing_entries,
+        apply_batch_entries_max=rng.choice(APPLY_BATCH_CHOICES),
+        apply_delay_ms_max=rng.choice([2, 10]),
+        apply_stall_probability=rng.choice([0.0, 0.05, 0.2]),
+        # Stalls of about a request timeout: long enough for another group to act on a
+        # follower's newer state meanwhile, short enough that the stalled leader's answer
+        # still reaches a requester waiting for it.
+        apply_stall_ms_max=rng.choice([500, 800]),
     )
     return ShardSimOptions(raft=raft, member=member, server=server, network=network)
 
@@ -78,6 +94,11 @@ class ShardSeedOutcome(msgspec.Struct):
     scenario: str
     chunks_applied: int = 0
     snapshots_restored: int = 0
+    lagging_leaderships: int = 0
+    """Leaderships that began with applied behind commit (see `ShardGroupServer`)."""
+    deletes_ahead_of_apply: int = 0
+    """Deletes a leader got for a configuration it had not applied yet: the state the
+    delete handler must answer "not yet" in."""
 
 
 def run_shardkv_seed(
@@ -151,8 +172,11 @@ def _run_once(seed: int, scenario: str | None, trace: TraceRecorder | None) -> S
                 for member in cluster.group_members(gid)
             ),
         }
-        outcome.chunks_applied = sum(
-            server.chunks_applied for servers in cluster.servers.values() for server in servers
+        all_servers = [server for servers in cluster.servers.values() for server in servers]
+        outcome.chunks_applied = sum(server.chunks_applied for server in all_servers)
+        outcome.lagging_leaderships = sum(server.lagging_leaderships for server in all_servers)
+        outcome.deletes_ahead_of_apply = sum(
+            server.deletes_ahead_of_apply for server in all_servers
         )
         outcome.snapshots_restored = sum(
             member.snapshots_restored
