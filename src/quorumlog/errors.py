@@ -41,6 +41,11 @@ class StoreClosedError(StorageError):
     """The store was closed."""
 
 
+class DirectoryInUseError(StorageError):
+    """Another open store (in this process or another) holds the directory's lock: two
+    writers of one log would corrupt it."""
+
+
 class LogIndexError(StorageError, IndexError):
     """An index outside the store's range [first_index, last_index]."""
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -257,3 +259,38 @@ def test_async_client_burst_of_large_values_is_split_into_frames_that_fit(
     outcomes = asyncio.run(burst())
     failures = [outcome for outcome in outcomes if outcome is not None]
     assert not failures, f"{len(failures)} of 80 puts failed, first: {failures[0]}"
+
+
+def test_a_second_node_on_a_data_directory_in_use_exits_with_a_clear_error(
+    cluster: ProcessCluster,
+) -> None:
+    """Two processes writing one log would corrupt it: the second refuses to start, says
+    why in one line, and the first keeps serving."""
+    node = next(iter(cluster.nodes.values()))
+    second = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "quorumlog",
+            "node",
+            "--id",
+            node.node_id,
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            str(node.data_dir),
+            "--cluster-id",
+            CLUSTER_ID,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert second.returncode == 2, second.stderr
+    assert "in use by another open store" in second.stderr
+    assert len(second.stderr.strip().splitlines()) == 1
+    assert node.running
+    with KVClient(cluster.endpoints, cluster_id=CLUSTER_ID, timeout=10) as client:
+        client.put("after-the-refused-node", "still serving")
+        assert client.get("after-the-refused-node") == "still serving"

@@ -331,7 +331,11 @@ def test_concurrent_clients_with_a_leader_kill_stay_linearizable(tmp_path: Path)
 
 
 def log_segment_files(data_dir: Path) -> list[Path]:
-    return [path for path in (data_dir / "kv" / "log").iterdir() if path.name != "log_meta"]
+    return [
+        path
+        for path in (data_dir / "kv" / "log").iterdir()
+        if path.name.startswith("log_") and path.name != "log_meta"
+    ]
 
 
 def test_snapshots_compact_the_log_and_catch_up_a_lagging_node(tmp_path: Path) -> None:

@@ -137,11 +137,17 @@ def node_command(
         await run_node(settings, stop)
 
     try:
-        import uvloop
-
-        uvloop.run(main())
-    except ImportError:  # pragma: no cover - uvloop is a dependency; this is for odd platforms
-        asyncio.run(main())
+        try:
+            import uvloop
+        except ImportError:  # pragma: no cover - uvloop is a dependency; for odd platforms
+            asyncio.run(main())
+        else:
+            uvloop.run(main())
+    except QuorumLogError as error:
+        # A node that cannot start (its data directory is in use by another node, a log
+        # is corrupt) says why in one line and exits non-zero.
+        click.echo(f"error: node {node_id} cannot run: {error}", err=True)
+        sys.exit(2)
 
 
 # --- dev: a local cluster of background processes ---------------------------------------

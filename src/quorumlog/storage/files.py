@@ -7,14 +7,38 @@ name is synced; without it a crash can bring back the old name (POSIX leaves it 
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from quorumlog.errors import DiskFullError, StorageError
+from quorumlog.errors import DirectoryInUseError, DiskFullError, StorageError
 
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+LOCK_FILE_NAME = "LOCK"
+
+
+def lock_directory(directory: str | os.PathLike[str]) -> int:
+    """Take the exclusive lock of a store directory; returns the descriptor holding it
+    (closing it releases the lock). Raises DirectoryInUseError if another open store holds
+    it. An flock dies with its process, SIGKILL included, so a crash leaves no stale lock.
+    """
+    path = Path(directory) / LOCK_FILE_NAME
+    with disk_errors(path):
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as error:
+        os.close(descriptor)
+        raise DirectoryInUseError(
+            f"{os.fspath(directory)} is in use by another open store (lock {path})"
+        ) from error
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
 
 
 @contextmanager

@@ -52,7 +52,7 @@ from quorumlog.storage.base import (
     check_truncate_suffix,
 )
 from quorumlog.storage.entry import LogEntry
-from quorumlog.storage.files import atomic_write
+from quorumlog.storage.files import atomic_write, disk_errors, lock_directory
 from quorumlog.storage.mmap_encode import encode
 from quorumlog.storage.mmap_files import MappedFile, MappedFileList
 from quorumlog.storage.mmap_format import (
@@ -132,6 +132,8 @@ class MmapLogStore:
         self._closed = False
         self._failure: str | None = None
         """Set when an operation failed halfway; only reopening (which repairs) is safe."""
+        self._lock_descriptor = -1
+        """Holds the directory's lock (see `lock_directory`) while the store is open."""
 
     # --- opening ----------------------------------------------------------------------
 
@@ -158,7 +160,14 @@ class MmapLogStore:
         if not isinstance(sync_policy, SyncPolicy):
             raise ValueError(f"sync_policy must be a SyncPolicy, got {sync_policy!r}")
         root = Path(path)
-        meta = open_meta(root, data_file_bytes, index_file_bytes)
+        with disk_errors(root):
+            root.mkdir(parents=True, exist_ok=True)
+        lock = lock_directory(root)  # before anything is read or written
+        try:
+            meta = open_meta(root, data_file_bytes, index_file_bytes)
+        except BaseException:
+            os.close(lock)
+            raise
         data = MappedFileList(root / DATA_DIRECTORY, data_file_bytes)
         index = MappedFileList(root / INDEX_DIRECTORY, index_file_bytes)
         try:
@@ -172,16 +181,19 @@ class MmapLogStore:
         except BaseException:
             data.close()
             index.close()
+            os.close(lock)
             raise
         report = RecoveryReport(
             entries_found=tail.last_index - meta.first_index + 1,
             torn_bytes_dropped=tail.torn_bytes_dropped,
             torn_file=tail.torn_file,
         )
-        return cls(
+        store = cls(
             root, data, index, meta, tail.last_index, tail.data_end, report, sync_policy,
             entry_bytes_max,
         )  # fmt: skip
+        store._lock_descriptor = lock
+        return store
 
     # --- state ------------------------------------------------------------------------
 
@@ -521,6 +533,9 @@ class MmapLogStore:
         self._closed = True
         self._data.close()
         self._index.close()
+        if self._lock_descriptor >= 0:
+            os.close(self._lock_descriptor)
+            self._lock_descriptor = -1
 
 
 __all__ = ["DATA_FILE_BYTES_DEFAULT", "INDEX_FILE_BYTES_DEFAULT", "MmapLogStore"]

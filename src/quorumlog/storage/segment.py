@@ -53,7 +53,12 @@ from quorumlog.storage.base import (
     check_truncate_suffix,
 )
 from quorumlog.storage.entry import LogEntry
-from quorumlog.storage.files import atomic_write, disk_errors, fsync_directory
+from quorumlog.storage.files import (
+    atomic_write,
+    disk_errors,
+    fsync_directory,
+    lock_directory,
+)
 from quorumlog.storage.segment_file import SegmentFile
 from quorumlog.storage.segment_format import (
     META_FILE_NAME,
@@ -105,6 +110,8 @@ class SegmentLogStore:
         self._unsynced = False
         self._closed = False
         self._failure: str | None = None
+        self._lock_descriptor = -1
+        """Holds the directory's lock (see `lock_directory`) while the store is open."""
 
     @classmethod
     def open(
@@ -122,7 +129,13 @@ class SegmentLogStore:
             if not directory.is_dir():
                 directory.mkdir(parents=True, exist_ok=True)
                 fsync_directory(directory.parent)
-            recovered = recover_directory(directory)
+        store._lock_descriptor = lock_directory(directory)  # before anything is read
+        try:
+            with disk_errors(directory):
+                recovered = recover_directory(directory)
+        except BaseException:
+            store.close()
+            raise
         store._first_index = recovered.first_index
         store._segments = recovered.segments
         store._segment_firsts = [segment.first_index for segment in recovered.segments]
@@ -499,6 +512,9 @@ class SegmentLogStore:
         self._read_descriptors.clear()
         for segment in self._segments:
             segment.close_descriptor()
+        if self._lock_descriptor >= 0:
+            os.close(self._lock_descriptor)
+            self._lock_descriptor = -1
 
     def _check_not_closed(self) -> None:
         if self._closed:
