@@ -219,11 +219,9 @@ class ShardMigrator:
                 self.controller_configuration = result.configuration
 
     async def pull(self, action: SendPullRequest) -> None:
-        request: PullRequest | None = PullRequest(
-            action.request.requester_gid,
-            action.request.configuration_number,
-            action.request.shards,
-            bytes_max=self.pull_bytes_max,
+        # The driver's request may resume a pull an earlier leader began (resume_at).
+        request: PullRequest | None = msgspec.structs.replace(
+            action.request, bytes_max=self.pull_bytes_max
         )
         while request is not None:
             response = await self.ask(action.target_gid, action.servers, request, PullResponse)

@@ -145,6 +145,12 @@ class PullRequest(msgspec.Struct, frozen=True, tag="pull_request"):
     bytes_max: int = 0
     """Stop the answer once it holds about this many bytes of keys and values (0: no bound).
     At least one key is always sent, so every chunk makes progress."""
+    resume_last_key: str | None = None
+    """Set when `resume_at` was worked out from the requester's own state (a new leader
+    going on with a pull its predecessor began) rather than taken from the last answer:
+    the last key the requester holds of that shard. The previous owner resumes only if
+    its key just before `resume_at` is this one, and otherwise starts the pull over, so a
+    wrong resume point can cost time but never skip data."""
 
 
 class PullResponse(msgspec.Struct, frozen=True, tag="pull_response"):

@@ -127,10 +127,25 @@ def pull_actions(machine: ShardGroupMachine) -> list[SendPullRequest]:
         SendPullRequest(
             target_gid=source,
             servers=servers_of(machine.previous_configuration, source),
-            request=PullRequest(machine.gid, current.number, shards),
+            request=resumed(PullRequest(machine.gid, current.number, shards), machine),
         )
         for source, shards in by_previous_owner(machine, ShardState.PULLING).items()
     ]
+
+
+def resumed(request: PullRequest, machine: ShardGroupMachine) -> PullRequest:
+    """Go on from what already arrived, when a pull was begun (by an earlier leader).
+
+    Chunks arrive in (shard, key) order and each is applied before the next is asked for,
+    so the first shard still PULLING holds exactly its first `len(data)` keys, and later
+    ones nothing. The last key held goes along so the previous owner can check the point
+    (see PullRequest.resume_last_key); sessions follow the keys and are sent again from
+    their start, which merging makes harmless."""
+    first = min(request.shards)
+    data = machine.shards[first].data
+    if not data:
+        return request
+    return msgspec.structs.replace(request, resume_at=(first, len(data)), resume_last_key=max(data))
 
 
 def garbage_collection_actions(machine: ShardGroupMachine) -> list[SendDeleteRequest]:
@@ -183,7 +198,11 @@ def handle_pull_request(machine: ShardGroupMachine, request: PullRequest) -> Pul
         if 0 <= shard < machine.shard_count and current.shards[shard] == request.requester_gid
     ]
     return machine.pull_request_for(
-        request.configuration_number, owned, request.resume_at, request.bytes_max
+        request.configuration_number,
+        owned,
+        request.resume_at,
+        request.bytes_max,
+        request.resume_last_key,
     )
 
 
@@ -268,7 +287,8 @@ def next_pull_request(request: PullRequest, response: PullResponse) -> PullReque
     at a time, so the log never holds more than one chunk per source ahead of the state."""
     if response.status is not PullStatus.OK or response.resume_at is None:
         return None
-    return msgspec.structs.replace(request, resume_at=response.resume_at)
+    # The previous owner's own resume point: nothing to check.
+    return msgspec.structs.replace(request, resume_at=response.resume_at, resume_last_key=None)
 
 
 def entry_for_delete_response(

@@ -243,6 +243,7 @@ class ShardGroupMachine:
         shards: list[int],
         resume_at: tuple[int, int] | None = None,
         bytes_max: int = 0,
+        resume_last_key: str | None = None,
     ) -> PullResponse:
         """This group's answer, as the previous owner, to a pull of `shards` for
         `configuration_number`: their data and sessions as frozen when they became
@@ -264,6 +265,12 @@ class ShardGroupMachine:
         )
         if number > configuration_number or not ready:
             return PullResponse(self.gid, configuration_number, PullStatus.GONE)
+        if (
+            resume_at is not None
+            and resume_last_key is not None
+            and not self.resume_point_holds(ready, resume_at, resume_last_key)
+        ):
+            resume_at = None  # start over: slower, never a gap
         if resume_at is None and bytes_max <= 0:
             insert = InsertShards(
                 configuration_number=configuration_number,
@@ -328,6 +335,18 @@ class ShardGroupMachine:
         return PullResponse(
             self.gid, configuration_number, PullStatus.OK, insert, resume_at=next_resume
         )
+
+    def resume_point_holds(
+        self, ready: list[int], resume_at: tuple[int, int], last_key: str
+    ) -> bool:
+        """A resume point the requester worked out itself: it must be in the first shard
+        still to send, within its keys, and just after the key the requester holds last
+        (what it holds is then exactly the keys before it: chunks arrive in key order)."""
+        shard_index, position = resume_at
+        if not ready or shard_index != ready[0]:
+            return False
+        keys, _ = self.frozen_contents(shard_index)
+        return 0 < position <= len(keys) and keys[position - 1] == last_key
 
     def frozen_contents(self, shard_index: int) -> tuple[list[str], list[SessionRecord]]:
         """The sorted keys and the session records of a BE_PULLING shard, computed once:

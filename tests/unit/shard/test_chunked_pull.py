@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from quorumlog.codec.wire import KVCommand
@@ -12,6 +13,7 @@ from quorumlog.shard.group_driver import (
     entry_for_pull_response,
     handle_pull_request,
     next_pull_request,
+    pull_actions,
 )
 from quorumlog.shard.group_machine import ShardState
 from tests.unit.shard.test_group_machine import SHARD_COUNT, Replica, key_in_shard
@@ -126,3 +128,82 @@ def test_sessions_count_against_the_chunk_bound() -> None:
     assert new.machine.shard_state(1) is ShardState.GARBAGE_COLLECTING
     clients = {record.client_id for record in new.machine.shards[1].sessions.to_records()}
     assert {f"c{i}" for i in range(500)} <= clients
+
+
+def pull_until_done(old: Replica, new: Replica, request: PullRequest | None) -> int:
+    chunks = 0
+    while request is not None:
+        response = handle_pull_request(old.machine, request)
+        entry = entry_for_pull_response(new.machine, response)
+        assert entry is not None
+        new.control(entry)
+        chunks += 1
+        request = next_pull_request(request, response)
+    return chunks
+
+
+@pytest.mark.parametrize("bytes_max", [30, 60, 150])
+def test_a_new_leader_goes_on_from_what_arrived(bytes_max: int) -> None:
+    """The leader that began a pull is gone after k chunks (every k); its successor's
+    driver works out where to resume from the applied state: it sends no key twice and
+    skips none, and the pull ends as a whole one would."""
+    whole = moved_pair(keys_per_shard=7)[0].machine.pull_request_for(2, [1, 3])
+    assert whole.insert is not None
+    total = pull_until_done(
+        *moved_pair(keys_per_shard=7), PullRequest(2, 2, [1, 3], bytes_max=bytes_max)
+    )
+    resumed_mid_shard = 0
+    for chunks_before_the_change in range(1, total):
+        old, new = moved_pair(keys_per_shard=7)
+        request: PullRequest | None = PullRequest(2, 2, [1, 3], bytes_max=bytes_max)
+        for _ in range(chunks_before_the_change):
+            assert request is not None
+            response = handle_pull_request(old.machine, request)
+            entry = entry_for_pull_response(new.machine, response)
+            assert entry is not None
+            new.control(entry)
+            request = next_pull_request(request, response)
+        actions = pull_actions(new.machine)
+        if actions:
+            [action] = actions
+            resumed = msgspec.structs.replace(action.request, bytes_max=bytes_max)
+            if resumed.resume_at is not None:
+                resumed_mid_shard += 1
+                shard, position = resumed.resume_at
+                first = handle_pull_request(old.machine, resumed)
+                assert first.insert is not None
+                keys = sorted(whole.insert.shards[shard])
+                # No key sent twice, none skipped.
+                assert next(iter(first.insert.shards[shard]), None) == (
+                    keys[position] if position < len(keys) else None
+                )
+            pull_until_done(old, new, resumed)
+        for shard in (1, 3):
+            assert new.machine.shard_state(shard) is ShardState.GARBAGE_COLLECTING
+            assert new.machine.shard_data(shard) == whole.insert.shards[shard]
+    assert resumed_mid_shard > 0
+
+
+def test_a_resume_point_that_does_not_hold_starts_the_pull_over() -> None:
+    """A wrong last key (or a point past the keys) makes the previous owner start over:
+    slower, never a gap."""
+    old, new = moved_pair(keys_per_shard=7)
+    whole = old.machine.pull_request_for(2, [1, 3])
+    assert whole.insert is not None
+    first_key = sorted(whole.insert.shards[1])[0]
+    for resume_at, last_key in [((1, 3), "not-a-key-held"), ((1, 99), "x"), ((3, 1), first_key)]:
+        request = PullRequest(2, 2, [1, 3], resume_at=resume_at, resume_last_key=last_key)
+        response = handle_pull_request(old.machine, msgspec.structs.replace(request, bytes_max=60))
+        assert response.insert is not None
+        assert next(iter(response.insert.shards)) == 1
+        assert next(iter(response.insert.shards[1])) == first_key
+    assert (
+        pull_until_done(
+            old,
+            new,
+            PullRequest(2, 2, [1, 3], resume_at=(1, 2), resume_last_key="bad", bytes_max=60),
+        )
+        > 0
+    )
+    for shard in (1, 3):
+        assert new.machine.shard_data(shard) == whole.insert.shards[shard]

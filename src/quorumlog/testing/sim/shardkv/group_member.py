@@ -265,9 +265,17 @@ class ShardGroupServer:
         exchange = self.pulls.setdefault(key, Exchange())
         if not self.ready(exchange):
             return
-        request = msgspec.structs.replace(
-            action.request, resume_at=exchange.resume_at, bytes_max=self.options.pull_bytes_max
-        )
+        if exchange.resume_at is not None:
+            # Going on with this member's own pull: the previous owner's resume point.
+            request = msgspec.structs.replace(
+                action.request,
+                resume_at=exchange.resume_at,
+                resume_last_key=None,
+                bytes_max=self.options.pull_bytes_max,
+            )
+        else:
+            # A fresh pull, or one an earlier leader began (the driver resumes it).
+            request = msgspec.structs.replace(action.request, bytes_max=self.options.pull_bytes_max)
 
         def handle(message: RpcMessage) -> None:
             if not isinstance(message, PullResponse):
