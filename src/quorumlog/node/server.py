@@ -1,7 +1,13 @@
-"""One node process: the endpoint (listener + peer links) and the groups it hosts.
+"""One node process: the endpoint (listener + peer links) and the Raft groups it hosts.
 
-Today a node hosts the replicated KV group ("kv"); streams and shards add groups here, all
-sharing one endpoint.
+Every group shares the one endpoint; messages carry their group's name.
+
+- "kv": the replicated KV, which also holds stream metadata (`KVService`);
+- "<topic>@<created>/<partition>": stream partitions this node replicates (`StreamService`);
+- "controller": the shard controller, on the nodes in `controller` (`ControllerService`);
+- "shard-<gid>": the shard groups this node is a member of (`ShardGroupService`), each with
+  a `ShardMigrator` moving shards while it leads, and `PreferredLeaders` spreading their
+  leaders over the nodes.
 """
 
 from __future__ import annotations
