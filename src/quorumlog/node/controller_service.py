@@ -17,7 +17,7 @@ import msgspec
 
 from quorumlog.codec import wire
 from quorumlog.errors import NotLeaderError
-from quorumlog.node.errors_to_wire import error_response
+from quorumlog.node.errors_to_wire import after_read_barrier, error_response
 from quorumlog.runtime.group import GroupRunner
 from quorumlog.shard.controller import ControllerMachine, rejected
 from quorumlog.shard.controller_commands import (
@@ -90,17 +90,7 @@ class ControllerService:
     def query(
         self, request: wire.ControllerRequest, commands: list[ControllerCommand], reply: Replier
     ) -> None:
-        try:
-            future = self.group.linearizable_read()
-        except Exception as error:
-            self.reject(reply, request.request_id, error)
-            return
-
-        def answer(done: asyncio.Future[int]) -> None:
-            error = done.exception()
-            if error is not None:
-                self.reject(reply, request.request_id, error)
-                return
+        def answer() -> None:
             results = [self.read(command) for command in commands]
             reply(
                 wire.ControllerResponse(
@@ -108,7 +98,9 @@ class ControllerService:
                 )
             )
 
-        future.add_done_callback(answer)
+        after_read_barrier(
+            self.group.linearizable_read, request.request_id, reply, self.leader_address, answer
+        )
 
     def read(self, command: ControllerCommand) -> ControllerResult:
         assert isinstance(command, Query)

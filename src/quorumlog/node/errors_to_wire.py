@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
-from quorumlog.codec.wire import ErrorCode, ErrorResponse
+from quorumlog.codec.wire import ErrorCode, ErrorResponse, Frame
 from quorumlog.errors import (
     ConfigurationChangeInProgressError,
     InvalidConfigurationChangeError,
@@ -39,3 +40,28 @@ def error_response(
     code = error_code(error)
     hint = leader_address() if code is ErrorCode.NOT_LEADER else None
     return ErrorResponse(request_id=request_id, code=code, message=str(error), leader_hint=hint)
+
+
+def after_read_barrier(
+    read_barrier: Callable[[], asyncio.Future[int]],
+    request_id: int,
+    reply: Callable[[Frame], None],
+    leader_address: Callable[[], str | None],
+    answer: Callable[[], None],
+) -> None:
+    """Call `answer` once a ReadIndex round confirms reads may be served here (the state
+    applied then is linearizable); on a refusal or a failed round, reply with the error."""
+    try:
+        future = read_barrier()
+    except Exception as error:  # typed refusals from the group (not leader, stopped)
+        reply(error_response(request_id, error, leader_address))
+        return
+
+    def when_done(done: asyncio.Future[int]) -> None:
+        error = done.exception()
+        if error is not None:
+            reply(error_response(request_id, error, leader_address))
+        else:
+            answer()
+
+    future.add_done_callback(when_done)

@@ -15,7 +15,7 @@ from quorumlog.codec import wire
 from quorumlog.errors import NotLeaderError
 from quorumlog.kv.commands import ClientBatch, KVEntry, encode_entry
 from quorumlog.kv.machine import KVStateMachine
-from quorumlog.node.errors_to_wire import error_response
+from quorumlog.node.errors_to_wire import after_read_barrier, error_response
 from quorumlog.runtime.group import GroupRunner
 
 Replier = Callable[[wire.Frame], None]
@@ -179,20 +179,13 @@ class KVRequestService:
         if request.stale:
             self.answer_read(request, reply)
             return
-        try:
-            future = self.group.linearizable_read()
-        except Exception as error:
-            self.reject(reply, request.request_id, error)
-            return
-
-        def answer(done: asyncio.Future[int]) -> None:
-            error = done.exception()
-            if error is not None:
-                self.reject(reply, request.request_id, error)
-            else:
-                self.answer_read(request, reply)
-
-        future.add_done_callback(answer)
+        after_read_barrier(
+            self.group.linearizable_read,
+            request.request_id,
+            reply,
+            self.leader_address,
+            lambda: self.answer_read(request, reply),
+        )
 
     def answer_read(self, request: wire.KVRead | wire.KVScan, reply: Replier) -> None:
         """Answer from the applied state (behind the read barrier unless stale)."""
