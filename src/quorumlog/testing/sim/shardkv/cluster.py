@@ -43,6 +43,7 @@ from quorumlog.testing.sim.shardkv.client import AdminClient, ClientOptions, Sha
 from quorumlog.testing.sim.shardkv.controller_server import ControllerServer
 from quorumlog.testing.sim.shardkv.group_member import ServerOptions, ShardGroupServer
 from quorumlog.testing.sim.shardkv.member import MemberOptions, RaftMember
+from quorumlog.testing.sim.shardkv.nemesis import ShardNemesisOptions
 from quorumlog.testing.sim.shardkv.rpc import RpcNetwork
 from quorumlog.testing.sim.trace import TraceRecorder
 
@@ -59,6 +60,8 @@ class ShardSimOptions(msgspec.Struct, frozen=True):
     server: ServerOptions = ServerOptions()
     client: ClientOptions = ClientOptions()
     network: NetworkFaults = NetworkFaults()
+    nemesis: ShardNemesisOptions = ShardNemesisOptions()
+    """Partitions and pauses, for the scenarios that start a nemesis (the concurrent ones)."""
     check_interval_ms: int = 25
 
 
@@ -116,7 +119,11 @@ class ShardCluster:
             )
             receivers[node_id] = controller_member.receive
             self.controller_members.append(controller_member)
-            self.rpc.register(node_id, ControllerServer(controller_member, self.events).handle)
+            self.rpc.register(
+                node_id,
+                ControllerServer(controller_member, self.events).handle,
+                gate=controller_member.hold,
+            )
         self.servers: dict[int, list[ShardGroupServer]] = {}
         for gid in self.options.gids:
             self.add_group(gid, receivers)
@@ -164,7 +171,7 @@ class ShardCluster:
                 rng=derive_random(self.seed, f"server:{node_id}"),
                 trace=self.trace,
             )
-            self.rpc.register(node_id, server.handle)
+            self.rpc.register(node_id, server.handle, gate=member.hold)
             servers.append(server)
         self.servers[gid] = servers
 
@@ -221,12 +228,12 @@ class ShardCluster:
         return endpoints
 
     def crash_group(self, gid: int) -> None:
-        self._trace(f"crash group {gid}")
+        self.note(f"crash group {gid}")
         for member in self.group_members(gid):
             member.crash()
 
     def restart_group(self, gid: int) -> None:
-        self._trace(f"restart group {gid}")
+        self.note(f"restart group {gid}")
         for member in self.group_members(gid):
             member.restart()
 
@@ -242,11 +249,11 @@ class ShardCluster:
         """Cut every link between group `gid`'s members and everything else."""
         inside = member_ids(gid)
         outside = [endpoint for endpoint in self.all_endpoints() if endpoint not in inside]
-        self._trace(f"partition group {gid} away")
+        self.note(f"partition group {gid} away")
         self.network.partition([inside, outside])
 
     def heal(self) -> None:
-        self._trace("heal")
+        self.note("heal")
         self.network.heal()
 
     def set_faults(self, faults: NetworkFaults) -> None:
@@ -254,7 +261,8 @@ class ShardCluster:
         faults.validate()
         self.rpc.faults = faults
 
-    def _trace(self, text: str) -> None:
+    def note(self, text: str) -> None:
+        """Record `text` in the trace (if tracing) at the current virtual time."""
         if self.trace is not None:
             self.trace.record(self.events.now_ms, text)
 
@@ -321,7 +329,7 @@ class ShardCluster:
         """Run one join/leave/move to its end; the configuration number it created."""
         outcome: list[ControllerResult] = []
         command = make(self.admin.take_sequence())
-        self._trace(f"admin {command!r}")
+        self.note(f"admin {command!r}")
         self.admin.begin(command, outcome.append)
         if not self.run_until(lambda: bool(outcome), ms_max):
             raise OperationTimeoutError(f"{command!r} did not finish within {ms_max} ms")

@@ -10,9 +10,14 @@ the purpose is busy (an answer is being proposed, or a request is in flight).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from quorumlog.testing.sim.events import EventQueue
 from quorumlog.testing.sim.shardkv.rpc import RpcMessage, RpcNetwork
+
+TimerGate = Callable[[Callable[[Any], None], Any], bool]
+"""The sending process's gate (`RaftMember.hold`): a timer that fires while it is paused
+runs on its resume instead."""
 
 
 class Exchange:
@@ -58,6 +63,7 @@ class Exchange:
         request: RpcMessage,
         timeout_ms: int,
         handle: Callable[[RpcMessage], None],
+        gate: TimerGate | None = None,
     ) -> None:
         """Send `request` to the current server; `handle` gets the first answer of this
         attempt only. Without an answer in `timeout_ms`, the next server is tried later."""
@@ -73,7 +79,9 @@ class Exchange:
             self.answered_attempt = attempt
             handle(message)
 
-        def on_timeout(_: object) -> None:
+        def on_timeout(argument: object) -> None:
+            if gate is not None and gate(on_timeout, argument):
+                return
             if self.attempt == attempt and self.answered_attempt != attempt:
                 self.release(rotate=True)
 

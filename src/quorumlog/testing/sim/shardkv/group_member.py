@@ -194,7 +194,9 @@ class ShardGroupServer:
     def monitor_tick(self, _: object = None) -> None:
         self.events.schedule(self.options.monitor_interval_ms, self.monitor_tick)
         member = self.member
-        if not member.is_leader:
+        if not member.is_leader or member.paused:
+            # A paused process runs no timers; the next tick after its resume catches up
+            # (the monitor works from the applied state, so a missed run loses nothing).
             return
         key = (member.incarnation, member.core.term)
         if key != self.driver_key:
@@ -335,4 +337,5 @@ class ShardGroupServer:
             request=request,
             timeout_ms=self.options.request_timeout_ms,
             handle=handle,
+            gate=self.member.hold,
         )

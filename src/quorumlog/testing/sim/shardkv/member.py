@@ -15,6 +15,12 @@ leader fresh from an election or a restart serves (`is_leader`) while its applie
 behind its log. Code that reads the applied state on a leader must cope with that; without
 the lag every member applies the moment it learns of a commit and such bugs never show.
 
+A member can be paused (`pause`/`resume`), as SIGSTOP/SIGCONT would: it neither ticks nor
+handles anything meanwhile. Whatever reaches the process while it is stopped (Raft
+messages, fsync and apply completions, and through `hold` its server's RPCs and timers)
+queues and is handled in arrival order on resume, against the state it had when it
+stopped: a leader resumes still believing it leads, with requests from before the pause.
+
 The Raft safety checks of `sim.invariants.InvariantChecker` run on it too: the checker reads
 only `node_id`, `core`, `disk` and `applied_index`, which this class has with the same
 meaning.
@@ -24,7 +30,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
 
 import msgspec
 
@@ -35,7 +41,7 @@ from quorumlog.raft.core import RaftCore, Role
 from quorumlog.raft.messages import SnapshotMeta
 from quorumlog.raft.ready import Ready
 from quorumlog.storage.entry import EntryType, LogEntry
-from quorumlog.testing.sim.checks import InvariantViolation
+from quorumlog.testing.sim.checks import InvariantViolation, SimulationError
 from quorumlog.testing.sim.disk import SimDisk
 from quorumlog.testing.sim.events import EventQueue, derive_random, draw_int
 from quorumlog.testing.sim.invariants import InvariantChecker
@@ -138,6 +144,10 @@ class RaftMember(Generic[MachineT]):
         self.disk = SimDisk()
         self.incarnation = 0
         self.up = False
+        self.paused = False
+        self.paused_inbox: list[tuple[Callable[[Any], None], Any]] = []
+        """What reached the process while paused: (handler, argument), in arrival order."""
+        self.pause_count = 0
         self.persisting: Ready | None = None
         self.core: RaftCore
         self.machine: MachineT = machine_factory()
@@ -192,6 +202,8 @@ class RaftMember(Generic[MachineT]):
             random=derive_random(self.seed, f"core:{self.node_id}:{self.incarnation}"),
         )
         self.up = True
+        self.paused = False
+        self.paused_inbox = []
         self.persisting = None
         self.unapplied = deque()
         self.apply_scheduled = False
@@ -204,6 +216,8 @@ class RaftMember(Generic[MachineT]):
         if not self.up:
             return
         self.up = False
+        self.paused = False
+        self.paused_inbox = []  # queued socket data and timers die with the process
         self.incarnation += 1
         self.crash_count += 1
         report = self.disk.crash(self.rng, self.options.torn_tail_probability)
@@ -222,6 +236,39 @@ class RaftMember(Generic[MachineT]):
         self._trace(f"{self.node_id} restart")
         self.start()
 
+    def pause(self) -> None:
+        """Stop the process without losing anything (SIGSTOP): see the module docstring."""
+        if not self.up or self.paused:
+            return
+        self.paused = True
+        self.pause_count += 1
+        self._trace(f"{self.node_id} pause")
+
+    def resume(self) -> None:
+        """Go on (SIGCONT): handle what queued meanwhile, in order, then carry on."""
+        if not self.up or not self.paused:
+            return
+        self._trace(f"{self.node_id} resume ({len(self.paused_inbox)} queued)")
+        self.paused = False
+        inbox, self.paused_inbox = self.paused_inbox, []
+        for position, (handler, argument) in enumerate(inbox):
+            if not self.up:
+                return
+            if self.paused:
+                # Paused again by something a handler did: the rest waits, still in order.
+                self.paused_inbox = inbox[position:] + self.paused_inbox
+                return
+            handler(argument)
+        self._after_event()
+
+    def hold(self, handler: Callable[[Any], None], argument: Any) -> bool:
+        """If paused, queue `handler(argument)` for the resume and return True; a handler
+        that enters the process calls this first and returns if it is held."""
+        if not (self.up and self.paused):
+            return False
+        self.paused_inbox.append((handler, argument))
+        return True
+
     # --- requests -----------------------------------------------------------------------
 
     @property
@@ -232,6 +279,7 @@ class RaftMember(Generic[MachineT]):
         """Propose `data`; False (and no callback) if this member cannot take it now."""
         if not self.up:
             return False
+        self._require_running("propose")
         try:
             index = self.core.propose(data)
         except (NotLeaderError, PendingFullError, LeaderTransferringError):
@@ -246,6 +294,7 @@ class RaftMember(Generic[MachineT]):
         index (`callback(False)` if leadership was lost). False if not the leader."""
         if not self.up:
             return False
+        self._require_running("read_index")
         self.next_read_id += 1
         request_id = self.next_read_id
         try:
@@ -256,17 +305,27 @@ class RaftMember(Generic[MachineT]):
         self._after_event()
         return True
 
+    def _require_running(self, what: str) -> None:
+        # Every way into the process is held while it is paused (`hold`); a call that gets
+        # through anyway is a harness mistake that would let a stopped process act.
+        if self.paused:
+            raise SimulationError(f"{self.node_id}: {what} while paused")
+
     # --- events -------------------------------------------------------------------------
 
     def _tick(self, incarnation: int) -> None:
         if incarnation != self.incarnation:
             return
         self.events.schedule(self.options.tick_ms, self._tick, incarnation)
+        if self.paused:
+            # Ticks missed while stopped are gone (the core's clock is its ticks), as in
+            # `SimNode`: a resumed member's timers go on from where they stopped.
+            return
         self.core.tick()
         self._after_event()
 
     def receive(self, message: object) -> None:
-        if not self.up:
+        if not self.up or self.hold(self.receive, message):
             return
         self.core.step(message)  # type: ignore[arg-type]  # the network carries Messages
         self._after_event()
@@ -305,7 +364,7 @@ class RaftMember(Generic[MachineT]):
         self.events.schedule(delay_ms, self._persist_done, self.incarnation)
 
     def _persist_done(self, incarnation: int) -> None:
-        if incarnation != self.incarnation:
+        if incarnation != self.incarnation or self.hold(self._persist_done, incarnation):
             return
         ready = self.persisting
         self.persisting = None
@@ -349,7 +408,7 @@ class RaftMember(Generic[MachineT]):
 
     def _apply_step(self, incarnation: int) -> None:
         """Apply the next batch of queued committed entries (apply lag only)."""
-        if incarnation != self.incarnation:
+        if incarnation != self.incarnation or self.hold(self._apply_step, incarnation):
             return
         self.apply_scheduled = False
         queue = self.unapplied
@@ -445,10 +504,11 @@ class RaftMember(Generic[MachineT]):
         if not self.up:
             return f"{self.node_id}: down"
         core = self.core
+        paused = f" paused({len(self.paused_inbox)} held)" if self.paused else ""
         return (
             f"{self.node_id}: {core.role.value} term={core.term} commit={core.commit_index} "
             f"applied={self.applied_index} queued={len(self.unapplied)} "
-            f"log=[{core.log.first_index}, {core.log.last_index}]"
+            f"log=[{core.log.first_index}, {core.log.last_index}]{paused}"
         )
 
 

@@ -98,6 +98,9 @@ _decoder: msgspec.msgpack.Decoder[RpcMessage] = msgspec.msgpack.Decoder(RpcMessa
 Reply = Callable[[RpcMessage], None]
 Handler = Callable[[RpcMessage, Reply], None]
 """A server's request handler: it may call `reply` zero or more times."""
+Gate = Callable[[Callable[[RpcMessage], None], RpcMessage], bool]
+"""An endpoint's process gate (`RaftMember.hold`): True if it took the delivery to run
+later (the process is paused), False to deliver now."""
 
 
 class RpcStats(msgspec.Struct):
@@ -127,10 +130,15 @@ class RpcNetwork:
         """Shared with the Raft network: a partition cuts both kinds of traffic."""
         self.trace = trace
         self.handlers: dict[str, Handler] = {}
+        self.gates: dict[str, Gate] = {}
         self.stats = RpcStats()
 
-    def register(self, endpoint: str, handler: Handler) -> None:
+    def register(self, endpoint: str, handler: Handler, gate: Gate | None = None) -> None:
+        """`handler` serves requests to `endpoint`; `gate` (if any) sees every arrival
+        there first, requests and the replies to the endpoint's own calls alike."""
         self.handlers[endpoint] = handler
+        if gate is not None:
+            self.gates[endpoint] = gate
 
     def call(self, source: str, target: str, request: RpcMessage, on_reply: Reply) -> None:
         """Send `request`; each answer that makes it back is passed to `on_reply`."""
@@ -180,9 +188,13 @@ class RpcNetwork:
             return
         self.stats.delivered += 1
         message = _decoder.decode(data)
+        gate = self.gates.get(target)
+        held = gate is not None and gate(deliver, message)
         if self.trace is not None:
-            self.trace.record(self.events.now_ms, f"rpc {source} -> {target} {message!r}")
-        deliver(message)
+            note = " (held: paused)" if held else ""
+            self.trace.record(self.events.now_ms, f"rpc {source} -> {target} {message!r}{note}")
+        if not held:
+            deliver(message)
 
 
 __all__ = [
@@ -190,6 +202,7 @@ __all__ = [
     "ControllerAdminReply",
     "ControllerQuery",
     "ControllerQueryReply",
+    "Gate",
     "NotLeader",
     "RpcMessage",
     "RpcNetwork",

@@ -2,8 +2,9 @@
 
 Seed N runs scenario number N mod the scenario count (so consecutive seeds cover them
 all), with settings drawn from the seed: network delays, drops and duplicates, snapshot
-interval, chunked pulls (a small `pull_bytes_max` in some seeds), fsync latency, and how far
-members' applied state may lag their commit index (batches, delays, stalls). The
+interval, chunked pulls (a small `pull_bytes_max` in some seeds), fsync latency, how far
+members' applied state may lag their commit index (batches, delays, stalls), and how hard
+the concurrent scenarios' nemesis partitions and pauses members (`shardkv.nemesis`). The
 summary has the same shape as `quorumlog sim raft`'s (`sim.runner.RunSummary`); a failing
 seed is reported with the scenario and the command that replays it, and a second traced
 run of it supplies the trace tail.
@@ -26,12 +27,20 @@ from quorumlog.testing.sim.runner import RunSummary, SeedResult
 from quorumlog.testing.sim.shardkv.cluster import REPLICAS_PER_GROUP, ShardCluster, ShardSimOptions
 from quorumlog.testing.sim.shardkv.group_member import ServerOptions
 from quorumlog.testing.sim.shardkv.member import MemberOptions
+from quorumlog.testing.sim.shardkv.nemesis import ShardNemesisOptions, weights_for
 from quorumlog.testing.sim.shardkv.scenarios import SCENARIOS, ScenarioRun, finish
 from quorumlog.testing.sim.trace import TraceRecorder
 
 TRACE_TAIL_LINES = 60
 APPLY_BATCH_CHOICES = (0, 1, 4, 16)
 """Entries applied per apply step; 0: no apply lag."""
+NEMESIS_WEIGHT_CHOICES = (
+    weights_for(1, 1),
+    weights_for(1, 1),
+    weights_for(1, 0),
+    weights_for(0, 1),
+)
+"""Partitions and pauses mixed (twice as likely), partitions only, pauses only."""
 
 
 def scenario_for_seed(seed: int) -> str:
@@ -79,7 +88,21 @@ def plan_options(seed: int) -> ShardSimOptions:
         # still reaches a requester waiting for it.
         apply_stall_ms_max=rng.choice([500, 800]),
     )
-    return ShardSimOptions(raft=raft, member=member, server=server, network=network)
+    # Drawn after everything above for the same reason; used by the concurrent scenarios
+    # only. Faults last from under an election timeout (a leader paused briefly resumes
+    # still leading, with held requests) to several (in the longest, a resumed leader's
+    # exchanges are older than `ServerOptions.stuck_ms`); every one is short enough that
+    # each scripted step still ends well within its deadline.
+    nemesis = ShardNemesisOptions(
+        interval_ms_max=rng.choice([800, 1500, 3000]),
+        fault_ms_max=rng.choice([800, 2000, 4000]),
+        pause_ms_max=rng.choice([600, 1500, 4000]),
+        one_way_probability=rng.choice([0.2, 0.5]),
+        weights=rng.choice(NEMESIS_WEIGHT_CHOICES),
+    )
+    return ShardSimOptions(
+        raft=raft, member=member, server=server, network=network, nemesis=nemesis
+    )
 
 
 def replay_command(seed: int, scenario: str | None) -> str:
@@ -140,6 +163,7 @@ def _run_once(seed: int, scenario: str | None, trace: TraceRecorder | None) -> S
     )
     outcome = ShardSeedOutcome(result=result, scenario=name)
     cluster: ShardCluster | None = None
+    run: ScenarioRun | None = None
     try:
         cluster = ShardCluster(seed, options, trace)
         run = ScenarioRun(cluster, derive_random(seed, f"scenario:{name}"))
@@ -172,6 +196,10 @@ def _run_once(seed: int, scenario: str | None, trace: TraceRecorder | None) -> S
                 for member in cluster.group_members(gid)
             ),
         }
+        if run is not None and run.nemesis is not None:
+            nemesis_stats = run.nemesis.stats
+            result.faults.update(sorted(nemesis_stats.faults.items()))
+            result.faults["one_way"] = nemesis_stats.one_way
         all_servers = [server for servers in cluster.servers.values() for server in servers]
         outcome.chunks_applied = sum(server.chunks_applied for server in all_servers)
         outcome.lagging_leaderships = sum(server.lagging_leaderships for server in all_servers)

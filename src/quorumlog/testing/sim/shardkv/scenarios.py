@@ -17,9 +17,11 @@ from collections.abc import Callable
 from quorumlog.shard.config import shard_for_key
 from quorumlog.shard.group_machine import ShardState
 from quorumlog.testing.sim.checks import check_invariant
+from quorumlog.testing.sim.events import derive_random
 from quorumlog.testing.sim.network import NetworkFaults
 from quorumlog.testing.sim.shardkv.checks import TOKEN_SEPARATOR, check_append_tokens
 from quorumlog.testing.sim.shardkv.cluster import ShardCluster
+from quorumlog.testing.sim.shardkv.nemesis import ShardNemesis
 from quorumlog.testing.sim.shardkv.workload import Workload, WorkloadOptions
 
 LINEARIZABILITY_STEPS_MAX = 1_000_000
@@ -63,6 +65,7 @@ class ScenarioRun:
         self.keys = keys_covering_shards(cluster.options.shard_count, KEYS_PER_SHARD)
         self.token_count = 0
         self.workload: Workload | None = None
+        self.nemesis: ShardNemesis | None = None
         self.unknown_allowed = True
         self.linearizable: bool | None = None
         """The checker's verdict at the end: None if its search ran out of its budget."""
@@ -111,6 +114,21 @@ class ScenarioRun:
         self.workload = workload
         return workload
 
+    def start_nemesis(self) -> ShardNemesis:
+        """Partitions and pauses from now until `finish`, on the nemesis's own random
+        stream (this run's `rng` keeps drawing the scenario's choices as before)."""
+        cluster = self.cluster
+        nemesis = ShardNemesis(
+            cluster, cluster.options.nemesis, derive_random(cluster.seed, "shardkv-nemesis")
+        )
+        nemesis.start()
+        self.nemesis = nemesis
+        return nemesis
+
+    def stop_nemesis(self) -> None:
+        if self.nemesis is not None:
+            self.nemesis.stop()
+
     def stop_workload(self) -> None:
         workload = self.workload
         if workload is None:
@@ -138,6 +156,9 @@ class ScenarioRun:
 def finish(run: ScenarioRun) -> None:
     """Heal, restart, settle, read every key, and check the whole history."""
     cluster = run.cluster
+    # Faults end before the clients drain: an operation still running then ends on a
+    # healed deployment, and liveness is checked from here on.
+    run.stop_nemesis()
     run.stop_workload()
     cluster.heal()
     cluster.set_faults(NetworkFaults())
@@ -261,11 +282,14 @@ def missed_changes(run: ScenarioRun) -> None:
 
 
 def concurrent_changes(run: ScenarioRun) -> None:
-    """Concurrent clients while groups join, leave and shards move (with member crashes)."""
+    """Concurrent clients while groups join, leave and shards move, with member crashes and
+    a nemesis that partitions (within groups, between groups, from the controller, one way
+    too) and pauses members."""
     cluster = run.cluster
     rng = run.rng
     cluster.join(100)
     run.start_workload()
+    run.start_nemesis()
     cluster.run(500)
     steps: list[Callable[[], object]] = [
         lambda: cluster.join(101),
