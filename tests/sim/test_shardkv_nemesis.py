@@ -3,16 +3,22 @@ seed plans that choose them."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import pytest
+
 from quorumlog.raft.core import Role
+from quorumlog.shard.group_commands import WrongGroup
 from quorumlog.testing.sim.events import derive_random
 from quorumlog.testing.sim.shardkv.cluster import ShardCluster, ShardSimOptions
+from quorumlog.testing.sim.shardkv.group_member import ShardGroupServer
 from quorumlog.testing.sim.shardkv.nemesis import (
     FAULT_KINDS,
     ShardNemesis,
     ShardNemesisOptions,
     weights_for,
 )
-from quorumlog.testing.sim.shardkv.rpc import RpcMessage, ShardRead
+from quorumlog.testing.sim.shardkv.rpc import NotLeader, RpcMessage, ShardRead, ShardReadReply
 from quorumlog.testing.sim.shardkv.runner import plan_options, run_shardkv_seed
 
 
@@ -147,3 +153,53 @@ def test_plans_vary_the_nemesis_and_the_concurrent_scenarios_use_it() -> None:
     assert outcome.result.ok, outcome.result.failure
     injected = sum(outcome.result.faults.get(kind, 0) for kind in FAULT_KINDS)
     assert injected > 0
+
+
+def test_a_resumed_member_interleaves_links_but_keeps_each_links_order() -> None:
+    cluster = one_group()
+    member = cluster.group_members(100)[0]
+    handled: list[tuple[str, int]] = []
+    member.pause()
+    for number in range(20):
+        for link in ("raft:a", "rpc:b", "local"):
+            member.hold(lambda item: handled.append(item), (link, number), link)
+    member.resume()
+    assert len(handled) == 60
+    for link in ("raft:a", "rpc:b", "local"):
+        assert [number for name, number in handled if name == link] == list(range(20))
+    assert handled != sorted(handled, key=lambda item: item[1])  # not arrival order
+
+
+def test_a_queued_client_read_may_beat_the_new_leaders_messages() -> None:
+    # A read that a paused leader queued may be handled first on its resume, as a process
+    # after SIGCONT reads its sockets in any order; so answering reads from the applied
+    # state without a ReadIndex round is caught.
+    concurrent = range(130, 257, 9)  # concurrent_changes: the scenario with the nemesis
+
+    def read_without_read_index(
+        self: ShardGroupServer, request: ShardRead, reply: Callable[[RpcMessage], None]
+    ) -> None:
+        member = self.member
+        if not member.is_leader:
+            reply(NotLeader())
+            return
+        value = member.machine.get(request.key)
+        if isinstance(value, WrongGroup):
+            reply(ShardReadReply(None, wrong_group=True))
+        else:
+            reply(ShardReadReply(value))
+
+    def failures() -> list[int]:
+        failed: list[int] = []
+        for seed in concurrent:
+            outcome = run_shardkv_seed(seed, capture_trace=False)
+            assert outcome.scenario == "concurrent_changes"
+            if not outcome.result.ok:
+                assert "not linearizable" in (outcome.result.failure or ""), seed
+                failed.append(seed)
+        return failed
+
+    assert failures() == []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ShardGroupServer, "read", read_without_read_index)
+        assert failures() != []

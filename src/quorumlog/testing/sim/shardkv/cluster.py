@@ -37,7 +37,7 @@ from quorumlog.testing.linearizability import LinearizabilityResult, check_linea
 from quorumlog.testing.sim.checks import SimulationError, check_invariant
 from quorumlog.testing.sim.events import EventQueue, derive_random
 from quorumlog.testing.sim.invariants import InvariantChecker
-from quorumlog.testing.sim.network import NetworkFaults, SimNetwork
+from quorumlog.testing.sim.network import NetworkFaults, Receiver, SimNetwork
 from quorumlog.testing.sim.shardkv.checks import ShardChecker
 from quorumlog.testing.sim.shardkv.client import AdminClient, ClientOptions, ShardClient
 from quorumlog.testing.sim.shardkv.controller_server import ControllerServer
@@ -84,12 +84,12 @@ class ShardCluster:
         self.options = options or ShardSimOptions()
         self.trace = trace
         self.events = EventQueue()
-        receivers: dict[str, Callable[[object], None]] = {}
+        receivers: dict[str, Receiver] = {}
         self.network = SimNetwork(
             self.events,
             derive_random(seed, "raft-network"),
             self.options.network,
-            receivers,  # type: ignore[arg-type]  # members take any decoded Message
+            receivers,
             trace,
         )
         self.rpc = RpcNetwork(
@@ -141,7 +141,7 @@ class ShardCluster:
         self.shard_checker = ShardChecker(self)
         self.events.schedule(self.options.check_interval_ms, self.periodic_check)
 
-    def add_group(self, gid: int, receivers: dict[str, Callable[[object], None]]) -> None:
+    def add_group(self, gid: int, receivers: dict[str, Receiver]) -> None:
         ids = member_ids(gid)
         checker = InvariantChecker()
         self.raft_checkers[f"group {gid}"] = checker

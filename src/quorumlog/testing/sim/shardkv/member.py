@@ -18,8 +18,13 @@ the lag every member applies the moment it learns of a commit and such bugs neve
 A member can be paused (`pause`/`resume`), as SIGSTOP/SIGCONT would: it neither ticks nor
 handles anything meanwhile. Whatever reaches the process while it is stopped (Raft
 messages, fsync and apply completions, and through `hold` its server's RPCs and timers)
-queues and is handled in arrival order on resume, against the state it had when it
-stopped: a leader resumes still believing it leads, with requests from before the pause.
+queues and is handled on resume, against the state it had when it stopped: a leader
+resumes still believing it leads, with requests from before the pause. As a process after
+SIGCONT reads its sockets in whatever order, the resume interleaves the queued inputs of
+different links (Raft messages per sender, RPC traffic per peer or client) in a seeded
+order, keeping each link's own order (one TCP connection is FIFO); the process's local
+events (timers, fsync and apply completions) form one more link, also kept in order. So a
+client read queued during the pause may be handled before the new leader's messages.
 
 The Raft safety checks of `sim.invariants.InvariantChecker` run on it too: the checker reads
 only `node_id`, `core`, `disk` and `applied_index`, which this class has with the same
@@ -38,7 +43,7 @@ from quorumlog.errors import LeaderTransferringError, NotLeaderError, PendingFul
 from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration, decode_configuration
 from quorumlog.raft.core import RaftCore, Role
-from quorumlog.raft.messages import SnapshotMeta
+from quorumlog.raft.messages import Message, SnapshotMeta
 from quorumlog.raft.ready import Ready
 from quorumlog.storage.entry import EntryType, LogEntry
 from quorumlog.testing.sim.checks import InvariantViolation, SimulationError
@@ -104,6 +109,8 @@ class ProposalOutcome(msgspec.Struct, frozen=True):
 
 ProposalCallback = Callable[[ProposalOutcome], None]
 ReadCallback = Callable[[bool], None]
+LOCAL_LINK = "local"
+"""The link of the process's own events (timers, fsync and apply completions)."""
 
 
 class _Pending:
@@ -145,8 +152,10 @@ class RaftMember(Generic[MachineT]):
         self.incarnation = 0
         self.up = False
         self.paused = False
-        self.paused_inbox: list[tuple[Callable[[Any], None], Any]] = []
-        """What reached the process while paused: (handler, argument), in arrival order."""
+        self.paused_inbox: list[tuple[str, Callable[[Any], None], Any]] = []
+        """What reached the process while paused: (link, handler, argument), in arrival
+        order; `resume` interleaves the links (see the module docstring)."""
+        self.resume_rng = derive_random(seed, f"resume:{node_id}")
         self.pause_count = 0
         self.persisting: Ready | None = None
         self.core: RaftCore
@@ -245,28 +254,54 @@ class RaftMember(Generic[MachineT]):
         self._trace(f"{self.node_id} pause")
 
     def resume(self) -> None:
-        """Go on (SIGCONT): handle what queued meanwhile, in order, then carry on."""
+        """Go on (SIGCONT): handle what queued meanwhile, links interleaved (seeded) but
+        each link in its own order, then carry on."""
         if not self.up or not self.paused:
             return
         self._trace(f"{self.node_id} resume ({len(self.paused_inbox)} queued)")
         self.paused = False
-        inbox, self.paused_inbox = self.paused_inbox, []
-        for position, (handler, argument) in enumerate(inbox):
+        inbox = self._interleave(self.paused_inbox)
+        self.paused_inbox = []
+        for position, (_, handler, argument) in enumerate(inbox):
             if not self.up:
                 return
             if self.paused:
-                # Paused again by something a handler did: the rest waits, still in order.
+                # Paused again by something a handler did: the rest waits, each link still
+                # in its order.
                 self.paused_inbox = inbox[position:] + self.paused_inbox
                 return
             handler(argument)
         self._after_event()
 
-    def hold(self, handler: Callable[[Any], None], argument: Any) -> bool:
+    def _interleave(
+        self, inbox: list[tuple[str, Callable[[Any], None], Any]]
+    ) -> list[tuple[str, Callable[[Any], None], Any]]:
+        """`inbox` in a seeded order that keeps each link's items in arrival order: at each
+        step the next item of a link drawn uniformly among those with items left."""
+        links: dict[str, deque[tuple[str, Callable[[Any], None], Any]]] = {}
+        for item in inbox:
+            links.setdefault(item[0], deque()).append(item)
+        if len(links) <= 1:
+            return list(inbox)
+        order: list[tuple[str, Callable[[Any], None], Any]] = []
+        live = list(links)  # first-arrival order: deterministic
+        rng = self.resume_rng
+        while live:
+            position = rng.randrange(len(live))
+            queue = links[live[position]]
+            order.append(queue.popleft())
+            if not queue:
+                live.pop(position)
+        return order
+
+    def hold(self, handler: Callable[[Any], None], argument: Any, link: str = LOCAL_LINK) -> bool:
         """If paused, queue `handler(argument)` for the resume and return True; a handler
-        that enters the process calls this first and returns if it is held."""
+        that enters the process calls this first and returns if it is held. `link` names
+        the connection it came in on (`LOCAL_LINK` for the process's own timers and
+        completions), whose order the resume keeps."""
         if not (self.up and self.paused):
             return False
-        self.paused_inbox.append((handler, argument))
+        self.paused_inbox.append((link, handler, argument))
         return True
 
     # --- requests -----------------------------------------------------------------------
@@ -324,10 +359,10 @@ class RaftMember(Generic[MachineT]):
         self.core.tick()
         self._after_event()
 
-    def receive(self, message: object) -> None:
-        if not self.up or self.hold(self.receive, message):
+    def receive(self, message: Message) -> None:
+        if not self.up or self.hold(self.receive, message, f"raft:{message.source}"):
             return
-        self.core.step(message)  # type: ignore[arg-type]  # the network carries Messages
+        self.core.step(message)
         self._after_event()
 
     def _after_event(self) -> None:

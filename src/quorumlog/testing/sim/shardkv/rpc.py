@@ -98,9 +98,10 @@ _decoder: msgspec.msgpack.Decoder[RpcMessage] = msgspec.msgpack.Decoder(RpcMessa
 Reply = Callable[[RpcMessage], None]
 Handler = Callable[[RpcMessage, Reply], None]
 """A server's request handler: it may call `reply` zero or more times."""
-Gate = Callable[[Callable[[RpcMessage], None], RpcMessage], bool]
+Gate = Callable[[Callable[[RpcMessage], None], RpcMessage, str], bool]
 """An endpoint's process gate (`RaftMember.hold`): True if it took the delivery to run
-later (the process is paused), False to deliver now."""
+later (the process is paused), False to deliver now. The third argument names the link
+(`rpc:<source>`), whose order a resumed process keeps."""
 
 
 class RpcStats(msgspec.Struct):
@@ -189,7 +190,7 @@ class RpcNetwork:
         self.stats.delivered += 1
         message = _decoder.decode(data)
         gate = self.gates.get(target)
-        held = gate is not None and gate(deliver, message)
+        held = gate is not None and gate(deliver, message, f"rpc:{source}")
         if self.trace is not None:
             note = " (held: paused)" if held else ""
             self.trace.record(self.events.now_ms, f"rpc {source} -> {target} {message!r}{note}")
