@@ -174,6 +174,13 @@ def test_a_queued_client_read_may_beat_the_new_leaders_messages() -> None:
     # A read that a paused leader queued may be handled first on its resume, as a process
     # after SIGCONT reads its sockets in any order; so answering reads from the applied
     # state without a ReadIndex round is caught.
+    #
+    # Rarely, though: of concurrent_changes seeds 4..1000 only seed 256 hits the window
+    # (a read sent to the paused old leader after a write to its key completed at the new
+    # leader, answered within the client's timeout). The range below holds it. The runs
+    # are deterministic, so this cannot flake; but a change to the simulator's random
+    # streams moves the seed, and then the last assert fails: search seeds again for one
+    # that the broken read path fails (and widen the nemesis if none does).
     concurrent = range(130, 257, 9)  # concurrent_changes: the scenario with the nemesis
 
     def read_without_read_index(
@@ -202,4 +209,4 @@ def test_a_queued_client_read_may_beat_the_new_leaders_messages() -> None:
     assert failures() == []
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ShardGroupServer, "read", read_without_read_index)
-        assert failures() != []
+        assert failures() != [], "no seed in range finds the broken read path: re-pick seeds"
