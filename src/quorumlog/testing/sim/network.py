@@ -52,6 +52,27 @@ class NetworkStats(msgspec.Struct):
     duplicated: int = 0
 
 
+def draw_delays_ms(faults: NetworkFaults, rng: random.Random, stats: NetworkStats) -> list[int]:
+    """The fault draws for one message: [] if it is dropped, else one delay per copy that
+    goes out (two when duplicated). Every network draws in this one order, so a seed
+    replays the same faults whatever carries the message."""
+    if faults.drop_probability and rng.random() < faults.drop_probability:
+        stats.dropped_random += 1
+        return []
+    copies = 1
+    if faults.duplicate_probability and rng.random() < faults.duplicate_probability:
+        copies = 2
+        stats.duplicated += 1
+    delays_ms: list[int] = []
+    for _ in range(copies):
+        if faults.tail_probability and rng.random() < faults.tail_probability:
+            low, high = faults.delay_ms_max, faults.tail_delay_ms_max
+        else:
+            low, high = faults.delay_ms_min, faults.delay_ms_max
+        delays_ms.append(draw_int(rng, low, high))
+    return delays_ms
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
 
@@ -123,25 +144,15 @@ class SimNetwork:
         if (source, target) in self.blocked:
             stats.dropped_blocked += 1
             return
-        faults = self.faults
-        rng = self.rng
-        if faults.drop_probability and rng.random() < faults.drop_probability:
-            stats.dropped_random += 1
+        delays_ms = draw_delays_ms(self.faults, self.rng, stats)
+        if not delays_ms:
             if self.trace is not None:
                 self.trace.record(self.events.now_ms, f"net drop {message!r}")
             return
         data = _encoder.encode(message)
-        copies = 1
-        if faults.duplicate_probability and rng.random() < faults.duplicate_probability:
-            copies = 2
-            stats.duplicated += 1
-        for _ in range(copies):
-            if faults.tail_probability and rng.random() < faults.tail_probability:
-                low, high = faults.delay_ms_max, faults.tail_delay_ms_max
-            else:
-                low, high = faults.delay_ms_min, faults.delay_ms_max
-            arrival_ms = self.events.now_ms + draw_int(rng, low, high)
-            if faults.fifo_links:
+        for delay_ms in delays_ms:
+            arrival_ms = self.events.now_ms + delay_ms
+            if self.faults.fifo_links:
                 link = (source, target)
                 arrival_ms = max(arrival_ms, self.link_arrival_ms.get(link, 0))
                 self.link_arrival_ms[link] = arrival_ms

@@ -25,8 +25,8 @@ from quorumlog.shard.group_commands import (
     PullRequest,
     PullResponse,
 )
-from quorumlog.testing.sim.events import EventQueue, draw_int
-from quorumlog.testing.sim.network import NetworkFaults
+from quorumlog.testing.sim.events import EventQueue
+from quorumlog.testing.sim.network import NetworkFaults, NetworkStats, draw_delays_ms
 from quorumlog.testing.sim.trace import TraceRecorder
 
 
@@ -104,14 +104,6 @@ later (the process is paused), False to deliver now. The third argument names th
 (`rpc:<source>`), whose order a resumed process keeps."""
 
 
-class RpcStats(msgspec.Struct):
-    sent: int = 0
-    delivered: int = 0
-    dropped_random: int = 0
-    dropped_blocked: int = 0
-    duplicated: int = 0
-
-
 class RpcNetwork:
     """Carries requests to registered endpoints and their replies back to the caller."""
 
@@ -132,7 +124,7 @@ class RpcNetwork:
         self.trace = trace
         self.handlers: dict[str, Handler] = {}
         self.gates: dict[str, Gate] = {}
-        self.stats = RpcStats()
+        self.stats = NetworkStats()
 
     def register(self, endpoint: str, handler: Handler, gate: Gate | None = None) -> None:
         """`handler` serves requests to `endpoint`; `gate` (if any) sees every arrival
@@ -164,23 +156,12 @@ class RpcNetwork:
         if (source, target) in self.blocked:
             stats.dropped_blocked += 1
             return
-        faults = self.faults
-        rng = self.rng
-        if faults.drop_probability and rng.random() < faults.drop_probability:
-            stats.dropped_random += 1
+        delays_ms = draw_delays_ms(self.faults, self.rng, stats)
+        if not delays_ms:
             return
         data = _encoder.encode(message)
-        copies = 1
-        if faults.duplicate_probability and rng.random() < faults.duplicate_probability:
-            copies = 2
-            stats.duplicated += 1
-        for _ in range(copies):
-            if faults.tail_probability and rng.random() < faults.tail_probability:
-                low, high = faults.delay_ms_max, faults.tail_delay_ms_max
-            else:
-                low, high = faults.delay_ms_min, faults.delay_ms_max
-            packet = (source, target, data, deliver)
-            self.events.schedule(draw_int(rng, low, high), self._arrive, packet)
+        for delay_ms in delays_ms:
+            self.events.schedule(delay_ms, self._arrive, (source, target, data, deliver))
 
     def _arrive(self, packet: tuple[str, str, bytes, Callable[[RpcMessage], None]]) -> None:
         source, target, data, deliver = packet
