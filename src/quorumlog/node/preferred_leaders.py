@@ -59,6 +59,8 @@ class PreferredLeaders:
         """Each hosted group with its preferred leader's node id."""
         self.interval_seconds = interval_seconds
         self.task: asyncio.Task[None] | None = None
+        self.checks = 0
+        """Check periods run (tests wait on it instead of on the clock)."""
         self.transfers: deque[tuple[str, str]] = deque(maxlen=TRANSFERS_KEPT)
         """(group, target) of the latest hand-overs started here, oldest first."""
 
@@ -78,6 +80,7 @@ class PreferredLeaders:
             self.check()
 
     def check(self) -> None:
+        self.checks += 1
         for group, target in self.groups:
             if group.stopped or group.failure is not None or not ready_to_hand_over(group, target):
                 continue

@@ -475,7 +475,7 @@ class ShardGroupMachine:
             return True
         if old_owner == gid and new_owner != gid:
             if new_owner == UNASSIGNED_GID:
-                self.drop(shard)  # no group will ever pull it (see the module docstring)
+                self.drop(index)  # no group will ever pull it (see the module docstring)
             else:
                 shard.state = ShardState.BE_PULLING
             return True
@@ -523,7 +523,7 @@ class ShardGroupMachine:
                 continue
             shard = self.shards[index]
             if shard.state is ShardState.BE_PULLING:
-                self.drop(shard)
+                self.drop(index)
             elif shard.state is ShardState.GARBAGE_COLLECTING:
                 shard.state = ShardState.SERVING
             else:
@@ -531,8 +531,9 @@ class ShardGroupMachine:
             deleted.append(index)
         return ControlApplied(accepted=True, configuration_number=number, shards=deleted)
 
-    def drop(self, shard: Shard) -> None:
-        self.frozen_cache.pop(self.shards.index(shard), None)
+    def drop(self, index: int) -> None:
+        self.frozen_cache.pop(index, None)
+        shard = self.shards[index]
         shard.state = ShardState.SERVING
         shard.data = {}
         shard.sessions = self.new_session_table()

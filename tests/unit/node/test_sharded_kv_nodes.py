@@ -72,6 +72,7 @@ class Cluster:
         return result.configuration
 
     async def put(self, key: str, value: str) -> None:
+        deadline = asyncio.get_running_loop().time() + 20
         while True:
             configuration = await self.latest()
             gid = configuration.shards[shard_for_key(key, SHARD_COUNT)]
@@ -86,6 +87,7 @@ class Cluster:
                 return
             assert isinstance(answer, wire.ErrorResponse), answer
             assert answer.code is wire.ErrorCode.WRONG_GROUP, answer
+            assert asyncio.get_running_loop().time() < deadline, "shard never served"
             await asyncio.sleep(0.02)
 
     async def get(self, key: str) -> str | None:
@@ -243,10 +245,15 @@ def test_shard_group_leaders_spread_to_their_preferred_members(tmp_path: Path) -
             while leader_of(3) not in ("n1", "n2"):
                 assert loop.time() < deadline, "group 3 found no leader without n3"
                 await asyncio.sleep(0.01)
-            # Let many check periods pass: nobody hands group 3 to the dead node.
-            watch_until = loop.time() + 0.5
-            while loop.time() < watch_until:
-                await asyncio.sleep(0.03)
+            # Let ten check periods pass on both live nodes: nobody hands group 3 to n3.
+            checks_then = [node.preferred_leaders.checks for node in nodes[:2]]
+            deadline = loop.time() + 20
+            while any(
+                node.preferred_leaders.checks < then + 10
+                for node, then in zip(nodes[:2], checks_then, strict=True)
+            ):
+                assert loop.time() < deadline, "the preferred-leader checks stopped running"
+                await asyncio.sleep(0.01)
             for node, first in zip(nodes[:2], stopped_at, strict=True):
                 assert ("shard-3", "n3") not in list(node.preferred_leaders.transfers)[first:]
         finally:
