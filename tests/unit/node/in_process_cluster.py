@@ -12,8 +12,9 @@ from typing import Any
 
 from quorumlog.node.server import Node, NodeSettings
 
-PLACEHOLDER_ADDRESS = "127.0.0.1:9"
-"""Where peers are said to be until the real addresses are known (nothing listens)."""
+PLACEHOLDER_ADDRESS = "127.0.0.1:0"
+"""Where peers are said to be until the real addresses are known: port 0, which no
+connection can reach, so nothing depends on a fixed port being free."""
 
 
 def node_settings(node_ids: list[str], directory: Path, **fields: Any) -> list[NodeSettings]:
