@@ -35,6 +35,7 @@ from quorumlog.shard.group_commands import (
     GroupEntry,
     PullRequest,
     PullResponse,
+    PullStatus,
     decode_message,
     encode_entry,
     encode_message,
@@ -124,11 +125,6 @@ class ShardMigrator:
         self.controller_configuration: ShardConfiguration | None = None
         self.in_flight: dict[tuple[object, ...], asyncio.Task[None]] = {}
         self.task: asyncio.Task[None] | None = None
-        self.rounds = 0
-
-    @property
-    def machine(self) -> Any:
-        return self.service.machine
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.run())
@@ -154,7 +150,6 @@ class ShardMigrator:
 
     def round(self) -> None:
         """One monitor pass: start every action not already in flight."""
-        self.rounds += 1
         machine = self.service.machine
         for action in monitor(machine, self.controller_configuration):
             if isinstance(action, FetchConfiguration):
@@ -256,7 +251,7 @@ class ShardMigrator:
                 decoded = decode_message(frame.message)
             except (msgspec.DecodeError, msgspec.ValidationError):
                 return False
-            if isinstance(decoded, PullResponse) and decoded.status.value == "not_ready":
+            if isinstance(decoded, PullResponse) and decoded.status is PullStatus.NOT_READY:
                 return False
             return isinstance(decoded, expected)
 
