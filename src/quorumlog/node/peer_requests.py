@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from quorumlog.codec import wire
 from quorumlog.errors import UnavailableError
 from quorumlog.kv.async_client import StreamConnection
-from quorumlog.kv.connection import is_endpoint
+from quorumlog.kv.connection import EndpointSelector
 
 ATTEMPT_TIMEOUT_SECONDS = 1.0
 """One attempt at one address: about an election, so a dead leader is soon given up on.
@@ -36,7 +36,8 @@ class PeerRequester:
         self.attempt_timeout_seconds = attempt_timeout_seconds
         self.connections: dict[str, StreamConnection] = {}
         self.connecting: dict[str, asyncio.Lock] = {}
-        self.leaders: dict[tuple[str, ...], str] = {}
+        self.selectors: dict[tuple[str, ...], EndpointSelector] = {}
+        """Per address set (a group): whom to ask next, its leader first once known."""
         self.next_request_id = 1
         self.closed = False
 
@@ -51,54 +52,44 @@ class PeerRequester:
         """Send to the group at `addresses` until one answers with something other than
         an error response (or something `accept` takes); UnavailableError at the timeout.
 
-        Each address is tried at most once per pass; passes repeat until the deadline."""
+        Whom to ask is the KV clients' rule (`EndpointSelector`): the known leader, a
+        NOT_LEADER hint, else the next address in turn."""
         if not addresses:
             raise UnavailableError("no address to send to")
         key = tuple(sorted(addresses))
+        selector = self.selectors.get(key)
+        if selector is None:
+            selector = self.selectors[key] = EndpointSelector(list(addresses))
         deadline = time.monotonic() + timeout_seconds
         last_problem = "no attempt finished"
+        failures = 0
         while time.monotonic() < deadline and not self.closed:
-            order = self.order(key, addresses)
-            while order:
-                address = order.pop(0)
-                frame = await self.attempt(
-                    address,
-                    make_request,
-                    deadline,
-                    attempt_timeout_seconds or self.attempt_timeout_seconds,
-                )
-                if frame is None:
-                    last_problem = f"{address} did not answer"
-                    continue
-                if isinstance(frame, wire.ErrorResponse):
-                    last_problem = f"{address}: {frame.code.value}: {frame.message}"
-                    hint = frame.leader_hint
-                    if (
-                        frame.code is wire.ErrorCode.NOT_LEADER
-                        and hint is not None
-                        and hint != address
-                        and is_endpoint(hint)
-                    ):
-                        if hint in order:
-                            order.remove(hint)
-                        order.insert(0, hint)
-                    continue
-                if accept is not None and not accept(frame):
-                    last_problem = f"{address} answered {type(frame).__name__}"
-                    continue
-                self.leaders[key] = address
+            address = selector.choose()
+            frame = await self.attempt(
+                address,
+                make_request,
+                deadline,
+                attempt_timeout_seconds or self.attempt_timeout_seconds,
+            )
+            if frame is None:
+                last_problem = f"{address} did not answer"
+                selector.failed(address)
+            elif isinstance(frame, wire.ErrorResponse):
+                last_problem = f"{address}: {frame.code.value}: {frame.message}"
+                if frame.code is wire.ErrorCode.NOT_LEADER:
+                    selector.hinted(address, frame.leader_hint)
+                else:
+                    selector.failed(address)
+            elif accept is not None and not accept(frame):
+                last_problem = f"{address} answered {type(frame).__name__}"
+                selector.failed(address)
+            else:
+                selector.succeeded_at_leader(address)
                 return frame
-            await asyncio.sleep(0.05)  # every address failed this pass: back off a little
+            failures += 1
+            if failures % len(addresses) == 0:
+                await asyncio.sleep(0.05)  # as many failures as addresses: back off a little
         raise UnavailableError(f"no node of {list(addresses)} answered: {last_problem}")
-
-    def order(self, key: tuple[str, ...], addresses: Sequence[str]) -> list[str]:
-        ordered = list(addresses)
-        leader = self.leaders.get(key)
-        if leader is not None:
-            if leader in ordered:
-                ordered.remove(leader)
-            ordered.insert(0, leader)
-        return ordered
 
     async def attempt(
         self,
