@@ -138,3 +138,14 @@ class ConnectionRefusedByNodeError(ClientError):
 class LeadershipLostError(RaftError):
     """The leader lost its leadership before the proposal's fate was known: it may still
     commit under the next leader. Retry with the same client sequence (deduplicated)."""
+
+
+class GroupFailedError(RaftError):
+    """The group stopped on this node after a failure it must not work around (a violated
+    invariant, an I/O error, a corrupt file): nothing more is persisted or sent here. The
+    outcome of a request in flight is unknown; other nodes of the group may still serve."""
+
+    def __init__(self, group_id: str, reason: str) -> None:
+        super().__init__(f"group {group_id} stopped after a failure: {reason}")
+        self.group_id = group_id
+        self.reason = reason

@@ -8,17 +8,17 @@ once a ReadIndex round confirms this node still leads (linearizable, without a l
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
 from quorumlog.codec import wire
-from quorumlog.errors import NotLeaderError
+from quorumlog.errors import NotLeaderError, QuorumLogError
 from quorumlog.node.errors_to_wire import after_read_barrier, error_response
-from quorumlog.runtime.group import GroupRunner
+from quorumlog.raft.invariants import InvariantViolation
+from quorumlog.runtime.completion import Completion
+from quorumlog.runtime.handle import GroupHandle
 from quorumlog.shard.controller import ControllerMachine, rejected
 from quorumlog.shard.controller_commands import (
     ControllerBatch,
@@ -38,7 +38,7 @@ COMMANDS_PER_REQUEST_MAX = 1_000
 class ControllerService:
     def __init__(
         self,
-        group: GroupRunner,
+        group: GroupHandle,
         machine: ControllerMachine,
         leader_address: Callable[[], str | None],
     ) -> None:
@@ -72,11 +72,11 @@ class ControllerService:
                 )
             )
             return
-        if not self.group.core.is_leader:
+        if not self.group.is_leader:
             self.reject(
                 reply,
                 request.request_id,
-                NotLeaderError(self.group.node_id, self.group.core.leader_id),
+                NotLeaderError(self.group.node_id, self.group.leader_id),
             )
             return
         if all(isinstance(command, Query) for command in commands):
@@ -85,7 +85,7 @@ class ControllerService:
         self.pending.append((request, commands, reply))
         if not self.flush_scheduled:
             self.flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            self.group.scheduler.call_soon(self.flush)
 
     def query(
         self, request: wire.ControllerRequest, commands: list[ControllerCommand], reply: Replier
@@ -103,7 +103,8 @@ class ControllerService:
         )
 
     def read(self, command: ControllerCommand) -> ControllerResult:
-        assert isinstance(command, Query)
+        if not isinstance(command, Query):
+            raise InvariantViolation(f"a read of a {type(command).__name__}")
         if command.number < -1:
             return rejected(f"configuration number must be -1 or more, got {command.number}")
         return ControllerResult(ok=True, configuration=self.machine.query(command.number))
@@ -112,7 +113,7 @@ class ControllerService:
         self.flush_scheduled = False
         pending, self.pending = self.pending, []
         entry = ControllerEntry(
-            timestamp_ms=int(time.time() * 1000),
+            timestamp_ms=self.group.scheduler.wall_time_ms(),
             batches=[
                 ControllerBatch(request.client_id, request.first_unacknowledged, commands)
                 for request, commands, _ in pending
@@ -120,12 +121,12 @@ class ControllerService:
         )
         try:
             future = self.group.propose(encode_entry(entry))
-        except Exception as error:
+        except QuorumLogError as error:
             for request, _, reply in pending:
                 self.reject(reply, request.request_id, error)
             return
 
-        def answer(done: asyncio.Future[Any]) -> None:
+        def answer(done: Completion[Any]) -> None:
             error = done.exception()
             if error is not None:
                 for request, _, reply in pending:

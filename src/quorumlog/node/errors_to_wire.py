@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 from quorumlog.codec.wire import ErrorCode, ErrorResponse, Frame
@@ -13,7 +12,9 @@ from quorumlog.errors import (
     NotLeaderError,
     PendingFullError,
     ProposalDroppedError,
+    QuorumLogError,
 )
+from quorumlog.runtime.completion import Completion
 
 
 def error_code(error: BaseException) -> ErrorCode:
@@ -43,7 +44,7 @@ def error_response(
 
 
 def after_read_barrier(
-    read_barrier: Callable[[], asyncio.Future[int]],
+    read_barrier: Callable[[], Completion[int]],
     request_id: int,
     reply: Callable[[Frame], None],
     leader_address: Callable[[], str | None],
@@ -53,11 +54,11 @@ def after_read_barrier(
     applied then is linearizable); on a refusal or a failed round, reply with the error."""
     try:
         future = read_barrier()
-    except Exception as error:  # typed refusals from the group (not leader, stopped)
+    except QuorumLogError as error:  # typed refusals from the group (not leader, stopped)
         reply(error_response(request_id, error, leader_address))
         return
 
-    def when_done(done: asyncio.Future[int]) -> None:
+    def when_done(done: Completion[int]) -> None:
         error = done.exception()
         if error is not None:
             reply(error_response(request_id, error, leader_address))

@@ -6,17 +6,16 @@ reads that arrive in one turn share one ReadIndex round.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
 from quorumlog.codec import wire
-from quorumlog.errors import NotLeaderError
+from quorumlog.errors import NotLeaderError, QuorumLogError
 from quorumlog.kv.commands import ClientBatch, KVEntry, encode_entry
 from quorumlog.kv.machine import KVStateMachine
 from quorumlog.node.errors_to_wire import after_read_barrier, error_response
-from quorumlog.runtime.group import GroupRunner
+from quorumlog.runtime.completion import Completion
+from quorumlog.runtime.handle import GroupHandle
 
 Replier = Callable[[wire.Frame], None]
 WRITE_OPS = frozenset({"put", "append", "delete", "cas"})
@@ -44,7 +43,7 @@ class KVRequestService:
 
     def __init__(
         self,
-        group: GroupRunner,
+        group: GroupHandle,
         leader_address: Callable[[], str | None],
         limits: KVLimits | None = None,
     ) -> None:
@@ -72,17 +71,17 @@ class KVRequestService:
             code, message = problem
             self.bad_request(reply, request.request_id, code, message)
             return
-        if not self.group.core.is_leader:
+        if not self.group.is_leader:
             self.reject(
                 reply,
                 request.request_id,
-                NotLeaderError(self.group.node_id, self.group.core.leader_id),
+                NotLeaderError(self.group.node_id, self.group.leader_id),
             )
             return
         self.pending_writes.append((request, reply))
         if not self.flush_scheduled:
             self.flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush_writes)
+            self.group.scheduler.call_soon(self.flush_writes)
 
     def check_write(self, request: wire.KVWrite) -> tuple[wire.ErrorCode, str] | None:
         limits = self.limits
@@ -123,7 +122,7 @@ class KVRequestService:
     def flush_writes(self) -> None:
         self.flush_scheduled = False
         pending, self.pending_writes = self.pending_writes, []
-        timestamp_ms = int(time.time() * 1000)
+        timestamp_ms = self.group.scheduler.wall_time_ms()
         chunk: list[tuple[wire.KVWrite, Replier]] = []
         chunk_bytes = 0
         for request, reply in pending:
@@ -158,12 +157,12 @@ class KVRequestService:
         ]
         try:
             future = self.group.propose(self.encode_writes(timestamp_ms, batches))
-        except Exception as error:  # typed refusals from the core: tell every client
+        except QuorumLogError as error:  # typed refusals from the group: tell every client
             for request, reply in chunk:
                 self.reject(reply, request.request_id, error)
             return
 
-        def answer(done: asyncio.Future[Any]) -> None:
+        def answer(done: Completion[Any]) -> None:
             error = done.exception()
             if error is not None:
                 for request, reply in chunk:
@@ -197,7 +196,7 @@ class KVService(KVRequestService):
 
     def __init__(
         self,
-        group: GroupRunner,
+        group: GroupHandle,
         machine: KVStateMachine,
         leader_address: Callable[[], str | None],
         limits: KVLimits | None = None,

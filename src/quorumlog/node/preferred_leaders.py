@@ -16,6 +16,7 @@ import contextlib
 import logging
 from collections import deque
 
+from quorumlog.errors import QuorumLogError
 from quorumlog.raft.progress import ReplicationState
 from quorumlog.runtime.group import GroupRunner
 
@@ -85,10 +86,9 @@ class PreferredLeaders:
             if group.stopped or group.failure is not None or not ready_to_hand_over(group, target):
                 continue
             try:
-                group.core.transfer_leadership(target)
-            except Exception as error:  # a membership change raced us: try next period
+                group.transfer_leadership(target)
+            except QuorumLogError as error:  # a membership change raced us: try next period
                 log.debug("group %s: no transfer to %s: %s", group.group_id, target, error)
                 continue
-            group.schedule()
             self.transfers.append((group.group_id, target))
             log.info("group %s: leadership to preferred leader %s", group.group_id, target)

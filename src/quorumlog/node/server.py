@@ -40,6 +40,7 @@ from quorumlog.node.stream_service import StreamService, TopicWatchingMachine
 from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import ChangeKind, Configuration, MembershipChange
 from quorumlog.raft.messages import Message
+from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.group import GroupRunner, GroupSettings, StateMachine
 from quorumlog.runtime.transport import Endpoint, Replier, parse_address
 from quorumlog.shard.config import SHARD_COUNT_DEFAULT
@@ -116,7 +117,7 @@ class Node:
         )
         group.on_configuration = self.configuration_changed
         self.kv = KVService(
-            group, machine, lambda: self.address_of(group.core.leader_id), KVLimits()
+            group.host, machine, lambda: self.address_of(group.core.leader_id), KVLimits()
         )
         self.start_sharded_kv()
         for hosted in self.groups.values():
@@ -163,7 +164,9 @@ class Node:
             group = self.add_group(
                 wire.CONTROLLER_GROUP, machine, tuple(sorted(settings.controller))
             )
-            self.controller = ControllerService(group, machine, self.leader_address_function(group))
+            self.controller = ControllerService(
+                group.host, machine, self.leader_address_function(group)
+            )
         preferred: list[tuple[GroupRunner, str]] = []
         for gid, members in sorted(settings.shard_groups.items()):
             if self.node_id not in members:
@@ -173,7 +176,7 @@ class Node:
                 wire.shard_group_name(gid), shard_machine, tuple(sorted(members))
             )
             service = ShardGroupService(
-                gid, group, shard_machine, self.leader_address_function(group), KVLimits()
+                gid, group.host, shard_machine, self.leader_address_function(group), KVLimits()
             )
             self.shard_services[gid] = service
             preferred.append((group, preferred_leader(gid, members)))
@@ -384,14 +387,14 @@ class Node:
                 )
                 return
         try:
-            future = group.change_membership(
+            future = group.host.change_membership(
                 MembershipChange(kind=kind, node_id=request.node_id, address=request.address)
             )
         except QuorumLogError as error:
             self.reply_error(reply, request.request_id, error, group)
             return
 
-        def answer(done: asyncio.Future[Any]) -> None:
+        def answer(done: Completion[Any]) -> None:
             error = done.exception()
             if error is not None:
                 self.reply_error(reply, request.request_id, error, group)
@@ -409,11 +412,10 @@ class Node:
         self, group: GroupRunner, request: wire.TransferLeaderRequest, reply: Replier
     ) -> None:
         try:
-            group.core.transfer_leadership(request.target)
+            group.transfer_leadership(request.target)
         except (QuorumLogError, ValueError) as error:
             self.reply_error(reply, request.request_id, error, group)
             return
-        group.schedule()
         reply(
             wire.Done(
                 request_id=request.request_id, detail=f"leadership is moving to {request.target}"

@@ -26,8 +26,10 @@ from typing import Any, TypeVar
 import msgspec
 
 from quorumlog.codec import wire
+from quorumlog.errors import QuorumLogError
 from quorumlog.node.peer_requests import PeerRequester
 from quorumlog.node.shard_service import ShardGroupService
+from quorumlog.runtime.group import completion_future
 from quorumlog.shard.config import ShardConfiguration
 from quorumlog.shard.controller_commands import Query, decode_results, encode_commands
 from quorumlog.shard.group_commands import (
@@ -140,13 +142,12 @@ class ShardMigrator:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.interval_seconds)  # the monitors' period, as in the reference
-            group = self.service.group
-            if group.stopped or group.failure is not None or not group.core.is_leader:
+            if not self.service.group.is_leader:
                 continue
             try:
                 self.round()
-            except Exception:  # a bug here must not stop the loop: log it and go on
-                log.exception("shard group %d: migration round failed", self.service.gid)
+            except QuorumLogError as error:  # refused now (not leader, stopped): next round
+                log.debug("shard group %d: migration round: %s", self.service.gid, error)
 
     def round(self) -> None:
         """One monitor pass: start every action not already in flight."""
@@ -192,7 +193,8 @@ class ShardMigrator:
         # Bounded, so an entry whose fate is never reported cannot hold its action's
         # in-flight slot for ever; the next round proposes again (entries are idempotent).
         await asyncio.wait_for(
-            self.service.group.propose(encode_entry(entry)), PROPOSE_TIMEOUT_SECONDS
+            completion_future(self.service.group.propose(encode_entry(entry))),
+            PROPOSE_TIMEOUT_SECONDS,
         )
 
     async def fetch_configuration(self, number: int) -> None:

@@ -12,17 +12,18 @@ duplicates.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
 from quorumlog.codec import wire
-from quorumlog.errors import NotLeaderError
+from quorumlog.errors import NotLeaderError, QuorumLogError
 from quorumlog.kv.commands import ClientBatch
 from quorumlog.node.kv_service import SCAN_LIMIT_MAX, KVLimits, KVRequestService, Replier
-from quorumlog.runtime.group import GroupRunner
+from quorumlog.raft.invariants import InvariantViolation
+from quorumlog.runtime.completion import Completion
+from quorumlog.runtime.handle import GroupHandle
 from quorumlog.shard.group_commands import (
     ClientWrites,
     ControlApplied,
@@ -62,7 +63,7 @@ class ShardGroupService(KVRequestService):
     def __init__(
         self,
         gid: int,
-        group: GroupRunner,
+        group: GroupHandle,
         machine: ShardGroupMachine,
         leader_address: Callable[[], str | None],
         limits: KVLimits | None = None,
@@ -77,7 +78,8 @@ class ShardGroupService(KVRequestService):
         return encode_entry(ClientWrites(timestamp_ms=timestamp_ms, batches=batches))
 
     def answer_writes(self, chunk: list[tuple[wire.KVWrite, Replier]], applied: Any) -> None:
-        assert isinstance(applied, WritesApplied)
+        if not isinstance(applied, WritesApplied):
+            raise InvariantViolation(f"client writes applied as {type(applied).__name__}")
         for (request, reply), batch_results in zip(chunk, applied.results, strict=True):
             wrong = next((r for r in batch_results if isinstance(r, WrongGroup)), None)
             if wrong is not None:
@@ -162,10 +164,8 @@ class ShardGroupService(KVRequestService):
 
     def answer_delete(self, request_id: int, request: DeleteRequest, reply: Replier) -> None:
         """Only the leader answers a delete: dropping the copy goes through the log."""
-        if not self.group.core.is_leader:
-            self.reject(
-                reply, request_id, NotLeaderError(self.group.node_id, self.group.core.leader_id)
-            )
+        if not self.group.is_leader:
+            self.reject(reply, request_id, NotLeaderError(self.group.node_id, self.group.leader_id))
             return
         outcome = handle_delete_request(self.machine, request)
         if not isinstance(outcome, Propose):
@@ -173,17 +173,18 @@ class ShardGroupService(KVRequestService):
             return
         try:
             future = self.group.propose(encode_entry(outcome.entry))
-        except Exception as error:
+        except QuorumLogError as error:
             self.reject(reply, request_id, error)
             return
 
-        def answer(done: asyncio.Future[Any]) -> None:
+        def answer(done: Completion[Any]) -> None:
             error = done.exception()
             if error is not None:
                 self.reject(reply, request_id, error)
                 return
             result = done.result()
-            assert isinstance(result, ControlApplied)
+            if not isinstance(result, ControlApplied):
+                raise InvariantViolation(f"a delete applied as {type(result).__name__}")
             response = delete_response_after_apply(self.machine, request, result)
             reply(wire.ShardGroupResponse(request_id=request_id, message=encode_message(response)))
 
@@ -198,12 +199,11 @@ class ShardGroupService(KVRequestService):
             for shard in range(machine.shard_count)
             if machine.owns(shard) or machine.shard_state(shard) is not ShardState.SERVING
         }
-        core = self.group.core
         return wire.ShardStatusResponse(
             request_id=request_id,
             node_id=node_id,
             gid=self.gid,
-            is_leader=core.is_leader,
+            is_leader=self.group.is_leader,
             leader=self.leader_address(),
             configuration_number=machine.current_configuration.number,
             shard_states=states,
