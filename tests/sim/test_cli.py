@@ -14,7 +14,7 @@ from quorumlog.testing.sim.checks import InvariantViolation
 
 def test_sim_raft_json_summary() -> None:
     result = CliRunner().invoke(
-        cli, ["sim", "raft", "--seeds", "3-4", "--nodes", "3", "--seconds", "6", "--json"]
+        cli, ["sim", "raft", "--seeds", "3-4", "--nodes", "3", "--seconds", "10", "--json"]
     )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])

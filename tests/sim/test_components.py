@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import msgspec
 import pytest
 
 from quorumlog.raft.configuration import Configuration
@@ -132,27 +133,25 @@ def test_network_faults_are_validated() -> None:
 # --- disk -----------------------------------------------------------------------------
 
 
-def test_disk_crash_loses_unsynced_entries_and_hard_state() -> None:
+def test_disk_crash_loses_unsynced_entries_and_keeps_the_saved_hard_state() -> None:
     disk = SimDisk()
-    disk.append(entries(1, 3))
-    disk.set_hard_state(HardState(term=1, vote="n1", commit=2))
-    disk.sync()
-    disk.append(entries(4, 6))
-    disk.set_hard_state(HardState(term=2, vote="n2", commit=3))
+    disk.store.append(entries(1, 3))
+    disk.store.sync()
+    disk.hard_state.save(HardState(term=1, vote="n1", commit=2))
+    disk.store.append(entries(4, 6))
     report = disk.crash(random.Random(1), torn_tail_probability=0.0)
     assert disk.store.last_index == 3
-    assert disk.hard_state == HardState(term=1, vote="n1", commit=2)
+    assert disk.durable_hard_state == HardState(term=1, vote="n1", commit=2)
     assert report.entries_lost == 3
-    assert report.hard_state_reverted
 
 
 def test_disk_crash_may_keep_a_prefix_of_the_unsynced_tail_but_never_a_gap() -> None:
     kept_counts = set()
     for seed in range(40):
         disk = SimDisk()
-        disk.append(entries(1, 2))
-        disk.sync()
-        disk.append(entries(3, 8))
+        disk.store.append(entries(1, 2))
+        disk.store.sync()
+        disk.store.append(entries(3, 8))
         report = disk.crash(random.Random(seed), torn_tail_probability=1.0)
         assert disk.store.last_index == 2 + report.entries_torn_kept
         assert [e.index for e in disk.store.entries(1, disk.store.last_index + 1)] == list(
@@ -164,31 +163,32 @@ def test_disk_crash_may_keep_a_prefix_of_the_unsynced_tail_but_never_a_gap() -> 
 
 def test_disk_truncation_is_durable_and_lowers_the_synced_index() -> None:
     disk = SimDisk()
-    disk.append(entries(1, 5))
-    disk.sync()
-    disk.truncate_suffix(3)
-    disk.append(entries(4, 4, term=2))
+    disk.store.append(entries(1, 5))
+    disk.store.sync()
+    disk.store.truncate_suffix(3)
+    assert disk.synced_index == 3
+    disk.store.append(entries(4, 4, term=2))
     disk.crash(random.Random(1), torn_tail_probability=0.0)
     assert disk.store.last_index == 3
     assert disk.store.term(3) == 1
 
 
-def test_disk_snapshot_install_resets_the_log_and_compaction_keeps_the_tail() -> None:
+def test_disk_snapshot_save_and_reset_are_durable_at_once() -> None:
     disk = SimDisk()
-    disk.append(entries(1, 10))
-    disk.sync()
+    disk.store.append(entries(1, 10))
+    disk.store.sync()
     meta = SnapshotMeta(index=8, term=1, configuration=Configuration(voters=("n1",)))
-    disk.save_snapshot(meta, b"state")
-    disk.compact(7)
-    assert (disk.store.first_index, disk.store.last_index) == (7, 10)
+    disk.snapshots.save(meta, b"state")
     with pytest.raises(SimulationError):
-        disk.compact(10)
-    disk.install_snapshot(
+        disk.snapshots.save(msgspec.structs.replace(meta, index=7), b"older")
+    disk.snapshots.save(
         SnapshotMeta(index=20, term=3, configuration=Configuration(voters=("n1",))), b"new"
     )
+    disk.store.reset(21)
     assert (disk.store.first_index, disk.store.last_index) == (21, 20)
     disk.crash(random.Random(1), torn_tail_probability=1.0)
     assert disk.snapshot is not None and disk.snapshot.data == b"new"
+    assert (disk.store.first_index, disk.store.last_index) == (21, 20)
 
 
 # --- KV state machine -----------------------------------------------------------------

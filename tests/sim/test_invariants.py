@@ -56,7 +56,7 @@ def test_log_matching_same_index_and_term_different_data(cluster: SimCluster) ->
     last = node.core.log.last_index
     original = node.core.log.entries(last, last + 1)[0]
     forged = LogEntry(index=last, term=original.term, data=b"other", type=original.type)
-    node.disk.truncate_suffix(last - 1)
+    node.disk.store.truncate_suffix(last - 1)
     with pytest.raises(InvariantViolation, match="log matching"):
         cluster.checker.on_append(node, [forged])
 
@@ -65,7 +65,7 @@ def test_log_matching_same_entry_after_a_different_predecessor(cluster: SimClust
     node = cluster.node(followers(cluster)[0])
     last = node.core.log.last_index
     original = node.core.log.entries(last, last + 1)[0]
-    node.disk.truncate_suffix(last - 2)
+    node.disk.store.truncate_suffix(last - 2)
     bridge = LogEntry(index=last - 1, term=original.term + 7, data=b"bridge")
     with pytest.raises(InvariantViolation, match="log matching"):
         cluster.checker.on_append(node, [bridge, original])

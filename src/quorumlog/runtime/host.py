@@ -270,8 +270,16 @@ class RaftHost:
     # --- events in ----------------------------------------------------------------------
 
     def step(self, message: Message) -> None:
-        if self.failure is None and not self.stopped:
-            self.guarded(lambda: self.core.step(message))
+        if self.failure is not None or self.stopped:
+            return
+        try:
+            self.core.step(message)
+        except QuorumLogError:
+            raise
+        except Exception as error:  # the hot path spells out `guarded`
+            self.fail(error)
+            raise GroupFailedError(self.group_id, self.failure or str(error)) from error
+        if not self.scheduled:
             self.schedule()
 
     def propose(self, data: bytes) -> Completion[Any]:
@@ -339,22 +347,28 @@ class RaftHost:
         self.scheduled = False
         if self.failure is not None or self.stopped:
             return
+        core = self.core
+        unwritten = self.unwritten
         try:
-            if not self.syncing:
+            if self.pending_compaction is not None and not self.syncing:
                 self.compact_if_due()  # the store changes only while no sync is in flight
-            self.request_reads()
+            if self.read_requests:
+                self.request_reads()
             # Take Readies even while a sync is in flight: their messages go out at once
             # (the leader replicates while it writes); their durable part waits below.
-            while len(self.unwritten) < self.settings.readies_queued_max and self.core.has_ready():
-                ready = self.core.ready()
-                self.hooks.on_ready(ready)
+            queued_max = self.settings.readies_queued_max
+            send = self.send_message
+            on_ready = self.hooks.on_ready
+            while len(unwritten) < queued_max and core.has_ready():
+                ready = core.ready()
+                on_ready(ready)
                 for message in ready.messages:
-                    self.send_message(message)
-                self.unwritten.append(ready)
+                    send(message)
+                unwritten.append(ready)
         except Exception as error:
             self.fail(error)
             return
-        if not self.syncing and self.unwritten:
+        if unwritten and not self.syncing:
             self.write_and_sync()
 
     def write_and_sync(self) -> None:

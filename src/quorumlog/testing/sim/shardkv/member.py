@@ -47,10 +47,10 @@ from quorumlog.raft.messages import Message, SnapshotMeta
 from quorumlog.raft.ready import Ready
 from quorumlog.storage.entry import EntryType, LogEntry
 from quorumlog.testing.sim.checks import InvariantViolation, SimulationError
-from quorumlog.testing.sim.disk import SimDisk
 from quorumlog.testing.sim.events import EventQueue, derive_random, draw_int
 from quorumlog.testing.sim.invariants import InvariantChecker
 from quorumlog.testing.sim.network import SimNetwork
+from quorumlog.testing.sim.shardkv.legacy_disk import SimDisk
 from quorumlog.testing.sim.trace import TraceRecorder
 
 if TYPE_CHECKING:
