@@ -13,6 +13,7 @@ from quorumlog.errors import (
     NotLeaderError,
     PendingFullError,
     ProposalDroppedError,
+    SessionExpiredError,
 )
 
 
@@ -29,6 +30,9 @@ def error_code(error: BaseException) -> ErrorCode:
         return ErrorCode.CONFIGURATION_IN_PROGRESS
     if isinstance(error, InvalidConfigurationChangeError):
         return ErrorCode.INVALID_CONFIGURATION_CHANGE
+    if isinstance(error, SessionExpiredError):
+        # Known not to have happened, and not to be retried under the same session.
+        return ErrorCode.SESSION_EXPIRED
     return ErrorCode.UNAVAILABLE
 
 
