@@ -90,13 +90,19 @@ class KVCommandResult(msgspec.Struct, frozen=True, array_like=True):
     the field) sees a refusal, which is true: nothing was done."""
 
 
+FIRST_SEQUENCE = 1
+"""Clients number their commands from here (`KVCommand.sequence`)."""
+
+
 class KVWrite(msgspec.Struct, frozen=True, tag=True):
     request_id: int
     client_id: str
     commands: list[KVCommand]
     first_unacknowledged: int = 0
     """Every sequence below this one has its answer at the client: the cluster may forget
-    those results (Raft dissertation §6.3)."""
+    those results (Raft dissertation §6.3). A client sends at most FIRST_SEQUENCE until
+    one of its writes has been answered: the cluster takes a client it has no session for
+    as new only then (`kv.sessions`)."""
     group: str = "kv"
 
 

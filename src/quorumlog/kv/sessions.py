@@ -23,8 +23,9 @@ no session created — when
    record (client id, when) for `expired_ttl_ms`, at most `expired_count_max` of them; or
 2. the table's rule is `FIRST_SEQUENCE` and the batch's `first_unacknowledged` is above 1:
    the client says it holds answers for earlier sequences, so this table (or a session it
-   no longer has) gave them. A client starting out has none: its first batches carry 1
-   (our clients) or 0 (the default on the wire).
+   no longer has) gave them. A client reports at most 1 until one of its writes has been
+   answered (`codec.wire.KVWrite`; 0 is the default on the wire), so a client whose first
+   writes all timed out is still new.
 
 Otherwise it is a new client and gets a new session. The plain KV uses `FIRST_SEQUENCE`:
 a client's sequences all go to its one table, so rule 2 refuses a dropped client for ever,
@@ -48,7 +49,7 @@ import enum
 
 import msgspec
 
-from quorumlog.codec.wire import ErrorCode, KVCommandResult
+from quorumlog.codec.wire import FIRST_SEQUENCE, ErrorCode, KVCommandResult
 from quorumlog.raft.invariants import require
 
 SESSION_TTL_MS_DEFAULT = 60 * 60 * 1000
@@ -60,9 +61,6 @@ EXPIRED_TTL_MS_DEFAULT = 24 * 60 * 60 * 1000
 """How long a dropped session is remembered (rule 1 of the module docstring)."""
 EXPIRED_COUNT_MAX_DEFAULT = 100_000
 """Dropped sessions remembered at most; past it the oldest record is forgotten."""
-
-FIRST_SEQUENCE = 1
-"""Clients number their commands from here."""
 
 FORGOTTEN_RESULT = KVCommandResult(ok=True, value=None)
 """The answer to a duplicate whose result was already released by the client."""
