@@ -11,8 +11,8 @@ same sequence number until `timeout` seconds pass, so a write takes effect at mo
 It raises `UnknownOutcomeError` when a write may or may not have happened,
 `UnavailableError` when no node could take it, and `SessionExpiredError` when the cluster
 no longer has the client's session (the write was not done; later calls use a new
-session). Give each thread its own client; a lock
-also serialises concurrent calls on one client, so sharing one is safe, just not fast.
+session). Give each thread its own client; a lock also serialises concurrent calls on one
+client, so sharing one is safe, just not fast.
 """
 
 from __future__ import annotations

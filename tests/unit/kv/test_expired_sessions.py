@@ -14,7 +14,12 @@ from quorumlog.codec.wire import ErrorCode, KVCommand, KVCommandResult
 from quorumlog.kv import machine as kv_machine
 from quorumlog.kv.commands import ClientBatch, KVEntry, encode_entry
 from quorumlog.kv.machine import KVSnapshot, KVStateMachine, MalformedEntryError
-from quorumlog.kv.sessions import NewClientRule, SessionRecord, SessionTable
+from quorumlog.kv.sessions import (
+    NewClientRule,
+    SessionRecord,
+    SessionTable,
+    is_session_expired,
+)
 
 HOUR_MS = 60 * 60 * 1000
 
@@ -139,6 +144,9 @@ def test_a_batch_of_several_commands_is_refused_whole() -> None:
     assert applier.machine.get("k") == "x"
     assert refused(results)
     assert len(results) == 2
+    # What a service asks to answer the batch with an ErrorResponse instead.
+    assert is_session_expired(results)
+    assert not is_session_expired(applier.run("bob", append(2, "z", key="other")))
 
 
 def test_records_of_dropped_sessions_are_bounded_by_age_and_count() -> None:
