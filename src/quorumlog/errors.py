@@ -135,6 +135,19 @@ class ConnectionRefusedByNodeError(ClientError):
     """A node closed the connection at the handshake (wrong cluster id or protocol)."""
 
 
+class SessionExpiredError(ClientError):
+    """The cluster no longer has this client's session (it expired after idling, or was
+    evicted to make room), so it cannot tell a retry from a new request: the request was
+    refused and NOT carried out.
+
+    Nothing sent under the old session can be made safe by retrying any more: a call that
+    ended in UnknownOutcomeError may or may not have taken effect, and repeating it now
+    would run it as a new request. The client starts a new session (a new client id, its
+    sequences from 1) for its later calls, so it stays usable; whether to repeat the
+    refused call is the caller's decision.
+    """
+
+
 class LeadershipLostError(RaftError):
     """The leader lost its leadership before the proposal's fate was known: it may still
     commit under the next leader. Retry with the same client sequence (deduplicated)."""

@@ -21,7 +21,7 @@ import pytest
 
 from quorumlog import ShardAdmin, ShardedKVClient
 from quorumlog.codec.wire import Frame, KVWrite, KVWriteResult
-from quorumlog.errors import UnavailableError, UnknownOutcomeError
+from quorumlog.errors import SessionExpiredError, UnavailableError, UnknownOutcomeError
 from quorumlog.kv.client import BlockingConnection
 from quorumlog.node.server import Node
 from quorumlog.shard.client import BlockingTransport
@@ -358,3 +358,44 @@ def test_a_rejected_change_raises_and_no_group_means_unavailable(
         admin.leave([7])
     with ShardedKVClient(cluster.endpoints, timeout=0.5) as client, pytest.raises(UnavailableError):
         client.get("nobody-serves-this")
+
+
+def test_a_dropped_session_is_refused_before_and_after_its_shard_moves(
+    cluster: InProcessCluster, admin: ShardAdmin
+) -> None:
+    """Alice's session on a shard is evicted (Bob takes the only place); the shard moves to
+    the other group, which refuses her with SessionExpiredError: her write is not applied,
+    and her next write goes under a new session."""
+    join_both_groups(cluster, admin)
+    key = key_in_group(admin, GIDS[0], prefix="expiry")
+    shard = shard_for_key(key, SHARD_COUNT)
+    bob_key = next(
+        f"bob-{number}"
+        for number in range(10_000)
+        if shard_for_key(f"bob-{number}", SHARD_COUNT) == shard
+    )
+
+    async def one_session_place() -> None:
+        # On the event loop, before Bob's write exists: every replica evicts alike.
+        for node in cluster.nodes:
+            node.shard_services[GIDS[0]].machine.shards[shard].sessions.session_count_max = 1
+
+    with (
+        ShardedKVClient(cluster.endpoints, timeout=10.0) as alice,
+        ShardedKVClient(cluster.endpoints, timeout=10.0) as bob,
+    ):
+        alice.append(key, "x")
+        first_id = alice.client_id
+        cluster.run(one_session_place())
+        bob.put(bob_key, "y")
+        number = admin.move(shard, GIDS[1])
+        wait_until(lambda: cluster.settled(number), "the move to settle")
+        with pytest.raises(SessionExpiredError):
+            alice.append(key, "z")
+        assert alice.router.gid_of_key(key) == GIDS[1]
+        assert alice.get(key) == "x"
+        assert alice.client_id != first_id
+        alice.append(key, "w")
+        assert alice.get(key) == "xw"
+        bob.append(bob_key, "+")  # Bob's session moved as a live one
+        assert bob.get(bob_key) == "y+"

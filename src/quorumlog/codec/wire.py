@@ -63,6 +63,8 @@ class ErrorCode(enum.Enum):
     ALREADY_EXISTS = "already_exists"
     OUT_OF_RANGE = "out_of_range"
     WRONG_GROUP = "wrong_group"
+    SESSION_EXPIRED = "session_expired"
+    """The cluster no longer has the client's session: the write was not carried out."""
 
 
 class KVCommand(msgspec.Struct, frozen=True, array_like=True):
@@ -81,6 +83,15 @@ class KVCommandResult(msgspec.Struct, frozen=True, array_like=True):
     ok: bool = True
     value: str | None = None
     """"put"/"append"/"delete": the value before; "cas": the value found."""
+    error: ErrorCode | None = None
+    """Set when the command was not carried out for a reason the caller must see as an
+    error, not as an answer: SESSION_EXPIRED. `ok` is then False. A trailing field with a
+    default, so results from an older node decode here, and an older client (which ignores
+    the field) sees a refusal, which is true: nothing was done."""
+
+
+FIRST_SEQUENCE = 1
+"""Clients number their commands from here (`KVCommand.sequence`)."""
 
 
 class KVWrite(msgspec.Struct, frozen=True, tag=True):
@@ -89,7 +100,9 @@ class KVWrite(msgspec.Struct, frozen=True, tag=True):
     commands: list[KVCommand]
     first_unacknowledged: int = 0
     """Every sequence below this one has its answer at the client: the cluster may forget
-    those results (Raft dissertation §6.3)."""
+    those results (Raft dissertation §6.3). A client sends at most FIRST_SEQUENCE until
+    one of its writes has been answered: the cluster takes a client it has no session for
+    as new only then (`kv.sessions`)."""
     group: str = "kv"
 
 

@@ -9,13 +9,18 @@ leave as ONE `KVWrite` with many commands, and reads of one turn as one `KVRead`
 turns the writes of its own turn into one log entry. Retries, sequences and errors are
 those of `KVClient`: a batch is retried whole with the same sequences, and each waiting
 call gets its own result or error.
+
+Sessions: every command is numbered in the session current when it was called, and a
+batch holds commands of one session only. When the cluster says a session is gone
+(`SessionExpiredError`, raised by each call of the refused batch), the first such answer
+starts a new session for the calls made after it; commands already numbered in the old
+session keep it, so a retry never reuses an old sequence under the new client id.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
@@ -40,19 +45,21 @@ from quorumlog.codec.wire import (
     decode,
     encode,
 )
-from quorumlog.errors import ClientError, UnknownOutcomeError
+from quorumlog.errors import ClientError, SessionExpiredError, UnknownOutcomeError
 from quorumlog.kv.connection import (
     CLUSTER_ID_DEFAULT,
+    ClientSession,
     EndpointSelector,
     Member,
     RequestAttempts,
-    SequenceTracker,
+    SessionHolder,
     attempt_timeout_for,
     check_command_result,
     check_timeout,
     command_identity,
     hello_frame,
     members_from_status,
+    new_client_id,
     parse_endpoint,
     welcome_node_id,
     write_results,
@@ -189,14 +196,20 @@ class StreamConnection:
 
 
 class PendingCommand:
-    __slots__ = ("command", "deadline", "future")
+    __slots__ = ("command", "deadline", "future", "session")
 
     def __init__(
-        self, command: KVCommand, deadline: float, future: asyncio.Future[KVCommandResult]
+        self,
+        command: KVCommand,
+        deadline: float,
+        future: asyncio.Future[KVCommandResult],
+        session: ClientSession,
     ):
         self.command = command
         self.deadline = deadline
         self.future = future
+        self.session = session
+        """The session the command's sequence was numbered in."""
 
 
 class PendingRead:
@@ -217,7 +230,7 @@ def fail_waiting(futures: list[asyncio.Future[Any]], error: BaseException) -> No
             future.set_exception(error)
 
 
-class AsyncKVClient:
+class AsyncKVClient(SessionHolder):
     """An asyncio client of the replicated KV. See the module docstring.
 
     Use it from one event loop. `batch_commands_max` bounds the commands in one KVWrite
@@ -245,14 +258,13 @@ class AsyncKVClient:
         self.timeout = timeout
         self.attempt_timeout_seconds = attempt_timeout_for(timeout, attempt_timeout_seconds)
         self.cluster_id = cluster_id
-        self.client_id = client_id or uuid.uuid4().hex
+        self.session = ClientSession(client_id or new_client_id(), hold_seconds=timeout)
         self.batch_commands_max = batch_commands_max
         self.sequence_window_max = sequence_window_max
         self.group = group
         """The group every KVWrite and KVRead names: "kv", or "shard-<gid>" of the sharded
         KV (the caller routes each key to the group owning its shard)."""
         self.selector = EndpointSelector(endpoints)
-        self.sequences = SequenceTracker(hold_seconds=timeout)
         self.connections: dict[str, asyncio.Task[StreamConnection]] = {}
         self.next_request_id = 1
         self.pending_writes: list[PendingCommand] = []
@@ -298,11 +310,14 @@ class AsyncKVClient:
         self.check_open()
         loop = asyncio.get_running_loop()
         await self.wait_for_window()
+        session = self.session
         identity = (op, key, value, expected)
-        sequence = self.sequences.allocate(identity, loop.time())
+        sequence = session.sequences.allocate(identity, loop.time())
         command = KVCommand(sequence, op, key, value, expected)
         future: asyncio.Future[KVCommandResult] = loop.create_future()
-        self.pending_writes.append(PendingCommand(command, loop.time() + self.timeout, future))
+        self.pending_writes.append(
+            PendingCommand(command, loop.time() + self.timeout, future, session)
+        )
         if len(self.pending_writes) >= self.batch_commands_max:
             self.flush_writes()
         else:
@@ -310,12 +325,12 @@ class AsyncKVClient:
         try:
             result = await future
         except UnknownOutcomeError:
-            self.sequences.hold_unknown(sequence, command_identity(command), loop.time())
+            session.sequences.hold_unknown(sequence, command_identity(command), loop.time())
             raise
         except BaseException:
-            self.acknowledge(sequence)
+            self.acknowledge(session, sequence)
             raise
-        self.acknowledge(sequence)
+        self.acknowledge(session, sequence)
         return check_command_result(command, result)
 
     async def wait_for_window(self) -> None:
@@ -336,9 +351,17 @@ class AsyncKVClient:
             except TimeoutError:
                 pass
 
-    def acknowledge(self, sequence: int) -> None:
-        self.sequences.acknowledge(sequence)
+    def acknowledge(self, session: ClientSession, sequence: int) -> None:
+        session.sequences.acknowledge(sequence)
         if not self.window_free.is_set():
+            self.window_free.set()
+
+    def session_expired(self, session: ClientSession) -> None:
+        """The cluster no longer has `session`: calls made from now on go under a new one
+        (once per session, however many of its batches are refused)."""
+        if self.session is session:
+            self.session = session.renewed()
+            # Calls waiting for room in the old session's window have room in the new one.
             self.window_free.set()
 
     # --- batching -----------------------------------------------------------------------
@@ -356,14 +379,17 @@ class AsyncKVClient:
 
     def flush_writes(self) -> None:
         """Cut the queued writes into KVWrites bounded by command count and by bytes (a
-        frame over the node's frame_bytes_max would be refused whole)."""
+        frame over the node's frame_bytes_max would be refused whole), each of one session."""
         pending = self.pending_writes
         while pending:
             size = 0
             count = 0
+            session = pending[0].session
             for command in pending[: self.batch_commands_max]:
                 command_bytes = command_size_bound(command.command)
                 if count and size + command_bytes > BATCH_BYTES_MAX:
+                    break
+                if command.session is not session:
                     break
                 size += command_bytes
                 count += 1
@@ -385,14 +411,15 @@ class AsyncKVClient:
 
     async def send_writes(self, batch: list[PendingCommand]) -> None:
         commands = [pending.command for pending in batch]
+        session = batch[0].session
 
         def make_request(request_id: int) -> KVWrite:
             self.write_requests_sent += 1
             return KVWrite(
                 request_id=request_id,
-                client_id=self.client_id,
+                client_id=session.client_id,
                 commands=commands,
-                first_unacknowledged=self.sequences.first_unacknowledged(),
+                first_unacknowledged=session.first_unacknowledged(),
                 group=self.group,
             )
 
@@ -405,7 +432,10 @@ class AsyncKVClient:
                 timeout_seconds=min(p.deadline for p in batch) - asyncio.get_running_loop().time(),
             )
             results = write_results(response, len(commands), self.selector.choose())
+            session.answered = True
         except BaseException as error:
+            if isinstance(error, SessionExpiredError):
+                self.session_expired(session)
             fail_waiting([pending.future for pending in batch], error)
             if isinstance(error, asyncio.CancelledError):
                 raise

@@ -8,9 +8,11 @@
 
 It finds the leader and caches it, follows NOT_LEADER hints, and retries a write with the
 same sequence number until `timeout` seconds pass, so a write takes effect at most once.
-It raises `UnknownOutcomeError` when a write may or may not have happened, and
-`UnavailableError` when no node could take it. Give each thread its own client; a lock
-also serialises concurrent calls on one client, so sharing one is safe, just not fast.
+It raises `UnknownOutcomeError` when a write may or may not have happened,
+`UnavailableError` when no node could take it, and `SessionExpiredError` when the cluster
+no longer has the client's session (the write was not done; later calls use a new
+session). Give each thread its own client; a lock also serialises concurrent calls on one
+client, so sharing one is safe, just not fast.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import contextlib
 import socket
 import threading
 import time
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -44,19 +45,22 @@ from quorumlog.codec.wire import (
     decode,
     encode,
 )
-from quorumlog.errors import ClientError, UnknownOutcomeError
+from quorumlog.errors import ClientError, SessionExpiredError, UnknownOutcomeError
 from quorumlog.kv.connection import (
     CLUSTER_ID_DEFAULT,
+    ClientSession,
     CommandIdentity,
     EndpointSelector,
     Member,
     RequestAttempts,
     SequenceTracker,
+    SessionHolder,
     attempt_timeout_for,
     check_command_result,
     check_timeout,
     hello_frame,
     members_from_status,
+    new_client_id,
     parse_endpoint,
     welcome_node_id,
     write_results,
@@ -197,8 +201,31 @@ def tracked_sequence(sequences: SequenceTracker, identity: CommandIdentity) -> I
     sequences.acknowledge(sequence)
 
 
-class KVOperations(ABC):
+class KVOperations(SessionHolder, ABC):
     """put, append, delete and cas of the blocking KV clients, on top of their `write`."""
+
+    def session_write(
+        self,
+        identity: CommandIdentity,
+        send: Callable[[ClientSession, KVCommand], KVWriteResult],
+        answered_by: Callable[[], str],
+    ) -> KVCommandResult:
+        """Number the command of `identity` in the current session, `send` it, and read
+        its one result (`answered_by`: who answered, for errors). If the cluster says the
+        session is gone, later writes go under a new one; the refused command was not
+        done and is not sent again."""
+        session = self.session
+        try:
+            with tracked_sequence(session.sequences, identity) as sequence:
+                command = KVCommand(sequence, *identity)
+                response = send(session, command)
+            [result] = write_results(response, 1, answered_by())
+            session.answered = True
+            return check_command_result(command, result)
+        except SessionExpiredError:
+            if self.session is session:
+                self.session = session.renewed()
+            raise
 
     def put(self, key: str, value: str) -> None:
         self.write("put", key, value, None)
@@ -234,9 +261,8 @@ class KVClient(KVOperations, AttemptSender, Closing):
         self.timeout = timeout
         self.attempt_timeout_seconds = attempt_timeout_for(timeout, attempt_timeout_seconds)
         self.cluster_id = cluster_id
-        self.client_id = client_id or uuid.uuid4().hex
+        self.session = ClientSession(client_id or new_client_id(), hold_seconds=timeout)
         self.selector = EndpointSelector(endpoints)
-        self.sequences = SequenceTracker(hold_seconds=timeout)
         self.connection: BlockingConnection | None = None
         self.next_request_id = 1
         self.lock = threading.RLock()
@@ -259,21 +285,21 @@ class KVClient(KVOperations, AttemptSender, Closing):
 
     def write(self, op: str, key: str, value: str | None, expected: str | None) -> KVCommandResult:
         with self.lock:
-            with tracked_sequence(self.sequences, (op, key, value, expected)) as sequence:
-                command = KVCommand(sequence, op, key, value, expected)
-                response = self.call(
+
+            def send(session: ClientSession, command: KVCommand) -> KVWriteResult:
+                return self.call(
                     f"{op} {key!r}",
                     lambda request_id: KVWrite(
                         request_id=request_id,
-                        client_id=self.client_id,
+                        client_id=session.client_id,
                         commands=[command],
-                        first_unacknowledged=self.sequences.first_unacknowledged(),
+                        first_unacknowledged=session.first_unacknowledged(),
                     ),
                     KVWriteResult,
                     side_effects=True,
                 )
-            [result] = write_results(response, 1, self.selector.choose())
-            return check_command_result(command, result)
+
+            return self.session_write((op, key, value, expected), send, self.selector.choose)
 
     # --- cluster ------------------------------------------------------------------------
 

@@ -3,7 +3,8 @@
 - endpoints: parsing "host:port", and `EndpointSelector`, which picks whom to ask next
   (the cached leader, a node named in a NOT_LEADER hint, else the next endpoint in turn);
 - the handshake: the `Hello` a client sends and how it reads the answer;
-- `SequenceTracker`: sequence numbers and `first_unacknowledged` for one client id;
+- `SequenceTracker`: sequence numbers and `first_unacknowledged` for one client id, and
+  `ClientSession`, the two together;
 - `RequestAttempts`: the retry rules for one request, fed each attempt's outcome, deciding
   whether to try again (where, after what back-off) and, at the deadline, which error to
   raise: `UnknownOutcomeError` if some attempt may have reached a node, else
@@ -13,13 +14,17 @@ How the clients read the node's error codes (the node's side is `node/errors_to_
 NOT_LEADER, PENDING_FULL and TRANSFERRING mean "not accepted here": retry elsewhere or
 later. UNAVAILABLE, TIMEOUT and INTERNAL may come after a proposal was appended, so a write
 that got one may still take effect; it is retried (with the same sequence) all the same.
-Every other code is a refusal of the request itself and is raised as
+SESSION_EXPIRED (as an error code, or as the error of a write's results) means the cluster
+no longer has the client's session and refused the write: it is raised as
+`SessionExpiredError` at once, and the client goes on under a new session (a new client id,
+sequences from 1). Every other code is a refusal of the request itself and is raised as
 `RequestRejectedError` at once.
 """
 
 from __future__ import annotations
 
 import heapq
+import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -27,6 +32,7 @@ import msgspec
 
 from quorumlog.codec.frame import encode_frame
 from quorumlog.codec.wire import (
+    FIRST_SEQUENCE,
     ErrorCode,
     ErrorResponse,
     Frame,
@@ -43,6 +49,7 @@ from quorumlog.errors import (
     ClientError,
     ConnectionRefusedByNodeError,
     RequestRejectedError,
+    SessionExpiredError,
     UnavailableError,
     UnknownOutcomeError,
 )
@@ -175,7 +182,7 @@ class SequenceTracker:
 
     def __init__(self, hold_seconds: float) -> None:
         self.hold_seconds = hold_seconds
-        self.next_sequence = 1
+        self.next_sequence = FIRST_SEQUENCE
         self.outstanding: list[int] = []
         """A heap of sequences handed out; entries in `done` are removed lazily."""
         self.done: set[int] = set()
@@ -224,6 +231,52 @@ class SequenceTracker:
         return self.next_sequence - self.first_unacknowledged()
 
 
+def new_client_id() -> str:
+    return uuid.uuid4().hex
+
+
+class ClientSession:
+    """A client id and the sequences numbered under it. When the cluster says the session
+    is gone (SessionExpiredError), a client starts a new one: a fresh id, sequences from 1,
+    which the cluster takes for a new client."""
+
+    __slots__ = ("answered", "client_id", "sequences")
+
+    def __init__(self, client_id: str, hold_seconds: float) -> None:
+        self.client_id = client_id
+        self.sequences = SequenceTracker(hold_seconds)
+        self.answered = False
+        """True once the cluster answered a write of this session: it then has (or had)
+        a session for this client."""
+
+    def first_unacknowledged(self) -> int:
+        """What a write reports as its `first_unacknowledged`: FIRST_SEQUENCE until a write
+        was answered. Sequences released after an unknown outcome count as acknowledged
+        here, yet the cluster may never have seen them; reporting more than 1 before any
+        answer would make the cluster take this new client for one whose session it lost."""
+        if not self.answered:
+            return FIRST_SEQUENCE
+        return self.sequences.first_unacknowledged()
+
+    def renewed(self) -> ClientSession:
+        return ClientSession(new_client_id(), self.sequences.hold_seconds)
+
+
+class SessionHolder:
+    """A client whose writes go under `session`, replaced by a new one when it is gone."""
+
+    session: ClientSession
+
+    @property
+    def client_id(self) -> str:
+        """The current session's id (a new one after SessionExpiredError)."""
+        return self.session.client_id
+
+    @property
+    def sequences(self) -> SequenceTracker:
+        return self.session.sequences
+
+
 def command_identity(command: KVCommand) -> CommandIdentity:
     return (command.op, command.key, command.value, command.expected)
 
@@ -234,15 +287,29 @@ def command_identity(command: KVCommand) -> CommandIdentity:
 def write_results(
     response: KVWriteResult, command_count: int, endpoint: str
 ) -> list[KVCommandResult]:
+    """The results of a write; SessionExpiredError if the cluster refused it for that."""
     if len(response.results) != command_count:
         raise ClientError(
             f"{endpoint} answered {command_count} commands with {len(response.results)} results"
         )
+    for result in response.results:
+        if result.error is ErrorCode.SESSION_EXPIRED:
+            raise SessionExpiredError(
+                f"{endpoint}: the cluster no longer has this client's session (it expired "
+                f"or was evicted); the write was not carried out"
+            )
     return response.results
 
 
 def check_command_result(command: KVCommand, result: KVCommandResult) -> KVCommandResult:
-    """A result as the caller sees it: ok=False is an answer for "cas", a refusal otherwise."""
+    """A result as the caller sees it: ok=False is an answer for "cas", a refusal otherwise
+    (and always when the result carries an error)."""
+    if result.error is ErrorCode.SESSION_EXPIRED:
+        raise SessionExpiredError(f"the cluster refused {command.op} {command.key!r}")
+    if result.error is not None:
+        raise RequestRejectedError(
+            result.error.value, f"the cluster refused {command.op} {command.key!r}"
+        )
     if not result.ok and command.op != "cas":
         raise RequestRejectedError(
             "bad_request", f"the cluster could not {command.op} {command.key!r}"
@@ -386,6 +453,8 @@ class RequestAttempts:
         if code in BUSY_CODES:
             self.failed_once(busy=True)
             return None
+        if code is ErrorCode.SESSION_EXPIRED:
+            raise SessionExpiredError(f"{endpoint}: {frame.message}")
         raise RequestRejectedError(code.value, frame.message)
 
     def failed_once(self, busy: bool) -> None:

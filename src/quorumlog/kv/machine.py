@@ -6,8 +6,14 @@ machine is total: a well-formed entry never makes it raise (a command it cannot 
 gets `ok=False`); bytes that do not decode as an entry are corruption and raise
 `MalformedEntryError`, because the log only ever holds what a leader encoded.
 
+A batch from a client whose session the machine no longer has (expired or evicted) is
+refused, not run: each of its commands gets `SESSION_EXPIRED_RESULT` (see `kv.sessions`
+for how a new client is told from such a one; the plain KV uses the `FIRST_SEQUENCE` rule).
+
 Snapshots are msgspec MessagePack of the whole state — keys sorted, sessions in activity
 order — so the same state always gives the same bytes (replicas can compare checksums).
+Format 2 added the records of dropped sessions (`SessionRecord.expired`); format 1 (none)
+is still read. A build that knows neither refuses the snapshot, naming both formats.
 """
 
 from __future__ import annotations
@@ -21,15 +27,23 @@ from quorumlog.codec.wire import KVCommand, KVCommandResult
 from quorumlog.errors import QuorumLogError
 from quorumlog.kv.commands import KVEntry, decode_entry
 from quorumlog.kv.sessions import (
+    EXPIRED_COUNT_MAX_DEFAULT,
+    EXPIRED_TTL_MS_DEFAULT,
     SESSION_COUNT_MAX_DEFAULT,
+    SESSION_EXPIRED_RESULT,
     SESSION_RESULTS_MAX_DEFAULT,
     SESSION_TTL_MS_DEFAULT,
+    NewClientRule,
     SessionRecord,
     SessionTable,
     lookup_duplicate,
 )
 
-SNAPSHOT_FORMAT_VERSION = 1
+SNAPSHOT_FORMAT_VERSION = 2
+"""The format `snapshot` writes."""
+SNAPSHOT_FORMAT_VERSIONS_READ = frozenset({1, SNAPSHOT_FORMAT_VERSION})
+"""1: before dropped sessions were recorded; its records read as live sessions, which is
+what they are."""
 
 REJECTED_RESULT = KVCommandResult(ok=False, value=None)
 OK_RESULT = KVCommandResult(ok=True, value=None)
@@ -78,11 +92,22 @@ class KVStateMachine:
         session_ttl_ms: int = SESSION_TTL_MS_DEFAULT,
         session_count_max: int = SESSION_COUNT_MAX_DEFAULT,
         session_results_max: int = SESSION_RESULTS_MAX_DEFAULT,
+        expired_ttl_ms: int = EXPIRED_TTL_MS_DEFAULT,
+        expired_count_max: int = EXPIRED_COUNT_MAX_DEFAULT,
     ) -> None:
         self.data: dict[str, str] = {}
-        self.sessions = SessionTable(session_ttl_ms, session_count_max, session_results_max)
+        self.sessions = SessionTable(
+            session_ttl_ms,
+            session_count_max,
+            session_results_max,
+            NewClientRule.FIRST_SEQUENCE,
+            expired_ttl_ms,
+            expired_count_max,
+        )
         self._applied_index = 0
         self.duplicate_count = 0
+        self.session_expired_count = 0
+        """Commands refused because their client's session was gone."""
 
     # --- reads --------------------------------------------------------------------------
 
@@ -130,6 +155,10 @@ class KVStateMachine:
         sessions.advance_clock(entry.timestamp_ms)
         all_results: list[list[KVCommandResult]] = []
         for batch in entry.batches:
+            if not sessions.admits(batch.client_id, batch.first_unacknowledged):
+                self.session_expired_count += len(batch.commands)
+                all_results.append([SESSION_EXPIRED_RESULT] * len(batch.commands))
+                continue
             session = sessions.touch(batch.client_id, batch.first_unacknowledged)
             batch_results: list[KVCommandResult] = []
             for command in batch.commands:
@@ -168,15 +197,19 @@ class KVStateMachine:
             raise MalformedEntryError(
                 f"KV snapshot ({len(data)} bytes) does not decode: {error}"
             ) from error
-        if snapshot.format_version != SNAPSHOT_FORMAT_VERSION:
+        if snapshot.format_version not in SNAPSHOT_FORMAT_VERSIONS_READ:
             raise MalformedEntryError(
-                f"KV snapshot format {snapshot.format_version}; this build reads "
-                f"{SNAPSHOT_FORMAT_VERSION}"
+                f"KV snapshot format {snapshot.format_version}; this build reads formats "
+                f"{sorted(SNAPSHOT_FORMAT_VERSIONS_READ)}"
             )
+        current = self.sessions
         restored = SessionTable(
-            self.sessions.session_ttl_ms,
-            self.sessions.session_count_max,
-            self.sessions.session_results_max,
+            current.session_ttl_ms,
+            current.session_count_max,
+            current.session_results_max,
+            current.new_client_rule,
+            current.expired_ttl_ms,
+            current.expired_count_max,
         )
         try:
             restored.load_records(snapshot.clock_ms, snapshot.sessions)

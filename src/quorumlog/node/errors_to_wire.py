@@ -13,6 +13,7 @@ from quorumlog.errors import (
     PendingFullError,
     ProposalDroppedError,
     QuorumLogError,
+    SessionExpiredError,
 )
 from quorumlog.runtime.completion import Completion
 
@@ -30,6 +31,9 @@ def error_code(error: BaseException) -> ErrorCode:
         return ErrorCode.CONFIGURATION_IN_PROGRESS
     if isinstance(error, InvalidConfigurationChangeError):
         return ErrorCode.INVALID_CONFIGURATION_CHANGE
+    if isinstance(error, SessionExpiredError):
+        # Known not to have happened, and not to be retried under the same session.
+        return ErrorCode.SESSION_EXPIRED
     return ErrorCode.UNAVAILABLE
 
 

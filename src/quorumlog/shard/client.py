@@ -20,7 +20,8 @@ per group could not do this: each would have its own client id and sequences.
 
 Errors are those of KVClient: `UnknownOutcomeError` when a write may or may not have
 happened, `UnavailableError` when it certainly did not, `RequestRejectedError` when the
-cluster refused it.
+cluster refused it, `SessionExpiredError` when the owning group no longer has this client's
+session for the shard (not done; later writes go under a new client id and sequences).
 
 The parts without I/O (`ShardRouter`, `RoutedCall`) are separate so they can be tested
 without a cluster; `BlockingTransport` is the I/O both this client and `ShardAdmin` use.
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -58,19 +58,18 @@ from quorumlog.kv.client import (
     AttemptSender,
     BlockingConnection,
     KVOperations,
-    tracked_sequence,
 )
 from quorumlog.kv.connection import (
     BACKOFF_SECONDS_INITIAL,
     CLUSTER_ID_DEFAULT,
+    ClientSession,
     EndpointSelector,
     RequestAttempts,
-    SequenceTracker,
+    SessionHolder,
     attempt_timeout_for,
-    check_command_result,
     check_timeout,
     describe,
-    write_results,
+    new_client_id,
 )
 from quorumlog.kv.lifetime import Closing
 from quorumlog.shard.config import UNASSIGNED_GID, ShardConfiguration, shard_for_key
@@ -338,9 +337,11 @@ class ControllerChannel:
 # --- the clients ----------------------------------------------------------------------------
 
 
-class ControllerClient(Closing):
+class ControllerClient(SessionHolder, Closing):
     """What ShardedKVClient and ShardAdmin share: one transport to every node, the
-    controller channel through it, one sequence tracker, a lock and the closed flag."""
+    controller channel through it, one session (client id and sequences), a lock and the
+    closed flag. The transport keeps the first client id (its handshakes and controller
+    queries); only the session is renewed, by ShardedKVClient, after SessionExpiredError."""
 
     closed_message = "the client is closed"
 
@@ -354,12 +355,11 @@ class ControllerClient(Closing):
     ) -> None:
         check_timeout(timeout)
         self.timeout = timeout
-        self.client_id = client_id
+        self.session = ClientSession(client_id, hold_seconds=timeout)
         self.transport = BlockingTransport(
-            cluster_id, self.client_id, attempt_timeout_for(timeout, attempt_timeout_seconds)
+            cluster_id, client_id, attempt_timeout_for(timeout, attempt_timeout_seconds)
         )
         self.controller = ControllerChannel(endpoints, self.transport, timeout)
-        self.sequences = SequenceTracker(hold_seconds=timeout)
         self.lock = threading.RLock()
         self.closed = False
 
@@ -385,7 +385,7 @@ class ShardedKVClient(KVOperations, ControllerClient):
         attempt_timeout_seconds: float | None = None,
     ) -> None:
         super().__init__(
-            endpoints, timeout, cluster_id, client_id or uuid.uuid4().hex, attempt_timeout_seconds
+            endpoints, timeout, cluster_id, client_id or new_client_id(), attempt_timeout_seconds
         )
         self.router = ShardRouter()
 
@@ -410,23 +410,25 @@ class ShardedKVClient(KVOperations, ControllerClient):
 
     def write(self, op: str, key: str, value: str | None, expected: str | None) -> KVCommandResult:
         with self.lock:
-            with tracked_sequence(self.sequences, (op, key, value, expected)) as sequence:
-                command = KVCommand(sequence, op, key, value, expected)
-                response = self.routed(
+
+            def send(session: ClientSession, command: KVCommand) -> KVWriteResult:
+                return self.routed(
                     f"{op} {key!r}",
                     key,
                     lambda request_id, group: KVWrite(
                         request_id=request_id,
-                        client_id=self.client_id,
+                        client_id=session.client_id,
                         commands=[command],
-                        first_unacknowledged=self.sequences.first_unacknowledged(),
+                        first_unacknowledged=session.first_unacknowledged(),
                         group=group,
                     ),
                     KVWriteResult,
                     side_effects=True,
                 )
-            [result] = write_results(response, 1, shard_group_name_of(self.router, key))
-            return check_command_result(command, result)
+
+            return self.session_write(
+                (op, key, value, expected), send, lambda: shard_group_name_of(self.router, key)
+            )
 
     # --- configuration ------------------------------------------------------------------
 

@@ -56,6 +56,16 @@ while it matters.
 
 Clients: a write or read for a shard this group does not own in the current configuration,
 or owns but is PULLING, gets `WrongGroup` and changes nothing.
+
+Dropped sessions: a shard's table remembers the clients whose sessions it dropped (expired
+or evicted; `kv.sessions`, rule `NOT_REMEMBERED`: a client numbers its commands across all
+shards, so its first write to a shard may carry any sequence). A batch from such a client,
+on any shard it touches that this group serves, is refused whole: each of those commands
+gets `SESSION_EXPIRED_RESULT` (the others `WrongGroup`) and nothing is applied. The records
+move with the shard, in its session records (`SessionRecord.expired`), so the new owner
+refuses the client too.
+
+Snapshots: format 2 added those records; format 1 is still read.
 """
 
 from __future__ import annotations
@@ -65,11 +75,16 @@ import enum
 import msgspec
 
 from quorumlog.codec.wire import KVCommandResult
+from quorumlog.kv.commands import ClientBatch
 from quorumlog.kv.machine import MalformedEntryError, decode_log_entry, execute_write
 from quorumlog.kv.sessions import (
+    EXPIRED_COUNT_MAX_DEFAULT,
+    EXPIRED_TTL_MS_DEFAULT,
     SESSION_COUNT_MAX_DEFAULT,
+    SESSION_EXPIRED_RESULT,
     SESSION_RESULTS_MAX_DEFAULT,
     SESSION_TTL_MS_DEFAULT,
+    NewClientRule,
     Session,
     SessionRecord,
     SessionTable,
@@ -102,7 +117,10 @@ from quorumlog.shard.group_commands import (
     decode_entry,
 )
 
-SNAPSHOT_FORMAT_VERSION = 1
+SNAPSHOT_FORMAT_VERSION = 2
+"""The format `snapshot` writes."""
+SNAPSHOT_FORMAT_VERSIONS_READ = frozenset({1, SNAPSHOT_FORMAT_VERSION})
+"""1: before dropped sessions were recorded; its records read as live sessions."""
 
 PULL_ITEM_OVERHEAD_BYTES = 8
 """What one key/value pair adds to a pull chunk beyond its characters (msgpack headers)."""
@@ -166,6 +184,8 @@ class ShardGroupMachine:
         session_ttl_ms: int = SESSION_TTL_MS_DEFAULT,
         session_count_max: int = SESSION_COUNT_MAX_DEFAULT,
         session_results_max: int = SESSION_RESULTS_MAX_DEFAULT,
+        expired_ttl_ms: int = EXPIRED_TTL_MS_DEFAULT,
+        expired_count_max: int = EXPIRED_COUNT_MAX_DEFAULT,
     ) -> None:
         if gid <= UNASSIGNED_GID:
             raise ValueError(f"gid must be positive, got {gid}")
@@ -175,6 +195,8 @@ class ShardGroupMachine:
         self.session_ttl_ms = session_ttl_ms
         self.session_count_max = session_count_max
         self.session_results_max = session_results_max
+        self.expired_ttl_ms = expired_ttl_ms
+        self.expired_count_max = expired_count_max
         self.shards = [Shard(self.new_session_table()) for _ in range(shard_count)]
         self.current_configuration = empty_configuration(shard_count)
         self.previous_configuration = self.current_configuration
@@ -183,12 +205,21 @@ class ShardGroupMachine:
         self.clock_ms = 0
         self._applied_index = 0
         self.duplicate_count = 0
+        self.session_expired_count = 0
+        """Commands refused because their client's session on the shard was gone."""
         self.frozen_cache: dict[int, tuple[list[str], list[SessionRecord]]] = {}
         """BE_PULLING shard → its sorted keys and its sessions (see `frozen_contents`); not
         part of the state."""
 
     def new_session_table(self) -> SessionTable:
-        return SessionTable(self.session_ttl_ms, self.session_count_max, self.session_results_max)
+        return SessionTable(
+            self.session_ttl_ms,
+            self.session_count_max,
+            self.session_results_max,
+            NewClientRule.NOT_REMEMBERED,
+            self.expired_ttl_ms,
+            self.expired_count_max,
+        )
 
     # --- reads --------------------------------------------------------------------------
 
@@ -390,31 +421,46 @@ class ShardGroupMachine:
 
     def apply_client_writes(self, entry: ClientWrites) -> WritesApplied:
         self.advance_clock(entry.timestamp_ms)
-        all_results: list[list[WriteResult]] = []
-        for batch in entry.batches:
-            # A batch may span shards; each shard keeps its own session for the client.
-            touched: dict[int, Session] = {}
-            batch_results: list[WriteResult] = []
-            for command in batch.commands:
-                index = self.shard_for_key(command.key)
-                if not self.can_serve(index):
-                    batch_results.append(WrongGroup(index, self.current_configuration.number))
-                    continue
-                shard = self.shards[index]
-                session = touched.get(index)
-                if session is None:
-                    shard.sessions.advance_clock(self.clock_ms)
-                    session = shard.sessions.touch(batch.client_id, batch.first_unacknowledged)
-                    touched[index] = session
-                result = lookup_duplicate(session, command.sequence)
-                if result is None:
-                    result = execute_write(shard.data, command)
-                    shard.sessions.remember(session, command.sequence, result)
-                else:
-                    self.duplicate_count += 1
-                batch_results.append(result)
-            all_results.append(batch_results)
-        return WritesApplied(all_results)
+        return WritesApplied([self.apply_batch(batch) for batch in entry.batches])
+
+    def apply_batch(self, batch: ClientBatch) -> list[WriteResult]:
+        """One client batch. It may span shards; each shard keeps its own session for the
+        client, and the batch is refused whole if any served shard dropped that session."""
+        indexes = [self.shard_for_key(command.key) for command in batch.commands]
+        served = {index for index in indexes if self.can_serve(index)}
+        refused = False
+        for index in sorted(served):
+            sessions = self.shards[index].sessions
+            sessions.advance_clock(self.clock_ms)
+            if not sessions.admits(batch.client_id, batch.first_unacknowledged):
+                refused = True
+        if refused:
+            self.session_expired_count += sum(1 for index in indexes if index in served)
+            return [
+                SESSION_EXPIRED_RESULT
+                if index in served
+                else WrongGroup(index, self.current_configuration.number)
+                for index in indexes
+            ]
+        touched: dict[int, Session] = {}
+        batch_results: list[WriteResult] = []
+        for command, index in zip(batch.commands, indexes, strict=True):
+            if index not in served:
+                batch_results.append(WrongGroup(index, self.current_configuration.number))
+                continue
+            shard = self.shards[index]
+            session = touched.get(index)
+            if session is None:
+                session = shard.sessions.touch(batch.client_id, batch.first_unacknowledged)
+                touched[index] = session
+            result = lookup_duplicate(session, command.sequence)
+            if result is None:
+                result = execute_write(shard.data, command)
+                shard.sessions.remember(session, command.sequence, result)
+            else:
+                self.duplicate_count += 1
+            batch_results.append(result)
+        return batch_results
 
     def advance_clock(self, timestamp_ms: int) -> None:
         """Move entry time forward (never back) and, once per sweep interval, expire idle
@@ -600,8 +646,11 @@ class ShardGroupMachine:
 
 
 def snapshot_problem(snapshot: GroupSnapshot, gid: int, shard_count: int) -> str | None:
-    if snapshot.format_version != SNAPSHOT_FORMAT_VERSION:
-        return f"format {snapshot.format_version}; this build reads {SNAPSHOT_FORMAT_VERSION}"
+    if snapshot.format_version not in SNAPSHOT_FORMAT_VERSIONS_READ:
+        return (
+            f"format {snapshot.format_version}; this build reads formats "
+            f"{sorted(SNAPSHOT_FORMAT_VERSIONS_READ)}"
+        )
     if snapshot.gid != gid:
         return f"taken by group {snapshot.gid}"
     if snapshot.shard_count != shard_count or len(snapshot.shards) != shard_count:
@@ -641,6 +690,9 @@ def merge_session_records(table: SessionTable, records: list[SessionRecord], clo
     either side knows: the higher `first_unacknowledged` and every stored result at or
     above it. A retry of any write applied on either side is then still a duplicate.
 
+    A session either side dropped stays dropped (results gone on one side cannot be told
+    apart from writes never made): its client is refused here too.
+
     Merged sessions count as active now (`clock_ms`, this group's entry time) and go to the
     back of the activity order: the other group's clock is not ours, and keeping the order
     sorted by activity is what makes expiry look only at the front.
@@ -652,6 +704,13 @@ def merge_session_records(table: SessionTable, records: list[SessionRecord], clo
             len(record.sequences) == len(record.results),
             f"session {record.client_id!r}: sequences and results differ in length",
         )
+        if record.expired:
+            require(not record.sequences, f"dropped session {record.client_id!r} has results")
+            sessions.pop(record.client_id, None)
+            table.remember_dropped(record.client_id)
+            continue
+        if record.client_id in table.expired:
+            continue
         existing = sessions.pop(record.client_id, None)
         first_unacknowledged = record.first_unacknowledged
         results: dict[int, KVCommandResult] = {}
@@ -676,8 +735,7 @@ def merge_session_records(table: SessionTable, records: list[SessionRecord], clo
             del merged.results[lowest]
             merged.first_unacknowledged = max(merged.first_unacknowledged, lowest + 1)
         if len(sessions) >= table.session_count_max:
-            del sessions[next(iter(sessions))]
-            table.evicted_count += 1
+            table.evict_least_recent()
         sessions[record.client_id] = merged
 
 
