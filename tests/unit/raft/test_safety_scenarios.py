@@ -8,7 +8,11 @@ from collections.abc import Callable
 
 import pytest
 
-from quorumlog.errors import LeaderNotReadyError
+from quorumlog.errors import (
+    ConfigurationChangeInProgressError,
+    LeaderNotReadyError,
+    LeaderTransferringError,
+)
 from quorumlog.raft.configuration import ChangeKind, MembershipChange, apply_change
 from quorumlog.raft.configuration import encode_configuration as encode
 from quorumlog.raft.core import RaftCore, Role
@@ -112,6 +116,10 @@ def test_a_new_leader_changes_membership_only_after_its_first_commit_4_1() -> No
 def change_membership_before_the_fix(core: RaftCore, change: MembershipChange) -> int:
     """`RaftCore.change_membership` as it was: no wait for the leader's first commit."""
     leader = core.require_leader()
+    if leader.transfer_target is not None:
+        raise LeaderTransferringError("a leader transfer is in progress")
+    if core.configurations[-1][0] > core.commit_index:
+        raise ConfigurationChangeInProgressError("the last change is not committed yet")
     new_configuration = apply_change(core.configuration, change)
     return leader.append_local(encode(new_configuration), EntryType.CONFIGURATION)
 
