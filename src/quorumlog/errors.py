@@ -102,6 +102,16 @@ class ProposalDroppedError(RaftError):
     """The proposal was appended but replaced by another leader's entry: it did not happen."""
 
 
+class LeaderNotReadyError(ConfigurationChangeInProgressError):
+    """A new leader refuses membership changes until an entry of its own term commits.
+
+    Until then a change an earlier leader began may still be in flight and commit, and a
+    second one-server change on top of it could let two disjoint majorities each commit
+    (Ongaro, raft-dev 2015, "bug in single-server membership changes"). Nothing was
+    appended: retry shortly. It travels as CONFIGURATION_IN_PROGRESS, which clients retry.
+    """
+
+
 # --- clients -------------------------------------------------------------------------
 
 

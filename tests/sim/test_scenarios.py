@@ -160,6 +160,7 @@ def test_leadership_transfer_moves_the_leader() -> None:
 def test_a_removed_node_comes_back_as_learner_then_voter() -> None:
     cluster = cluster_of(3)
     leader = cluster.wait_for_leader()
+    cluster.put("k", "before")  # a leader changes membership only once its term committed
     target = sorted(node for node in cluster.nodes if node != leader)[0]
 
     def change(kind: ChangeKind) -> None:

@@ -18,6 +18,7 @@ import random as random_module
 
 from quorumlog.errors import (
     ConfigurationChangeInProgressError,
+    LeaderNotReadyError,
     LeaderTransferringError,
     NotLeaderError,
     PendingFullError,
@@ -279,10 +280,21 @@ class RaftCore:
         return leader.append_local(data, entry_type)
 
     def change_membership(self, change: MembershipChange) -> int:
-        """Propose one membership change; it takes effect as soon as it is in the log."""
+        """Propose one membership change; it takes effect as soon as it is in the log.
+
+        Only once an entry of this leader's term has committed (its no-op): before that, a
+        change an earlier leader appended may still commit without this leader's knowing,
+        and a change on top of it could give the cluster two majorities that do not overlap
+        (the single-server change bug, Ongaro on raft-dev 2015; dissertation §4.1 errata).
+        """
         leader = self.require_leader()
         if leader.transfer_target is not None:
             raise LeaderTransferringError("a leader transfer is in progress")
+        if self.commit_index < leader.first_index_of_term:
+            raise LeaderNotReadyError(
+                f"leader {self.node_id} of term {self.term} has not committed an entry of its "
+                f"term yet (commit {self.commit_index} < {leader.first_index_of_term})"
+            )
         if self.configurations[-1][0] > self.commit_index:
             raise ConfigurationChangeInProgressError(
                 f"the change at index {self.configurations[-1][0]} is not committed yet"
@@ -529,8 +541,12 @@ class RaftCore:
         if changed and self.leader is not None:
             self.leader.configuration_changed()
 
-    def note_truncated(self, after: int) -> None:
+    def truncate_log_after(self, after: int) -> None:
+        """Drop the entries after `after` (a follower obeying its leader), and the
+        configurations they held. Checked first: a refused truncation changes nothing, so
+        nothing a runtime could persist later has lost a committed entry."""
         require(after >= self.commit_index, f"truncating committed entries after {after}")
+        self.log.truncate_after(after)
         while len(self.configurations) > 1 and self.configurations[-1][0] > after:
             self.configurations.pop()
 

@@ -111,8 +111,7 @@ class FollowerState:
             self.respond(push, success=False)
             return
         if push.index < core.log.last_index:
-            core.log.truncate_after(push.index)
-            core.note_truncated(push.index)
+            core.truncate_log_after(push.index)
             self.truncated(push.index)
         self.verify(push.index)
         self.advance_commit(push.commit_index)
@@ -147,8 +146,7 @@ class FollowerState:
                 break
             if log.term(entry.index) != entry.term:
                 # Raft §5.3: a conflicting entry and all after it go.
-                log.truncate_after(entry.index - 1)
-                core.note_truncated(entry.index - 1)
+                core.truncate_log_after(entry.index - 1)
                 self.truncated(entry.index - 1)
                 new_entries = entries[position:]
                 break
@@ -235,9 +233,9 @@ class FollowerState:
             self.respond_snapshot(chunk, success=True, match_index=0, done=False)
             return
         snapshot = IncomingSnapshot(meta=meta, data=bytes(self.snapshot_buffer))
+        core.install_snapshot(snapshot)  # checks first: a refused snapshot changes nothing
         self.snapshot_buffer = bytearray()
         self.snapshot_key = None
-        core.install_snapshot(snapshot)
         self.verified_index = meta.index
         self.advance_commit(chunk.commit_index)
         self.respond_snapshot(chunk, success=True, match_index=meta.index, done=True)

@@ -36,6 +36,10 @@ APPEND = ReplicationState.APPEND
 INSTALL_SNAPSHOT = ReplicationState.INSTALL_SNAPSHOT
 
 
+LEASE_VOID_TICK = -(10**9)
+"""A lease start so far back that the lease is never valid."""
+
+
 class PendingRead:
     __slots__ = ("index", "request_id", "sequence")
 
@@ -57,7 +61,11 @@ class LeaderState:
         self.sequence_sent_tick: dict[int, int] = {}
         """Read sequences not yet confirmed by a quorum (and the newest confirmed one), with
         the tick each went out at: a lease runs from the send of a confirmed heartbeat."""
-        self.lease_start_tick = -(10**9)
+        self.lease_start_tick = LEASE_VOID_TICK
+        self.timeout_now_sent = False
+        """Once a TimeoutNow went out, the target may win an election at any moment of this
+        term (voters ignore their lease for it, and the message may be delayed past the
+        transfer's deadline): no lease read is safe for the rest of the term."""
         self.pending_reads: list[PendingRead] = []
         self.reads_before_first_commit: list[int] = []
         self.transfer_target: str | None = None
@@ -430,7 +438,9 @@ class LeaderState:
         if core.commit_index < self.first_index_of_term:
             self.reads_before_first_commit.append(request_id)
             return
-        if core.config.lease_read and self.lease_valid():
+        if core.config.lease_read and self.lease_valid() and self.transfer_target is None:
+            # During a transfer the target may be elected without waiting out the voters'
+            # leases, so only a quorum round in this term (ReadIndex) proves we still lead.
             core.read_states.append(ReadState(request_id=request_id, index=core.commit_index))
             return
         self.pending_reads.append(
@@ -468,7 +478,10 @@ class LeaderState:
     def lease_valid(self) -> bool:
         """No other leader can exist before lease start + election timeout: a quorum heard
         us at lease start and will not vote for anyone else within that time (§6.4.1).
-        One tick of margin covers a tick boundary falling between send and receipt."""
+        One tick of margin covers a tick boundary falling between send and receipt.
+        A transfer breaks the promise: voters grant a TimeoutNow's candidate at once."""
+        if self.timeout_now_sent:
+            return False
         return self.core.ticks < self.lease_start_tick + self.core.config.election_ticks - 1
 
     # --- leader transfer ----------------------------------------------------------------
@@ -492,6 +505,10 @@ class LeaderState:
         if self.transfer_target != peer:
             return
         if progress.match_index == core.log.last_index:
+            # The target campaigns with `transfer` set and voters grant it despite our
+            # lease, so the lease is void from now on (see `timeout_now_sent`).
+            self.lease_start_tick = LEASE_VOID_TICK
+            self.timeout_now_sent = True
             core.send(TimeoutNow(source=core.node_id, target=peer, term=self.term))
         elif progress.state is APPEND:
             self.send_appends(peer, progress)

@@ -257,13 +257,14 @@ class SimCluster:
         command = KvCommand(NOTE_CLIENT_ID, self.note_sequence, "note", "", note)
         return self.nodes[target].propose_raw(encode_command(command))
 
-    def change_membership(self, change: MembershipChange) -> int | None:
-        """Propose a membership change at the leader; None if it cannot take one now."""
-        leader = self.leader()
-        if leader is None:
+    def change_membership(self, change: MembershipChange, node_id: str | None = None) -> int | None:
+        """Propose a membership change at `node_id` (default: the leader); None if it
+        cannot take one now (not leader, not ready, a change in progress, ...)."""
+        target = node_id if node_id is not None else self.leader()
+        if target is None:
             return None
-        self._trace(f"change membership {change!r} at {leader}")
-        return self.nodes[leader].change_membership(change)
+        self._trace(f"change membership {change!r} at {target}")
+        return self.nodes[target].change_membership(change)
 
     def transfer_leadership(self, target: str) -> bool:
         leader = self.leader()

@@ -6,6 +6,10 @@ seeded duration. It keeps at most `down_max` nodes crashed or paused at once (a 
 by default), so that the cluster can make progress whenever the network lets it, and at
 most one network fault at a time (a new one replaces the last). `heal_all` ends every
 fault for the final quiet period in which liveness is checked.
+
+Two shapes in shapes.py are scripted in steps timed to protocol events: a membership
+race (a promotion can become one, `membership_race_probability`) and a transfer that
+cuts the old leader off once the target campaigns (the `transfer_then_cut` kind).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from quorumlog.raft.configuration import ChangeKind, MembershipChange
+from quorumlog.testing.sim.shapes import MembershipRace, TransferThenCut
 
 if TYPE_CHECKING:
     from quorumlog.testing.sim.cluster import SimCluster
@@ -30,6 +35,7 @@ FAULT_KINDS = (
     "pause",
     "transfer",
     "membership",
+    "transfer_then_cut",
 )
 
 
@@ -48,16 +54,29 @@ class NemesisOptions(msgspec.Struct, frozen=True):
             "pause": 2,
             "transfer": 2,
             "membership": 0,
+            "transfer_then_cut": 0,
         }
     )
     down_max: int | None = None
     """Nodes crashed or paused at once; None: a minority, (nodes - 1) // 2."""
     membership_retry_ms: int = 300
+    membership_race_probability: float = 0.0
+    """At each attempt to promote a learner, the chance to run it as a membership race
+    (shapes.py); it needs four voters or more besides the learner."""
+    race_isolate_removed_probability: float = 0.75
+    """In a race, the chance that the member the new leader removes is cut off as well."""
+    watch_ms: int = 1
+    """How often a scripted shape looks at the cluster: under one network delay, so it
+    acts between a protocol event and the messages that follow it."""
 
 
 class NemesisStats(msgspec.Struct):
     faults: dict[str, int] = msgspec.field(default_factory=dict)
     membership_cycles: int = 0
+    race_changes: int = 0
+    """Races in which the new leader's change was taken."""
+    transfer_cuts: int = 0
+    """Transfers whose target campaigned, so the old leader was cut off."""
 
 
 class Nemesis:
@@ -77,6 +96,10 @@ class Nemesis:
         self.paused: set[str] = set()
         self.membership_target: str | None = None
         self.membership_phase = ""
+        self.membership_returns: list[str] = []
+        """Members a race removed, to add back (one cycle each) when no cycle runs."""
+        self.race: MembershipRace | None = None
+        """The membership race under way: it owns the network and membership until done."""
         self.stats = NemesisStats()
         self.injectors: dict[str, Callable[[], bool]] = {
             "partition": self._inject_partition,
@@ -87,6 +110,7 @@ class Nemesis:
             "pause": self._inject_pause,
             "transfer": self._inject_transfer,
             "membership": self._inject_membership,
+            "transfer_then_cut": self._inject_transfer_then_cut,
         }
 
     # --- schedule -----------------------------------------------------------------------
@@ -100,7 +124,7 @@ class Nemesis:
         delay_ms = self.rng.randint(options.interval_ms_min, options.interval_ms_max)
         self.cluster.events.schedule(delay_ms, self._step, None)
 
-    def _fault_ms(self) -> int:
+    def fault_ms(self) -> int:
         return self.rng.randint(self.options.fault_ms_min, self.options.fault_ms_max)
 
     def _step(self, _: object) -> None:
@@ -138,34 +162,44 @@ class Nemesis:
 
     # --- network faults -----------------------------------------------------------------
 
-    def _network_fault(self) -> None:
+    def network_fault(self) -> None:
         """A new network fault replaces the previous one; it heals after a while."""
         self.cluster.heal()
         self.network_fault_token += 1
-        self.cluster.events.schedule(self._fault_ms(), self._heal_network, self.network_fault_token)
+        self.cluster.events.schedule(self.fault_ms(), self._heal_network, self.network_fault_token)
+
+    def own_network(self) -> None:
+        """Take the network over for a scripted shape: heal it, and void the heal timer
+        of the last fault (the shape heals when it ends)."""
+        self.network_fault_token += 1
+        self.cluster.heal()
 
     def _heal_network(self, token: int) -> None:
         if token == self.network_fault_token and self.running:
             self.cluster.heal()
 
     def _inject_partition(self) -> bool:
+        if self.race is not None:
+            return False  # the race owns the network until it ends
         shuffled = list(self.node_ids)
         self.rng.shuffle(shuffled)
         minority_size = self.rng.randint(1, max(1, (len(shuffled) - 1) // 2))
-        self._network_fault()
+        self.network_fault()
         self.cluster.partition([sorted(shuffled[:minority_size]), sorted(shuffled[minority_size:])])
         return True
 
     def _inject_isolate_leader(self) -> bool:
         leader = self.cluster.leader()
-        if leader is None:
+        if leader is None or self.race is not None:
             return False
-        self._network_fault()
+        self.network_fault()
         self.cluster.isolate(leader)
         return True
 
     def _inject_cut(self) -> bool:
-        self._network_fault()
+        if self.race is not None:
+            return False
+        self.network_fault()
         for _ in range(self.rng.randint(1, 3)):
             source, target = self.rng.sample(self.node_ids, 2)
             self.cluster.cut(source, target)
@@ -193,7 +227,7 @@ class Nemesis:
             return False
         self.crashed.add(node_id)
         self.cluster.crash(node_id)
-        self.cluster.events.schedule(self._fault_ms(), self._restart, node_id)
+        self.cluster.events.schedule(self.fault_ms(), self._restart, node_id)
         return True
 
     def _inject_crash_leader(self) -> bool:
@@ -213,7 +247,7 @@ class Nemesis:
             return False
         self.paused.add(node_id)
         self.cluster.pause(node_id)
-        self.cluster.events.schedule(self._fault_ms(), self._resume, node_id)
+        self.cluster.events.schedule(self.fault_ms(), self._resume, node_id)
         return True
 
     def _resume(self, node_id: str) -> None:
@@ -223,7 +257,7 @@ class Nemesis:
 
     def _inject_transfer(self) -> bool:
         leader = self.cluster.leader()
-        if leader is None:
+        if leader is None or self.race is not None:
             return False
         voters = self.cluster.nodes[leader].core.configuration.voters
         targets = [voter for voter in voters if voter != leader]
@@ -250,14 +284,51 @@ class Nemesis:
         if target is None:
             return
         leader = self.cluster.leader()
-        if leader is not None:
+        if leader is not None and self.race is None:
             # A change takes effect once in the log; the next one is refused until it
-            # commits (ConfigurationChangeInProgressError), so retrying is all it takes.
+            # commits (ConfigurationChangeInProgressError), and a new leader's first one
+            # until its term has an entry committed (LeaderNotReadyError), so retrying is
+            # all it takes.
             configuration = self.cluster.nodes[leader].core.configuration
-            self._membership_step(target, configuration.voters, configuration.learners)
+            if not self._maybe_race(leader, target):
+                self._membership_step(target, configuration.voters, configuration.learners)
+            if self.membership_target is None and self.membership_returns:
+                # Bring back a member a race removed (a voter still: nothing to do).
+                self.membership_target = self.membership_returns.pop(0)
+                self.membership_phase = "add_learner"
+                self.stats.membership_cycles += 1
             if self.membership_target is None:
                 return
         self.cluster.events.schedule(self.options.membership_retry_ms, self._drive_membership)
+
+    def _maybe_race(self, leader: str, target: str) -> bool:
+        """On a seeded coin, promote `target` as a membership race (shapes.py)."""
+        probability = self.options.membership_race_probability
+        if (
+            probability <= 0.0
+            or self.membership_phase not in ("add_learner", "promote")
+            or not MembershipRace.fits(self, leader, target)
+            or self.rng.random() >= probability
+        ):
+            return False
+        race = MembershipRace(self, leader, target)
+        self.membership_phase = "promote"
+        self.race = race
+        if not race.start():
+            self.race = None
+            return False
+        self.stats.faults["membership_race"] = self.stats.faults.get("membership_race", 0) + 1
+        return True
+
+    def _inject_transfer_then_cut(self) -> bool:
+        leader = self.cluster.leader()
+        if leader is None or self.race is not None:
+            return False
+        voters = self.cluster.nodes[leader].core.configuration.voters
+        targets = [voter for voter in voters if voter != leader]
+        if not targets:
+            return False
+        return TransferThenCut(self, leader, self.rng.choice(targets)).start()
 
     def _membership_step(
         self, target: str, voters: tuple[str, ...], learners: tuple[str, ...]

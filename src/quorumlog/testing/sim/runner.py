@@ -40,6 +40,10 @@ LIVENESS_TICKS = 200
 DRAIN_MS = 3000
 TRACE_TAIL_LINES = 60
 LINEARIZABILITY_STEPS_MAX = 2_000_000
+RACE_SEED_FRACTION = 0.3
+"""Seeds (of five nodes or more) whose membership cycles may run as races (nemesis.py)."""
+LEASE_TRANSFER_SEED_FRACTION = 0.3
+"""Seeds that serve lease reads and cut old leaders off right after a transfer."""
 
 
 class SeedPlan(msgspec.Struct, frozen=True):
@@ -119,12 +123,25 @@ def plan_seed(seed: int, node_count: int) -> SeedPlan:
     weights["membership"] = 3 if membership else 0
     if not pauses:
         weights["pause"] = 0
+    interval_ms_max = rng.choice([1000, 2500, 5000])
+    fault_ms_max = rng.choice([1500, 4000])
+    # Drawn after every choice above, so a seed without these shapes keeps its plan.
+    race = rng.random() < RACE_SEED_FRACTION and node_count >= 5
+    lease_transfers = rng.random() < LEASE_TRANSFER_SEED_FRACTION
+    if race:
+        weights["membership"] = 3
+    if lease_transfers:
+        raft = msgspec.structs.replace(raft, lease_read=True)
+        workload = msgspec.structs.replace(workload, reconnect_fraction=0.3, read_fraction=0.6)
+        weights["pause"] = 0  # a paused leader's ticks stop: no lease survives a SIGSTOP
+        weights["transfer_then_cut"] = 3
     nemesis = NemesisOptions(
         interval_ms_min=300,
-        interval_ms_max=rng.choice([1000, 2500, 5000]),
+        interval_ms_max=interval_ms_max,
         fault_ms_min=200,
-        fault_ms_max=rng.choice([1500, 4000]),
+        fault_ms_max=fault_ms_max,
         weights=weights,
+        membership_race_probability=0.5 if race else 0.0,
     )
     options = SimOptions(
         node_count=node_count, raft=raft, node=node, network=network, workload=workload

@@ -42,6 +42,10 @@ class WorkloadOptions(msgspec.Struct, frozen=True):
     append_fraction: float = 0.35
     cas_fraction: float = 0.05
     """The rest are puts."""
+    reconnect_fraction: float = 0.0
+    """Chance that a client sends an operation first to a node drawn at random, as one that
+    reconnected does (it follows redirects from there). Without it every client soon sticks
+    to the leader, and no client sees a new leader while an old one still answers."""
 
 
 class _Operation:
@@ -109,6 +113,9 @@ class SimClient:
             operation.data = encode_command(command)
         self.operation = operation
         self.on_finish = on_finish
+        reconnect = self.options.reconnect_fraction
+        if reconnect and self.rng.random() < reconnect:
+            self.target = self.node_ids[self.rng.randrange(len(self.node_ids))]
         self._send(operation)
 
     def abandon(self) -> None:
