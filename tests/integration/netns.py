@@ -42,9 +42,10 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from types import TracebackType
+from typing import TypeVar
 
 import pytest
 
@@ -64,6 +65,8 @@ BRIDGE = "br0"
 NODE_INTERFACE = "eth0"
 IP_COMMAND_TIMEOUT_SECONDS = 10.0
 CLONE_NEWNET = 0x40000000
+
+Result = TypeVar("Result")
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _run_numbers = itertools.count(1)
@@ -116,9 +119,9 @@ def inside(namespace: str) -> Iterator[None]:
         os.close(original)
 
 
-def run_inside(namespace: str, function: functools.partial[int]) -> int:
+def run_inside(namespace: str, function: Callable[[], Result]) -> Result:
     """`function()` on a short-lived thread inside `namespace` (this thread stays put)."""
-    results: list[int] = []
+    results: list[Result] = []
     errors: list[BaseException] = []
 
     def target() -> None:
