@@ -84,26 +84,39 @@ def now() -> int:
 class WorkloadClient:
     """One client of the history: random put, append, get and cas on a few keys.
 
-    A cas expects the value this client last read of the key, so that some succeed."""
+    Half of its gets go through its long-lived client, which asks the leader it cached;
+    the other half through a new client that asks a node chosen at random first, as a new
+    process would: a node that wrongly answers for the leader (a deposed leader, a cut-off
+    follower) is then asked too. A cas expects the value this client last read of the key,
+    so that some succeed."""
 
-    def __init__(self, history: History, client_number: int, keys: tuple[str, ...]) -> None:
+    def __init__(
+        self,
+        history: History,
+        client_number: int,
+        cluster: ProcessCluster,
+        timeout_seconds: float,
+    ) -> None:
         self.history = history
         self.client_number = client_number
-        self.keys = keys
+        self.endpoints = cluster.endpoints
+        self.cluster_id = cluster.cluster_id
+        self.timeout_seconds = timeout_seconds
         self.random = random.Random(client_number)
         self.last_read: dict[str, str | None] = {}
         self.unanswered_end_ns = -1
         """When an operation last ended without an answer (-1: never)."""
 
     def __call__(self, client: KVClient, number: int) -> None:
-        key = self.random.choice(self.keys)
-        kind = self.random.choice(("put", "append", "get", "get", "cas"))
+        key = self.random.choice(KEYS)
+        action = self.random.choice(("put", "append", "get", "get-anywhere", "cas"))
+        kind = action.removesuffix("-anywhere")
         value = f"{self.client_number}.{number};"
         expected = self.last_read.get(key)
         argument = {"get": None, "put": value, "append": value, "cas": (expected, value)}[kind]
         operation_id = self.history.invoke(self.client_number, kind, key, argument, now())
         try:
-            output = self.perform(client, kind, key, value, expected)
+            output = self.perform(client, action, key, value, expected)
         except UnavailableError:
             self.history.fail(operation_id, now())  # no node took it: it never happened
             self.unanswered_end_ns = now()
@@ -114,16 +127,23 @@ class WorkloadClient:
             self.history.complete(operation_id, output, now())
 
     def perform(
-        self, client: KVClient, kind: str, key: str, value: str, expected: str | None
+        self, client: KVClient, action: str, key: str, value: str, expected: str | None
     ) -> str | bool | None:
-        if kind == "get":
+        if action == "get":
             read = client.get(key)
             self.last_read[key] = read
             return read
-        if kind == "put":
+        if action == "get-anywhere":
+            first = self.random.randrange(len(self.endpoints))
+            endpoints = self.endpoints[first:] + self.endpoints[:first]
+            with KVClient(endpoints, self.timeout_seconds, self.cluster_id) as new_client:
+                read = new_client.get(key)
+            self.last_read[key] = read
+            return read
+        if action == "put":
             client.put(key, value)
             return None
-        if kind == "append":
+        if action == "append":
             client.append(key, value)
             return None
         return client.cas(key, expected, value)
@@ -134,10 +154,13 @@ class Workload:
 
     def __init__(self, cluster: ProcessCluster, history: History) -> None:
         self.history = history
-        self.clients = [WorkloadClient(history, number, KEYS) for number in range(CLIENT_COUNT)]
+        self.clients = [
+            WorkloadClient(history, number, cluster, timeout_seconds)
+            for number, timeout_seconds in enumerate(CLIENT_TIMEOUTS_SECONDS)
+        ]
         self.threads = [
-            ClientThread(cluster.client(timeout=timeout_seconds), client)
-            for client, timeout_seconds in zip(self.clients, CLIENT_TIMEOUTS_SECONDS, strict=True)
+            ClientThread(cluster.client(timeout=client.timeout_seconds), client)
+            for client in self.clients
         ]
 
     def __enter__(self) -> Workload:
