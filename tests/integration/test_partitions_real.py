@@ -217,6 +217,11 @@ FAULTS = [
         Effect.NEW_LEADER,
     ),
     Fault(
+        "unplug-leader",  # clients cannot reach it either: their packets vanish
+        lambda nemesis, leader, first, second: nemesis.unplug(leader),
+        Effect.NEW_LEADER,
+    ),
+    Fault(
         "split-2-1",
         lambda nemesis, leader, first, second: nemesis.split([leader, second], [first]),
         Effect.FOLLOWER_LAGS,
