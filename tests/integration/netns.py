@@ -23,10 +23,12 @@ network is removed when its `with` ends, whatever happened inside, and namespace
 test process that no longer exists (it was SIGKILLed) are removed by the next run.
 
 Faults are routes in a node's namespace: `blackhole <peer>/32` drops everything that node
-sends to that peer. Cutting one direction is all IP can do alone; over TCP it stalls both
-directions of that pair's connection (acknowledgements cannot go back), so a one-way cut
-differs from a full one in who notices first and how, which is the point of having both.
-`unplug` takes a node's link down: it then reaches no one, clients included.
+sends to that peer (its new connections there fail at once; the peer hears nothing).
+Cutting one direction is all IP can do alone; over TCP it stalls both directions of that
+pair's connection (acknowledgements cannot go back), so a one-way cut differs from a full
+one in who notices first and how, which is the point of having both. `unplug` takes a
+node's link down: it then reaches no one, clients included, and their packets to it
+vanish without an error.
 """
 
 from __future__ import annotations
