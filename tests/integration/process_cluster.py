@@ -130,9 +130,10 @@ def query_status(
 class NodeProcess:
     """One node: its id, address, files, and the process running it (if any)."""
 
-    def __init__(self, node_id: str, port: int, base_directory: Path) -> None:
+    def __init__(self, node_id: str, port: int, base_directory: Path, host: str = LOOPBACK) -> None:
         self.node_id = node_id
         self.port = port
+        self.host = host
         self.data_dir = base_directory / node_id
         self.log_path = base_directory / f"{node_id}.log"
         self.process: subprocess.Popen[bytes] | None = None
@@ -142,7 +143,7 @@ class NodeProcess:
 
     @property
     def address(self) -> str:
-        return f"{LOOPBACK}:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -196,11 +197,7 @@ class ProcessCluster:
         """Start every node on fresh ports and wait until each answers a status request."""
         self.base_directory.mkdir(parents=True, exist_ok=True)
         for attempt in range(1, START_ATTEMPTS_MAX + 1):
-            ports = free_ports(self.node_count)
-            self.nodes = {
-                f"n{number}": NodeProcess(f"n{number}", port, self.base_directory)
-                for number, port in enumerate(ports, start=1)
-            }
+            self.nodes = self.new_nodes()
             for node in self.nodes.values():
                 self.launch(node)
             if self.wait_all_answer(timeout_seconds):
@@ -209,6 +206,15 @@ class ProcessCluster:
             self.stop_all()
             if attempt == START_ATTEMPTS_MAX:
                 raise AssertionError(f"ports kept being taken; {START_ATTEMPTS_MAX} starts failed")
+
+    def new_nodes(self) -> dict[str, NodeProcess]:
+        """Nodes n1..nN on loopback ports the OS hands out now (a subclass may place them
+        elsewhere)."""
+        ports = free_ports(self.node_count)
+        return {
+            f"n{number}": NodeProcess(f"n{number}", port, self.base_directory)
+            for number, port in enumerate(ports, start=1)
+        }
 
     def wait_all_answer(self, timeout_seconds: float) -> bool:
         """True once every node answers; False if one exited because its port was taken."""
