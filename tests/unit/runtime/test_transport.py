@@ -25,6 +25,9 @@ class NoHandler:
     def on_client_request(self, request: Any, reply: Any) -> None:
         raise AssertionError("not used")
 
+    def on_peer_address(self, peer: str, address: str) -> None:
+        raise AssertionError("not used")
+
 
 def envelope(index: int, size: int) -> wire.RaftEnvelope:
     push = Push(
