@@ -20,6 +20,22 @@ news than itself:
    the configuration entry that followed them), so a stored address only fills a gap: it
    never replaces an address already known, not even another stored one. A node that a
    stored address sent us to the wrong place for is put right when it announces itself.
+
+How the nodes' addresses reach everything else:
+
+- peers: a peer's `Hello` carries where it listens (`--advertise`, else `--listen` with the
+  port bound), and a node that waits to be dialled dials a smaller-id peer itself when it
+  has no link to it for a moment, so a peer that did not restart still learns where a
+  restarted node went (`runtime/transport.py`);
+- leader hints and `StatusResponse.addresses` come from this book, so clients are sent to
+  where nodes listen now;
+- shard groups are best named by node id in the controller's configurations (what
+  `quorumlog dev up --groups` joins): a configuration stays in the controller's log for
+  good, so an address in it goes stale, while an id is looked up each time — here for
+  shard pulls (`PeerRequester`'s `resolve`), and by clients in a node's
+  `StatusResponse.addresses`;
+- stream clients take a node's `StatusResponse.addresses` over the addresses stored in a
+  topic descriptor, the same rule seen from outside: a node's current view beats the log.
 """
 
 from __future__ import annotations

@@ -116,3 +116,17 @@ def test_a_node_restarted_on_a_new_port_is_found_by_peers_that_were_not_told(
                 await node.stop()
 
     asyncio.run(scenario())
+
+
+def test_an_advertised_address_is_the_one_the_node_gives_out(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        [settings] = node_settings(["n1"], tmp_path, fsync=False)
+        node = Node(msgspec.structs.replace(settings, advertise="node-one.example:7000"))
+        await node.start()
+        try:
+            assert node.address_of("n1") == "node-one.example:7000"
+            assert node.endpoint.listen_address == "node-one.example:7000"  # said in Hello
+        finally:
+            await node.stop()
+
+    asyncio.run(scenario())
