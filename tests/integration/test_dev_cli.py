@@ -106,7 +106,8 @@ def test_dev_up_with_shard_groups_then_shard_commands(dev_directory: Path) -> No
     state = json.loads((dev_directory / DEV_STATE_FILE).read_text())
     endpoints = state["endpoints"]
     assert sorted(state["groups"]) == ["1", "2"]
-    assert all(servers == endpoints.split(",") for servers in state["groups"].values())
+    # By node id, not address: an id follows its node when it restarts on a new port.
+    assert all(servers == ["n1", "n2", "n3"] for servers in state["groups"].values())
     status = quorumlog("dev", "status", "--dir", str(dev_directory))
     assert "shard group 1" in status.stdout and "shard group 2" in status.stdout
 
@@ -141,3 +142,65 @@ def test_dev_up_with_shard_groups_then_shard_commands(dev_directory: Path) -> No
     stopped = quorumlog("dev", "down", "--dir", str(dev_directory))
     assert stopped.returncode == 0, stopped.stderr
     assert "stopped n1, n2, n3" in stopped.stdout
+
+
+def in_dev_directory(directory: Path, *arguments: str, stdin: str | None = None) -> str:
+    """Run `quorumlog ARGUMENTS` as a user in the dev cluster's directory would: no
+    --endpoints, the dev state file names them. Returns stdout; fails the test on an error."""
+    environment = {**os.environ, "QUORUMLOG_CLUSTER_ID": CLUSTER_ID}
+    environment.pop("QUORUMLOG_ENDPOINTS", None)
+    environment["QUORUMLOG_DEV_DIR"] = str(directory)
+    finished = subprocess.run(
+        [sys.executable, "-m", "quorumlog", *arguments],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        timeout=COMMAND_TIMEOUT_SECONDS * 2,
+        env=environment,
+        check=False,
+    )
+    assert finished.returncode == 0, f"quorumlog {' '.join(arguments)}: {finished.stderr}"
+    return finished.stdout
+
+
+def test_dev_down_then_up_on_new_ports_keeps_every_client_working(dev_directory: Path) -> None:
+    """A node restarted on new addresses keeps its cluster usable: `dev up` after `dev down`
+    binds new ports, while the logs still hold the old addresses (in topic descriptors and
+    anything else stored); KV, sharded KV and topics must all be reached at the new ones."""
+    timeout = ("--timeout", "20")
+    first = in_dev_directory(
+        dev_directory, "dev", "up", "--groups", "2", "--dir", str(dev_directory)
+    )
+    old_endpoints = json.loads((dev_directory / DEV_STATE_FILE).read_text())["endpoints"]
+    assert "joined shard groups 1..2" in first
+    in_dev_directory(dev_directory, "kv", "put", "greeting", "hello", *timeout)
+    in_dev_directory(dev_directory, "shard", "put", "colour", "blue", *timeout)
+    in_dev_directory(dev_directory, "topic", "create", "events", "--partitions", "2", *timeout)
+    in_dev_directory(dev_directory, "produce", "events", *timeout, stdin="one\ntwo\n")
+    in_dev_directory(dev_directory, "dev", "down", "--dir", str(dev_directory))
+
+    second = in_dev_directory(
+        dev_directory, "dev", "up", "--groups", "2", "--dir", str(dev_directory)
+    )
+    new_endpoints = json.loads((dev_directory / DEV_STATE_FILE).read_text())["endpoints"]
+    assert set(new_endpoints.split(",")).isdisjoint(old_endpoints.split(",")), second
+    assert in_dev_directory(dev_directory, "kv", "get", "greeting", *timeout).strip() == "hello"
+    in_dev_directory(dev_directory, "kv", "put", "greeting", "again", *timeout)
+    assert in_dev_directory(dev_directory, "kv", "get", "greeting", *timeout).strip() == "again"
+    assert in_dev_directory(dev_directory, "shard", "get", "colour", *timeout).strip() == "blue"
+    in_dev_directory(dev_directory, "shard", "put", "colour", "green", *timeout)
+    assert in_dev_directory(dev_directory, "shard", "get", "colour", *timeout).strip() == "green"
+    in_dev_directory(dev_directory, "produce", "events", *timeout, stdin="three\n")
+    consumed = in_dev_directory(
+        dev_directory,
+        "consume",
+        "events",
+        "--from-beginning",
+        "--max-messages",
+        "3",
+        "--timeout-ms",
+        "10000",
+        *timeout,
+    )
+    assert sorted(consumed.split()) == ["one", "three", "two"]
+    in_dev_directory(dev_directory, "dev", "down", "--dir", str(dev_directory))

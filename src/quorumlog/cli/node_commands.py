@@ -53,6 +53,11 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
 @click.option("--id", "node_id", required=True, help="This node's id (unique in the cluster).")
 @click.option("--listen", required=True, help="HOST:PORT to listen on for peers and clients.")
 @click.option("--peers", default="", help="The other members: ID=HOST:PORT,ID=HOST:PORT,...")
+@click.option(
+    "--advertise",
+    default="",
+    help="HOST:PORT others should use to reach this node, if not --listen (NAT, proxies).",
+)
 @click.option("--data-dir", required=True, type=click.Path(file_okay=False))
 @click.option("--cluster-id", default="quorumlog", envvar="QUORUMLOG_CLUSTER_ID", show_default=True)
 @click.option("--join", is_flag=True, help="Start empty and wait to be added as a member.")
@@ -91,6 +96,7 @@ def node_command(
     node_id: str,
     listen: str,
     peers: str,
+    advertise: str,
     data_dir: str,
     cluster_id: str,
     join: bool,
@@ -116,6 +122,7 @@ def node_command(
         listen=listen,
         data_dir=data_dir,
         peers=parse_peers(peers),
+        advertise=advertise,
         cluster_id=cluster_id,
         join=join,
         tick_ms=tick_ms,
@@ -209,8 +216,13 @@ def start_dev_cluster(
 ) -> dict[str, object]:
     """Start `nodes` node processes under `directory`; returns the state written there.
 
+    Each start picks free ports anew, so a cluster brought down and up again listens on
+    new addresses: every node gets all current addresses (`--peers`), which beat the old
+    ones its logs still hold, and nodes announce their own on connecting.
+
     With `group_count`, every node hosts the shard controller and shard groups 1..G (not
-    yet joined: see `join_dev_groups`); the state records the groups' servers."""
+    yet joined: see `join_dev_groups`); the state records the groups' servers by node id,
+    which the cluster resolves to wherever the node listens now."""
     base = Path(directory).resolve()
     base.mkdir(parents=True, exist_ok=True)
     existing = load_dev_state(str(base))
@@ -259,7 +271,7 @@ def start_dev_cluster(
         "addresses": addresses,
         "pids": pids,
         "endpoints": ",".join(addresses.values()),
-        "groups": {str(gid): list(addresses.values()) for gid in range(1, group_count + 1)},
+        "groups": {str(gid): list(ids) for gid in range(1, group_count + 1)},
     }
     dev_state_path(str(base)).write_text(json.dumps(state, indent=2))
     return state
@@ -269,9 +281,12 @@ JOIN_TIMEOUT_SECONDS = 30.0
 """Long enough for fresh node processes to start and elect a controller leader."""
 
 
-def join_dev_groups(state: dict[str, object]) -> int:
-    """Join the dev cluster's shard groups through its controller; the configuration
-    number. The controller deduplicates the join, so a retry inside the client is safe."""
+def join_dev_groups(state: dict[str, object]) -> tuple[int, bool]:
+    """Join the dev cluster's shard groups through its controller: (the configuration
+    number, whether anything joined). Groups that joined before (the cluster was brought
+    down and up again over the same data) are left as they are: their servers are node
+    ids, still right wherever the nodes listen now. The controller deduplicates the join,
+    so a retry inside the client is safe."""
     from quorumlog.shard.admin import ShardAdmin
 
     groups: dict[str, list[str]] = state["groups"]  # type: ignore[assignment]
@@ -279,7 +294,13 @@ def join_dev_groups(state: dict[str, object]) -> int:
     with ShardAdmin(
         endpoints, timeout=JOIN_TIMEOUT_SECONDS, cluster_id=str(state["cluster_id"])
     ) as admin:
-        return admin.join({int(gid): servers for gid, servers in groups.items()})
+        latest = admin.query()
+        missing = {
+            int(gid): servers for gid, servers in groups.items() if int(gid) not in latest.groups
+        }
+        if not missing:
+            return latest.number, False
+        return admin.join(missing), True
 
 
 def stop_dev_cluster(directory: str, timeout_seconds: float = 10.0) -> list[str]:
@@ -351,13 +372,14 @@ def dev_up(nodes: int, group_count: int, directory: str, cluster_id: str) -> Non
     click.echo(f"started {nodes} nodes; data and logs under {state['directory']}")
     if group_count:
         try:
-            number = join_dev_groups(state)
+            number, joined = join_dev_groups(state)
         except QuorumLogError as error:
             raise QuorumLogError(
                 f"the nodes run but joining the shard groups failed ({error}); "
                 f"`quorumlog dev down` stops them"
             ) from error
-        click.echo(f"joined shard groups 1..{group_count}: configuration {number}")
+        done = "joined" if joined else "already joined:"
+        click.echo(f"{done} shard groups 1..{group_count}: configuration {number}")
     click.echo(f"export QUORUMLOG_ENDPOINTS={state['endpoints']}")
 
 

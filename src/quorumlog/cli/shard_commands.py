@@ -15,7 +15,7 @@ import msgspec
 
 from quorumlog.cli.kv_commands import ClientSettings, client_options, output_option, print_table
 from quorumlog.errors import QuorumLogError
-from quorumlog.kv.connection import parse_endpoints
+from quorumlog.kv.connection import parse_endpoint
 from quorumlog.shard.admin import ShardAdmin, ShardClusterStatus
 from quorumlog.shard.client import ShardedKVClient
 from quorumlog.shard.config import ShardConfiguration
@@ -35,13 +35,26 @@ def client_for(settings: ClientSettings) -> ShardedKVClient:
     )
 
 
+def parse_servers(text: str) -> list[str]:
+    """Comma-separated servers, each a node id or "host:port"; ValueError if malformed."""
+    servers = [part.strip() for part in text.split(",") if part.strip()]
+    if not servers:
+        raise ValueError("no servers given")
+    for server in servers:
+        if ":" in server:
+            parse_endpoint(server)
+    return servers
+
+
 def parse_group(text: str) -> tuple[int, list[str]]:
-    """GID=HOST:PORT,HOST:PORT → (gid, servers); click.BadParameter if malformed."""
+    """GID=SERVER,SERVER → (gid, servers), each server a node id (which the cluster keeps
+    resolving to where that node listens now) or HOST:PORT; click.BadParameter if
+    malformed."""
     gid_text, separator, servers_text = text.partition("=")
     if not separator or not gid_text.strip().isdigit() or int(gid_text) <= 0:
-        raise click.BadParameter(f"{text!r} is not GID=HOST:PORT,...", param_hint="GROUP")
+        raise click.BadParameter(f"{text!r} is not GID=ID|HOST:PORT,...", param_hint="GROUP")
     try:
-        servers = parse_endpoints(servers_text)
+        servers = parse_servers(servers_text)
     except ValueError as error:
         raise click.BadParameter(f"{text!r}: {error}", param_hint="GROUP") from error
     return int(gid_text), servers
@@ -80,10 +93,13 @@ def shard_group() -> None:
 
 
 @shard_group.command("join")
-@click.argument("groups", nargs=-1, required=True, metavar="GID=HOST:PORT,... ...")
+@click.argument("groups", nargs=-1, required=True, metavar="GID=ID|HOST:PORT,... ...")
 @client_options
 def shard_join(settings: ClientSettings, groups: tuple[str, ...]) -> None:
-    """Add shard groups (each with its servers); shards are rebalanced onto them."""
+    """Add shard groups (each with its servers); shards are rebalanced onto them.
+
+    Name servers by node id (1=n1,n2,n3) where you can: an id follows its node to a new
+    address, a HOST:PORT does not."""
     parsed = parse_groups(groups)
     with admin_for(settings) as admin:
         number = admin.join(parsed)

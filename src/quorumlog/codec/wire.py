@@ -23,6 +23,10 @@ class Hello(msgspec.Struct, frozen=True, tag=True):
     """The dialling node's id, or a client's name."""
     is_peer: bool
     protocol_version: int = PROTOCOL_VERSION
+    listen: str = ""
+    """A peer's own "host:port", where the others should reach it now (it may have
+    restarted on a new one); empty from a client. A wildcard host ("0.0.0.0") stands for
+    the address the connection came from."""
 
 
 class Welcome(msgspec.Struct, frozen=True, tag=True):

@@ -2,7 +2,9 @@
 shard deletes.
 
 These go through the client protocol (not the peer links) because the other side may be a
-group this node is not a member of, named only by the addresses in a shard configuration.
+group this node is not a member of, named only by the servers in a shard configuration:
+addresses, or node ids that `resolve` turns into their current addresses (so a request
+finds a node that restarted on a new port).
 One connection per address is kept and reused; a NOT_LEADER hint is followed, and the
 address that answered is remembered as the leader of that address set.
 """
@@ -30,8 +32,11 @@ class PeerRequester:
         cluster_id: str,
         client_name: str,
         attempt_timeout_seconds: float = ATTEMPT_TIMEOUT_SECONDS,
+        resolve: Callable[[str], str] = str,
     ) -> None:
         self.cluster_id = cluster_id
+        self.resolve = resolve
+        """A server name (node id or address) → the address to dial now."""
         self.client_name = client_name
         self.attempt_timeout_seconds = attempt_timeout_seconds
         self.connections: dict[str, StreamConnection] = {}
@@ -53,9 +58,11 @@ class PeerRequester:
         an error response (or something `accept` takes); UnavailableError at the timeout.
 
         Whom to ask is the KV clients' rule (`EndpointSelector`): the known leader, a
-        NOT_LEADER hint, else the next address in turn."""
+        NOT_LEADER hint, else the next address in turn. `addresses` may name node ids,
+        resolved on every call (they may have moved since the last)."""
         if not addresses:
             raise UnavailableError("no address to send to")
+        addresses = [self.resolve(address) for address in addresses]
         key = tuple(sorted(addresses))
         selector = self.selectors.get(key)
         if selector is None:

@@ -8,6 +8,10 @@ Every group shares the one endpoint; messages carry their group's name.
 - "shard-<gid>": the shard groups this node is a member of (`ShardGroupService`), each with
   a `ShardMigrator` moving shards while it leads, and `PreferredLeaders` spreading their
   leaders over the nodes.
+
+Where the other nodes listen is kept in an `AddressBook` (`node/addresses.py`, which says
+which source of an address wins): this node's own address, what peers announce in their
+handshakes, `--peers`, and — only to fill gaps — addresses stored in the logs.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import msgspec
 from quorumlog.codec import wire
 from quorumlog.errors import QuorumLogError
 from quorumlog.kv.machine import KVStateMachine
+from quorumlog.node.addresses import AddressBook, AddressSource
 from quorumlog.node.controller_service import ControllerService
 from quorumlog.node.errors_to_wire import error_response
 from quorumlog.node.kv_service import KVLimits, KVService
@@ -42,7 +47,7 @@ from quorumlog.raft.configuration import ChangeKind, Configuration, MembershipCh
 from quorumlog.raft.messages import Message
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.group import GroupRunner, GroupSettings, StateMachine
-from quorumlog.runtime.transport import Endpoint, Replier, parse_address
+from quorumlog.runtime.transport import Endpoint, Replier, format_address, parse_address
 from quorumlog.shard.config import SHARD_COUNT_DEFAULT
 from quorumlog.shard.controller import ControllerMachine
 from quorumlog.shard.group_machine import ShardGroupMachine
@@ -82,6 +87,9 @@ class NodeSettings(msgspec.Struct, frozen=True):
     preferred_leader_ms: int = 1_000
     """How often a shard group's leader checks whether to hand leadership to the group's
     preferred member (spreads leaders over nodes); 0 turns it off."""
+    advertise: str = ""
+    """HOST:PORT peers and clients should use to reach this node, when not the listen
+    address (behind NAT or a proxy); said in every handshake, so peers follow it."""
 
 
 class Node:
@@ -90,7 +98,8 @@ class Node:
         self.node_id = settings.node_id
         # Each group keeps at most one sync in flight; several groups may sync at once.
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fsync")
-        self.addresses: dict[str, str] = dict(settings.peers)
+        self.address_book = AddressBook(settings.node_id)
+        self.address_book.learn_all(dict(settings.peers), AddressSource.OPERATOR)
         self.endpoint = Endpoint(settings.node_id, settings.cluster_id, settings.peers, self)
         self.groups: dict[str, GroupRunner] = {}
         self.kv: KVService | None = None
@@ -98,7 +107,9 @@ class Node:
         self.shard_services: dict[int, ShardGroupService] = {}
         self.migrators: list[ShardMigrator] = []
         self.preferred_leaders = PreferredLeaders([], 0)
-        self.requester = PeerRequester(settings.cluster_id, f"node-{settings.node_id}")
+        self.requester = PeerRequester(
+            settings.cluster_id, f"node-{settings.node_id}", resolve=self.resolve
+        )
         self.migration_pacer = ByteRatePacer(settings.shard_migration_bytes_per_second)
         self.port = 0
         self.unknown_group_messages = 0
@@ -107,8 +118,10 @@ class Node:
         """Open storage, start listening; returns the port bound."""
         settings = self.settings
         host, port = parse_address(settings.listen)
-        self.port = await self.endpoint.listen(host, port)
-        self.addresses[self.node_id] = f"{host}:{self.port}"
+        self.port = await self.endpoint.listen(host, port, settings.advertise)
+        self.address_book.learn(
+            self.node_id, settings.advertise or format_address(host, self.port), AddressSource.SELF
+        )
         voters = () if settings.join else tuple(sorted([*settings.peers, settings.node_id]))
         machine = KVStateMachine()
         self.streams = StreamService(self, lambda: self.groups[KV_GROUP], machine)
@@ -197,11 +210,8 @@ class Node:
         return lambda: self.address_of(group.core.leader_id)
 
     def controller_addresses(self) -> list[str]:
-        return [
-            self.addresses[member]
-            for member in self.settings.controller
-            if member in self.addresses
-        ]
+        addresses = self.addresses
+        return [addresses[member] for member in self.settings.controller if member in addresses]
 
     async def stop(self) -> None:
         await self.preferred_leaders.stop()
@@ -215,18 +225,34 @@ class Node:
                 await group.stop()
         self.executor.shutdown(wait=True)
 
+    @property
+    def addresses(self) -> dict[str, str]:
+        """Every node's address as this node knows it (a copy)."""
+        return self.address_book.addresses()
+
     def address_of(self, node_id: str | None) -> str | None:
-        return self.addresses.get(node_id) if node_id is not None else None
+        return self.address_book.address_of(node_id) if node_id is not None else None
+
+    def resolve(self, server: str) -> str:
+        """A shard group's server as an address: a node id's current address, else the
+        name itself (taken as "host:port")."""
+        return self.address_book.address_of(server) or server
 
     def configuration_changed(self, configuration: Configuration) -> None:
         self.learn_addresses(dict(configuration.addresses))
 
-    def learn_addresses(self, learned: dict[str, str]) -> None:
-        if any(self.addresses.get(member) != address for member, address in learned.items()):
-            self.addresses.update(learned)
-            self.endpoint.update_peers(
-                {m: a for m, a in self.addresses.items() if m != self.node_id}
-            )
+    def learn_addresses(
+        self, learned: dict[str, str], source: AddressSource = AddressSource.STORED
+    ) -> None:
+        """Take `learned` addresses from `source`; by default they come from the logs
+        (configurations, topic descriptors), which only fill gaps (see `node/addresses`)."""
+        if self.address_book.learn_all(learned, source):
+            self.endpoint.update_peers(self.address_book.peer_addresses())
+
+    def on_peer_address(self, peer: str, address: str) -> None:
+        if self.address_book.learn(peer, address, AddressSource.ANNOUNCED):
+            log.info("node %s now listens at %s", peer, address)
+            self.endpoint.update_peers(self.address_book.peer_addresses())
 
     # --- transport handler --------------------------------------------------------------
 
@@ -356,7 +382,7 @@ class Node:
             last_index=core.log.last_index,
             voters=list(core.configuration.voters),
             learners=list(core.configuration.learners),
-            addresses=dict(self.addresses),
+            addresses=self.addresses,
             errors=errors,
         )
 

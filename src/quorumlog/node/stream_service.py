@@ -132,6 +132,10 @@ class StreamService:
     async def sync_topics(self) -> None:
         """Bring the hosted partition groups in line with the applied topic descriptors."""
         self.sync_scheduled = False
+        if self.stopping:
+            # Scheduled before `stop` and run after it: a group hosted now would outlive
+            # the node and keep its directory locked from the node's next start.
+            return
         current: dict[str, wire.TopicDescriptor] = {}
         for key, value in self.metadata.data.items():
             if key.startswith(TOPIC_PREFIX):

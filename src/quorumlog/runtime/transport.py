@@ -4,6 +4,12 @@
 - One connection per peer pair: the node with the smaller id dials, with backoff; both
   ends send on it. Raft tolerates loss, so a message for a peer with no live connection
   (or a full write buffer) is dropped and counted, never queued without bound.
+- Addresses follow the nodes: a peer's `Hello` says where it listens now (`listen`), and
+  the handler learns it (`on_peer_address`), so a node that restarted on a new port is
+  found again. For that a restarted node must reach its peers even when it is the one that
+  waits to be dialled: with no link to a smaller-id peer for a moment, the larger id dials
+  it too ("announces"). Of two links between a pair, the one the smaller id dialled stays
+  and the other is closed, the same choice on both ends, so the pair settles on one.
 - Raft messages bound for one peer are coalesced into one `PeerBatch` frame per event
   loop turn.
 - Anything malformed — garbage bytes, a frame over `frame_bytes_max`, a wrong cluster id,
@@ -38,6 +44,10 @@ CLIENT_WRITE_BUFFER_BYTES_MAX = 64 * 1024 * 1024
 """Past this much, a client that does not read its replies is disconnected."""
 RECONNECT_DELAY_SECONDS_MIN = 0.05
 RECONNECT_DELAY_SECONDS_MAX = 2.0
+ANNOUNCE_DELAY_SECONDS_INITIAL = 0.25
+"""How long a node waits for a smaller-id peer to dial it before dialling that peer itself:
+the smaller id usually dials first, and a second link would only be closed again."""
+WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
 HANDSHAKE_TIMEOUT_SECONDS = 5.0
 
 
@@ -45,6 +55,9 @@ class Handler(Protocol):
     def on_peer_batch(self, batch: wire.PeerBatch) -> None: ...
 
     def on_client_request(self, request: wire.ClientRequest, reply: Replier) -> None: ...
+
+    def on_peer_address(self, peer: str, address: str) -> None:
+        """`peer` says, on a live connection, that it listens at `address`."""
 
 
 Replier = Callable[[wire.Frame], None]
@@ -55,6 +68,25 @@ def parse_address(address: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise ValueError(f"address {address!r} is not HOST:PORT")
     return host.strip("[]"), int(port)
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def announced_address(listen: str, connection_host: str | None) -> str | None:
+    """Where a peer that said `listen` in its Hello can be reached: as said, or with a
+    wildcard host ("0.0.0.0") replaced by the host the connection came from; None if
+    `listen` is empty or malformed (then nothing is learned)."""
+    try:
+        host, port = parse_address(listen)
+    except ValueError:
+        return None
+    if host in WILDCARD_HOSTS:
+        if not connection_host:
+            return None
+        host = connection_host
+    return format_address(host, port)
 
 
 class Connection(asyncio.Protocol):
@@ -68,6 +100,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = asyncio.get_running_loop().create_future()
         self.description = "?"
+        self.remote_host: str | None = None
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
@@ -77,10 +110,14 @@ class Connection(asyncio.Protocol):
         self.endpoint.connections.add(self)
         peer = transport.get_extra_info("peername")
         self.description = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.remote_host = str(peer[0]) if peer else None
         if self.dialed_peer is not None:
             self.write(
                 wire.Hello(
-                    cluster_id=self.endpoint.cluster_id, sender=self.endpoint.node_id, is_peer=True
+                    cluster_id=self.endpoint.cluster_id,
+                    sender=self.endpoint.node_id,
+                    is_peer=True,
+                    listen=self.endpoint.listen_address,
                 )
             )
 
@@ -154,10 +191,23 @@ class Connection(asyncio.Protocol):
         self.write(wire.Welcome(node_id=endpoint.node_id))
         if frame.is_peer:
             self.peer_id = frame.sender
+            address = announced_address(frame.listen, self.remote_host)
+            if address is not None and frame.sender != endpoint.node_id:
+                endpoint.handler.on_peer_address(frame.sender, address)
             endpoint.peer_ready(frame.sender, self)
         else:
             self.is_client = True
         return True
+
+    def dialled_by_smaller_id(self) -> bool:
+        """Whether this peer link is the one the pair keeps (see the module docstring)."""
+        own = self.endpoint.node_id
+        if self.dialed_peer is not None:
+            return own < self.dialed_peer
+        return self.peer_id is not None and self.peer_id < own
+
+    def usable(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing()
 
     def kind(self) -> str:
         if self.is_client:
@@ -236,52 +286,100 @@ class Endpoint:
         self.flush_scheduled = False
         self.server: asyncio.Server | None = None
         self.dialers: dict[str, asyncio.Task[None]] = {}
+        """Per peer: dialling it (a larger id) or announcing to it (a smaller id)."""
+        self.listen_address = ""
+        """Where peers should reach this node (said in every Hello we send)."""
         self.dropped_messages = 0
         self.protocol_errors = 0
         self.stopping = False
 
-    async def listen(self, host: str, port: int) -> int:
+    async def listen(self, host: str, port: int, advertise: str = "") -> int:
+        """Listen on `host:port` (0: any free port); returns the port bound. Peers are told
+        `advertise` as our address, else `host` and the port bound."""
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(lambda: Connection(self, None), host, port)
         socket = self.server.sockets[0]
+        bound_port = int(socket.getsockname()[1])
+        self.listen_address = advertise or format_address(host, bound_port)
         self.update_peers(self.peer_addresses)
-        return int(socket.getsockname()[1])
+        return bound_port
 
     def update_peers(self, peer_addresses: dict[str, str]) -> None:
-        """Dial every known peer whose id sorts after ours (they wait for us to dial)."""
+        """Dial every known peer whose id sorts after ours (they wait for us to dial), and
+        announce ourselves to the others when they leave us without a link."""
+        if self.server is None:
+            self.peer_addresses = dict(peer_addresses)
+            return  # not listening yet: `listen` starts the dialers
         previous = self.peer_addresses
         self.peer_addresses = {p: a for p, a in peer_addresses.items() if p != self.node_id}
         for peer, address in sorted(self.peer_addresses.items()):
             if peer in self.dialers and previous.get(peer) != address:
                 # The peer moved (or its address was a placeholder): dial the new one now.
                 self.dialers.pop(peer).cancel()
-            if peer > self.node_id and peer not in self.dialers:
-                self.dialers[peer] = asyncio.create_task(self.dial_forever(peer, address))
+            if peer not in self.dialers:
+                dial = self.dial_forever if peer > self.node_id else self.announce_forever
+                self.dialers[peer] = asyncio.create_task(dial(peer, address))
         for peer in [p for p in self.dialers if p not in self.peer_addresses]:
             self.dialers.pop(peer).cancel()
 
     async def dial_forever(self, peer: str, address: str) -> None:
-        loop = asyncio.get_running_loop()
         delay = RECONNECT_DELAY_SECONDS_MIN
-        host, port = parse_address(address)
         while not self.stopping:
-            connection: Connection | None = None
-            try:
-                _, connection = await asyncio.wait_for(
-                    loop.create_connection(lambda: Connection(self, peer), host, port),
-                    HANDSHAKE_TIMEOUT_SECONDS,
-                )
-            except (OSError, TimeoutError):
-                connection = None
+            connection = await self.dial(peer, address)
             if connection is not None:
-                await connection.closed
+                await asyncio.wait([connection.closed])
                 if connection.ready:
                     delay = RECONNECT_DELAY_SECONDS_MIN  # it worked for a while: retry fast
             await asyncio.sleep(delay)
             delay = min(delay * 2, RECONNECT_DELAY_SECONDS_MAX)
 
+    async def announce_forever(self, peer: str, address: str) -> None:
+        """Dial a smaller-id peer (whose job it is to dial us) whenever we have had no link
+        to it for a moment: it may not know where we listen now, and our Hello tells it.
+        Once it dials us, its link replaces this one (`peer_ready`)."""
+        delay = ANNOUNCE_DELAY_SECONDS_INITIAL
+        while not self.stopping:
+            link = self.peers.get(peer)
+            if link is not None:
+                await asyncio.wait([link.closed])
+                delay = ANNOUNCE_DELAY_SECONDS_INITIAL
+                continue
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RECONNECT_DELAY_SECONDS_MAX)
+            if peer in self.peers:
+                continue  # it dialled us meanwhile
+            connection = await self.dial(peer, address)
+            if connection is not None:
+                await asyncio.wait([connection.closed])
+
+    async def dial(self, peer: str, address: str) -> Connection | None:
+        """A connection to `peer` at `address` with our Hello sent; None if none was made."""
+        loop = asyncio.get_running_loop()
+        host, port = parse_address(address)
+        try:
+            _, connection = await asyncio.wait_for(
+                loop.create_connection(lambda: Connection(self, peer), host, port),
+                HANDSHAKE_TIMEOUT_SECONDS,
+            )
+        except (OSError, TimeoutError):
+            return None
+        return connection
+
     def peer_ready(self, peer: str, connection: Connection) -> None:
         old = self.peers.get(peer)
+        if (
+            old is not None
+            and old is not connection
+            and old.usable()
+            and old.dialled_by_smaller_id()
+            and not connection.dialled_by_smaller_id()
+        ):
+            # The pair's own link is up: this second one (the larger id announcing itself)
+            # has done its job — its Hello said where the peer listens.
+            log.debug("closing a second link with %s: the smaller id's link is up", peer)
+            if connection.transport is not None:
+                connection.transport.close()
+            return
         self.peers[peer] = connection
         if old is not None and old is not connection and old.transport is not None:
             old.transport.close()  # the peer restarted and dialled again: the new link wins

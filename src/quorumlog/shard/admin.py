@@ -3,7 +3,7 @@
     from quorumlog import ShardAdmin
 
     with ShardAdmin(["127.0.0.1:2379"]) as admin:  # the shard controller's nodes
-        admin.join({1: ["127.0.0.1:2379", "127.0.0.1:2380", "127.0.0.1:2381"]})
+        admin.join({1: ["n1", "n2", "n3"]})  # node ids (or "host:port" addresses)
         admin.query()  # the latest ShardConfiguration
         admin.status()  # per group: its leader and the state of each shard it holds
 
@@ -22,7 +22,7 @@ from collections.abc import Callable
 import msgspec
 
 from quorumlog.codec.wire import ShardStatusRequest, ShardStatusResponse
-from quorumlog.errors import QuorumLogError
+from quorumlog.errors import ClientError, QuorumLogError
 from quorumlog.kv.client import tracked_sequence
 from quorumlog.kv.connection import (
     CLUSTER_ID_DEFAULT,
@@ -30,7 +30,12 @@ from quorumlog.kv.connection import (
     RequestAttempts,
     describe,
 )
-from quorumlog.shard.client import QUERY_LATEST, ControllerClient
+from quorumlog.shard.client import (
+    QUERY_LATEST,
+    ControllerClient,
+    ShardRouter,
+    resolve_servers,
+)
 from quorumlog.shard.config import UNASSIGNED_GID, ShardConfiguration
 from quorumlog.shard.controller_commands import ControllerCommand, Join, Leave, Move
 
@@ -136,7 +141,10 @@ class ShardAdmin(ControllerClient):
     # --- controller commands ------------------------------------------------------------
 
     def join(self, groups: dict[int, list[str]]) -> int:
-        """Add groups (gid → servers "host:port"); returns the new configuration number."""
+        """Add groups (gid → servers); returns the new configuration number.
+
+        Name servers by node id where you can: the cluster looks up where a node id
+        listens each time, while an address goes stale if the node restarts elsewhere."""
         identity = ("join", repr(sorted(groups.items())), None, None)
         return self.change(
             f"join {sorted(groups)}", identity, lambda sequence: Join(sequence, groups)
@@ -191,17 +199,27 @@ class ShardAdmin(ControllerClient):
         with self.lock:
             self.check_open()
             configuration = self.controller.query(QUERY_LATEST)
+            router = ShardRouter()
+            router.learn(configuration)
+            self.refresh_addresses(router, self.timeout)
             groups = [
-                self.group_status(gid, servers) for gid, servers in configuration.groups.items()
+                self.group_status(gid, servers, router.addresses)
+                for gid, servers in configuration.groups.items()
             ]
             return ShardClusterStatus(configuration, groups)
 
-    def group_status(self, gid: int, servers: list[str]) -> GroupStatus:
+    def group_status(
+        self, gid: int, servers: list[str], addresses: dict[str, str] | None = None
+    ) -> GroupStatus:
+        """What each of `servers` reports (node ids are looked up in `addresses`)."""
         answers: list[ShardStatusResponse] = []
         errors: list[str] = []
         for server in servers:
             try:
-                answers.append(self.replica_status(gid, server))
+                endpoints = resolve_servers([server], addresses or {})
+                if not endpoints:
+                    raise ClientError("no known address")
+                answers.append(self.replica_status(gid, endpoints[0]))
             except QuorumLogError as error:
                 errors.append(f"{server}: {describe(error)}")
         return group_status(gid, servers, answers, errors)

@@ -23,6 +23,13 @@ happened, `UnavailableError` when it certainly did not, `RequestRejectedError` w
 cluster refused it, `SessionExpiredError` when the owning group no longer has this client's
 session for the shard (not done; later writes go under a new client id and sequences).
 
+A group's servers may be addresses ("host:port") or node ids (what `quorumlog dev up
+--groups` joins). Node ids are resolved to where those nodes listen now, as a node of the
+cluster says (its `StatusResponse.addresses`, fetched again with each new configuration
+and whenever routing fails): a configuration is stored in the controller's log for good,
+and a node may have restarted on a new port since, so an id in a configuration keeps
+working where an address would go stale.
+
 The parts without I/O (`ShardRouter`, `RoutedCall`) are separate so they can be tested
 without a cluster; `BlockingTransport` is the I/O both this client and `ShardAdmin` use.
 """
@@ -46,6 +53,8 @@ from quorumlog.codec.wire import (
     KVReadResult,
     KVWrite,
     KVWriteResult,
+    StatusRequest,
+    StatusResponse,
     shard_group_name,
 )
 from quorumlog.errors import (
@@ -69,6 +78,7 @@ from quorumlog.kv.connection import (
     attempt_timeout_for,
     check_timeout,
     describe,
+    is_endpoint,
     new_client_id,
 )
 from quorumlog.kv.lifetime import Closing
@@ -103,14 +113,36 @@ class WrongGroupAnswer(ClientError):
 # --- routing (no I/O) -----------------------------------------------------------------------
 
 
-class ShardRouter:
-    """The cached configuration and, per group, whom to ask (its cached leader first).
+def resolve_servers(servers: list[str], addresses: dict[str, str]) -> list[str]:
+    """A group's servers as endpoints: an address as it is, a node id as the address the
+    cluster knows for it now; a node id with no known address is left out."""
+    endpoints: list[str] = []
+    for server in servers:
+        endpoint = server if is_endpoint(server) else addresses.get(server)
+        if endpoint is not None and endpoint not in endpoints:
+            endpoints.append(endpoint)
+    return endpoints
 
-    A group's selector survives configuration changes that keep its servers, so the leader
-    it learned stays cached; it is rebuilt when the servers change."""
+
+def names_node_ids(configuration: ShardConfiguration) -> bool:
+    """Whether some group lists a server by node id (so addresses must be looked up)."""
+    return any(
+        not is_endpoint(server) for servers in configuration.groups.values() for server in servers
+    )
+
+
+class ShardRouter:
+    """The cached configuration, where nodes listen, and, per group, whom to ask (its
+    cached leader first).
+
+    A group's selector survives changes that keep its servers' endpoints (a new
+    configuration, fresh addresses), so the leader it learned stays cached; it is rebuilt
+    when they change."""
 
     def __init__(self) -> None:
         self.configuration: ShardConfiguration | None = None
+        self.addresses: dict[str, str] = {}
+        """Node id → address, as a node of the cluster last said."""
         self.selectors: dict[int, EndpointSelector] = {}
 
     def learn(self, configuration: ShardConfiguration) -> bool:
@@ -119,11 +151,27 @@ class ShardRouter:
         if current is not None and configuration.number <= current.number:
             return False
         self.configuration = configuration
-        for gid in list(self.selectors):
-            servers = configuration.groups.get(gid)
-            if servers is None or servers != self.selectors[gid].endpoints:
-                del self.selectors[gid]
+        self.forget_moved_selectors()
         return True
+
+    def learn_addresses(self, addresses: dict[str, str]) -> bool:
+        """Take a node's view of where every node listens; True if any address changed."""
+        changed = any(self.addresses.get(node) != address for node, address in addresses.items())
+        self.addresses.update(addresses)
+        self.forget_moved_selectors()
+        return changed
+
+    def forget_moved_selectors(self) -> None:
+        for gid in list(self.selectors):
+            if self.endpoints_of(gid) != self.selectors[gid].endpoints:
+                del self.selectors[gid]
+
+    def endpoints_of(self, gid: int) -> list[str]:
+        """Where group `gid`'s servers listen, as far as known (empty: none known)."""
+        if self.configuration is None:
+            return []
+        servers = self.configuration.groups.get(gid)
+        return resolve_servers(servers, self.addresses) if servers is not None else []
 
     def shard_of(self, key: str) -> int | None:
         """The shard of `key`; None before any configuration (the shard count is unknown)."""
@@ -141,11 +189,13 @@ class ShardRouter:
         return None if gid == UNASSIGNED_GID else gid
 
     def selector(self, gid: int) -> EndpointSelector:
-        """Whom to ask in group `gid` (which the cached configuration must list)."""
+        """Whom to ask in group `gid` (which must have a server with a known endpoint)."""
         selector = self.selectors.get(gid)
         if selector is None:
-            assert self.configuration is not None
-            selector = EndpointSelector(self.configuration.groups[gid])
+            endpoints = self.endpoints_of(gid)
+            if not endpoints:
+                raise ClientError(f"no server of group {gid} has a known address")
+            selector = EndpointSelector(endpoints)
             self.selectors[gid] = selector
         return selector
 
@@ -333,6 +383,26 @@ class ControllerChannel:
             raise ClientError(f"the controller answered query {number} without a configuration")
         return result.configuration
 
+    def addresses(self, timeout_seconds: float) -> dict[str, str]:
+        """Where every node listens, as one of the controller's nodes knows it now."""
+        attempts = RequestAttempts(
+            "where the nodes listen",
+            self.selector,
+            time.monotonic,
+            timeout_seconds,
+            self.transport.attempt_timeout_seconds,
+            side_effects=False,
+        )
+        response = self.transport.call(
+            attempts,
+            lambda request_id: StatusRequest(request_id=request_id),
+            StatusResponse,
+            at_leader=False,
+        )
+        if response is None:
+            raise attempts.give_up_error()
+        return response.addresses
+
 
 # --- the clients ----------------------------------------------------------------------------
 
@@ -366,6 +436,13 @@ class ControllerClient(SessionHolder, Closing):
     def check_open(self) -> None:
         if self.closed:
             raise ClientError(self.closed_message)
+
+    def refresh_addresses(self, router: ShardRouter, timeout_seconds: float) -> bool:
+        """Fetch where the nodes listen into `router` if its configuration names node ids;
+        True if an address changed."""
+        if router.configuration is None or not names_node_ids(router.configuration):
+            return False
+        return router.learn_addresses(self.controller.addresses(timeout_seconds))
 
     def close(self) -> None:
         with self.lock:
@@ -465,6 +542,10 @@ class ShardedKVClient(KVOperations, ControllerClient):
                     call.failed(f"no group owns the shard of {key!r}")
                     self.pause_and_refresh(call)
                     continue
+                if not self.router.endpoints_of(gid):
+                    call.failed(f"no server of group {gid} has a known address")
+                    self.pause_and_refresh(call)
+                    continue
                 answer = self.ask_group(call, gid, make_request, expected, at_leader)
                 if answer is not None:
                     return answer
@@ -511,16 +592,20 @@ class ShardedKVClient(KVOperations, ControllerClient):
             time.sleep(pause)  # back-off while the shard is on its way to its owner
 
     def refresh(self, call: RoutedCall) -> bool:
-        """Fetch the latest configuration within the call's time; True if it is newer."""
+        """Fetch the latest configuration, and where its servers listen now (a node may
+        have moved: that too can be why a group did not answer), within the call's time;
+        True if either changed."""
         remaining = call.remaining_seconds()
         if remaining <= 0:
             return False
         try:
             configuration = self.controller.query(QUERY_LATEST, timeout_seconds=remaining)
+            newer = self.router.learn(configuration)
+            moved = self.refresh_addresses(self.router, max(call.remaining_seconds(), 0.001))
         except (UnavailableError, UnknownOutcomeError) as error:
             call.failed(f"controller: {describe(error)}")
             return False
-        return self.router.learn(configuration)
+        return newer or moved
 
 
 def shard_group_name_of(router: ShardRouter, key: str) -> str:
@@ -536,4 +621,6 @@ __all__ = [
     "RoutedCall",
     "ShardRouter",
     "ShardedKVClient",
+    "names_node_ids",
+    "resolve_servers",
 ]

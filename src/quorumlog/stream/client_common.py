@@ -6,8 +6,13 @@ cluster through an `AsyncKVClient` living on that loop: its connection pool, han
 metadata-group retry rules (NOT_LEADER hints, back-off, unknown outcomes) are reused as
 they are. What the KV client lacks is routing to a *partition*: each partition is its own
 Raft group with its own leader among its replicas, so `StreamTransport` keeps one
-`EndpointSelector` per partition (built from the replicas' addresses in the topic
-descriptor) and runs `RequestAttempts` against it (`partition_call`).
+`EndpointSelector` per partition (built from the replicas' addresses) and runs
+`RequestAttempts` against it (`partition_call`).
+
+A replica's address is the one a node of the cluster gives now (`StatusResponse.addresses`,
+fetched on first use, with each refresh of the topics, and when no replica of a partition
+can be reached); the address stored in the topic descriptor, as old as the topic, is only
+the fallback. A node that restarted on a new port is thus found where it listens now.
 
 Error codes from partition replicas, besides those the KV client knows:
 - NOT_FOUND: the node does not host the partition, or the topic is unknown there. The
@@ -209,6 +214,9 @@ class StreamTransport:
         )
         self.topics: dict[str, TopicDescriptor] = {}
         self.selectors: dict[tuple[str, int], tuple[list[str], EndpointSelector]] = {}
+        self.addresses: dict[str, str] = {}
+        """Node id → where it listens, as a node last said (beats descriptors' addresses)."""
+        self.addresses_fetched = False
 
     # --- metadata -------------------------------------------------------------------------
 
@@ -223,7 +231,24 @@ class StreamTransport:
         if listed is None:
             listed = await self.list_topics_at(None)
         self.topics = {descriptor.name: descriptor for descriptor in listed.topics}
+        await self.refresh_addresses()
         return self.topics
+
+    async def refresh_addresses(self) -> bool:
+        """Ask a node where every node listens now; True if an address changed. (If no node
+        answers, the addresses known stay: the request that needs them will say why.)"""
+        self.addresses_fetched = True
+        try:
+            status = await self.kv.status()
+        except ClientError:
+            return False
+        changed = any(self.addresses.get(n) != a for n, a in status.addresses.items())
+        self.addresses.update(status.addresses)
+        return changed
+
+    def address_of(self, descriptor: TopicDescriptor, node_id: str) -> str | None:
+        """Where replica `node_id` listens: a node's word now, else the descriptor's."""
+        return self.addresses.get(node_id) or descriptor.addresses.get(node_id)
 
     async def list_topics_at(self, endpoint: str | None) -> TopicList:
         # A node answering ListTopics may be a follower, so it is never cached as leader.
@@ -277,11 +302,8 @@ class StreamTransport:
     def replica_endpoints(self, descriptor: TopicDescriptor, partition: int) -> list[str]:
         if not 0 <= partition < len(descriptor.replicas):
             raise TopicNotFoundError(descriptor.name, partition)
-        endpoints = [
-            descriptor.addresses[node_id]
-            for node_id in descriptor.replicas[partition]
-            if node_id in descriptor.addresses
-        ]
+        found = [self.address_of(descriptor, node_id) for node_id in descriptor.replicas[partition]]
+        endpoints = [address for address in found if address is not None]
         if not endpoints:
             raise ClientError(
                 f"partition {partition} of {descriptor.name!r} has no replica with a known address"
@@ -342,7 +364,10 @@ class StreamTransport:
         Raises UnknownOutcomeError / UnavailableError at the deadline (as the KV client
         does), RequestRejectedError on a refusal, TopicNotFoundError if the topic is gone.
         """
-        selector = self.selector(await self.topic(topic), partition)
+        descriptor = await self.topic(topic)
+        if not self.addresses_fetched:
+            await self.refresh_addresses()
+        selector = self.selector(descriptor, partition)
         attempts = self.attempts(what, selector, side_effects, timeout_seconds, fixed_endpoint)
         return await self.call_with(
             attempts,
@@ -369,6 +394,8 @@ class StreamTransport:
                 attempts, attempt.endpoint, attempt.deadline, make_request
             )
             if response is None:
+                if partition is not None:
+                    await self.follow_moved_replicas(attempts, partition)
                 continue
             if (
                 partition is not None
@@ -384,6 +411,22 @@ class StreamTransport:
                     attempts.selector.succeeded_at_leader(attempt.endpoint)
                 return answer
         raise attempts.give_up_error()
+
+    async def follow_moved_replicas(
+        self, attempts: RequestAttempts, partition: tuple[str, int]
+    ) -> None:
+        """Once every replica of the partition failed in a row, ask where the nodes listen
+        now; if a replica moved, the attempts go on with the new addresses."""
+        if attempts.fixed_endpoint is not None:
+            return
+        if attempts.failures_in_row % len(attempts.selector.endpoints) != 0:
+            return
+        topic, number = partition
+        descriptor = self.topics.get(topic)
+        if descriptor is None or not await self.refresh_addresses():
+            return
+        with contextlib.suppress(ClientError):
+            attempts.selector = self.selector(descriptor, number)
 
     async def replica_not_found(
         self,
@@ -433,7 +476,7 @@ async def leader_status(transport: StreamTransport, topic: str, partition: int) 
     if status.leader is None or status.leader == status.node_id:
         return status
     descriptor = await transport.topic(topic)
-    leader_address = descriptor.addresses.get(status.leader)
+    leader_address = transport.address_of(descriptor, status.leader)
     if leader_address is None:
         return status
     try:

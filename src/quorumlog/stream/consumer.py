@@ -309,7 +309,7 @@ async def fetch(
     status = await leader_status(transport, topic, partition)
     leader = status.leader
     descriptor = await transport.topic(topic)
-    leader_address = descriptor.addresses.get(leader) if leader is not None else None
+    leader_address = transport.address_of(descriptor, leader) if leader is not None else None
     if not status.begin_offset <= offset <= status.end_offset or leader_address is None:
         raise OffsetOutOfRangeError(
             topic, partition, offset, status.begin_offset, status.end_offset

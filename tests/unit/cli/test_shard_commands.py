@@ -21,7 +21,11 @@ def test_groups_parse_as_gid_and_servers() -> None:
     }
 
 
-@pytest.mark.parametrize("text", ["1", "x=h:1", "0=h:1", "1=", "1=nohostport", "-1=h:1"])
+def test_servers_may_be_node_ids_which_follow_their_nodes_to_new_addresses() -> None:
+    assert parse_groups(("1=n1,n2,n3", "2=n4,h:5")) == {1: ["n1", "n2", "n3"], 2: ["n4", "h:5"]}
+
+
+@pytest.mark.parametrize("text", ["1", "x=h:1", "0=h:1", "1=", "1=h:", "1=h:port", "-1=h:1"])
 def test_malformed_groups_are_refused(text: str) -> None:
     with pytest.raises(click.BadParameter):
         parse_groups((text,))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from quorumlog.node.addresses import AddressSource
 from quorumlog.node.server import Node, NodeSettings
 
 PLACEHOLDER_ADDRESS = "127.0.0.1:0"
@@ -31,11 +32,12 @@ def node_settings(node_ids: list[str], directory: Path, **fields: Any) -> list[N
 
 
 async def start_nodes(settings: list[NodeSettings]) -> list[Node]:
-    """Start every node, then tell each where the others listen."""
+    """Start every node, then tell each where the others listen (as `--peers` would:
+    these addresses are current, so they replace the placeholders)."""
     nodes = [Node(one) for one in settings]
     for node in nodes:
         await node.start()
     addresses = {node.node_id: node.addresses[node.node_id] for node in nodes}
     for node in nodes:
-        node.learn_addresses(addresses)
+        node.learn_addresses(addresses, AddressSource.OPERATOR)
     return nodes

@@ -7,7 +7,12 @@ from __future__ import annotations
 import pytest
 
 from quorumlog.codec.wire import ShardStatusResponse
-from quorumlog.errors import RequestRejectedError, UnavailableError, UnknownOutcomeError
+from quorumlog.errors import (
+    ClientError,
+    RequestRejectedError,
+    UnavailableError,
+    UnknownOutcomeError,
+)
 from quorumlog.kv.connection import BACKOFF_SECONDS_INITIAL, EndpointSelector, RequestAttempts
 from quorumlog.shard.admin import GroupStatus, group_status, shard_rows
 from quorumlog.shard.client import (
@@ -16,6 +21,8 @@ from quorumlog.shard.client import (
     ShardRouter,
     controller_result,
     group_unreachable,
+    names_node_ids,
+    resolve_servers,
 )
 from quorumlog.shard.config import empty_configuration, make_configuration, shard_for_key
 from quorumlog.shard.controller_commands import ControllerResult, encode_results
@@ -205,3 +212,45 @@ def test_status_rows_for_unassigned_shards_and_silent_groups() -> None:
     configuration = make_configuration(1, [1, 1], {1: GROUP_ONE})
     silent = GroupStatus(1, GROUP_ONE, None, None, {}, None, ["down"])
     assert [row.state for row in shard_rows(configuration, [silent])] == ["unknown", "unknown"]
+
+
+# --- servers named by node id ----------------------------------------------------------------
+
+
+def by_node_id(number: int = 1) -> ShardRouter:
+    router = ShardRouter()
+    router.learn(make_configuration(number, [1, 1, 1, 1], {1: ["n1", "n2", "127.0.0.1:7301"]}))
+    return router
+
+
+def test_node_ids_resolve_to_where_a_node_says_they_listen() -> None:
+    router = by_node_id()
+    assert names_node_ids(router.configuration)  # type: ignore[arg-type]
+    assert router.endpoints_of(1) == ["127.0.0.1:7301"], "unknown ids are left out"
+    assert router.learn_addresses({"n1": "127.0.0.1:7001", "n2": "127.0.0.1:7002"})
+    assert router.endpoints_of(1) == ["127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7301"]
+    assert router.selector(1).endpoints == router.endpoints_of(1)
+
+
+def test_a_moved_server_makes_a_new_selector_an_unmoved_one_keeps_the_leader() -> None:
+    router = by_node_id()
+    router.learn_addresses({"n1": "127.0.0.1:7001", "n2": "127.0.0.1:7002"})
+    router.selector(1).succeeded_at_leader("127.0.0.1:7002")
+    assert not router.learn_addresses({"n1": "127.0.0.1:7001", "n2": "127.0.0.1:7002"})
+    assert router.selector(1).choose() == "127.0.0.1:7002", "nothing moved: the leader stays"
+    assert router.learn_addresses({"n2": "127.0.0.1:7102"})  # n2 restarted on a new port
+    assert router.selector(1).endpoints == ["127.0.0.1:7001", "127.0.0.1:7102", "127.0.0.1:7301"]
+    assert router.selector(1).leader is None
+
+
+def test_a_group_with_no_known_server_cannot_be_asked() -> None:
+    router = ShardRouter()
+    router.learn(make_configuration(1, [1, 1, 1, 1], {1: ["n1", "n2"]}))
+    assert router.endpoints_of(1) == []
+    with pytest.raises(ClientError, match="no server of group 1"):
+        router.selector(1)
+
+
+def test_servers_given_as_addresses_need_no_lookup() -> None:
+    assert not names_node_ids(make_configuration(1, [1, 1, 1, 1], {1: GROUP_ONE}))
+    assert resolve_servers(["n1", "h:1", "n1"], {"n1": "h:2"}) == ["h:2", "h:1"]
