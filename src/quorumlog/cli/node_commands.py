@@ -110,7 +110,7 @@ def node_command(
     shard_pull_kib: int,
 ) -> None:
     """Run one node in the foreground; logs to stderr; SIGTERM stops it cleanly."""
-    from quorumlog.node.server import NodeSettings, run_node
+    from quorumlog.node.server import NodeFailedError, NodeSettings, run_node
 
     logging.basicConfig(
         level=logging.INFO,
@@ -150,6 +150,10 @@ def node_command(
             asyncio.run(main())
         else:
             uvloop.run(main())
+    except NodeFailedError as error:
+        # Fail-stop: a violated invariant or a bug stopped the node; say why in one line.
+        click.echo(f"error: node {node_id} stopped: {error}", err=True)
+        sys.exit(70)
     except QuorumLogError as error:
         # A node that cannot start (its data directory is in use by another node, a log
         # is corrupt) says why in one line and exits non-zero.

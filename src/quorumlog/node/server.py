@@ -463,10 +463,45 @@ def shard_gid(group: str) -> int:
     return -1
 
 
-async def run_node(settings: NodeSettings, stop: asyncio.Event) -> None:
+class NodeFailedError(QuorumLogError):
+    """The node stopped itself: something that must never happen did (a violated
+    invariant, a bug). Going on could persist or send wrong state, so it stops instead."""
+
+
+def is_fatal(error: BaseException | None) -> bool:
+    """Does this exception, reaching the event loop, mean the process must stop? Typed
+    refusals and I/O trouble on one connection do not; anything else is a bug."""
+    return error is not None and not isinstance(
+        error, QuorumLogError | OSError | asyncio.CancelledError | asyncio.TimeoutError
+    )
+
+
+async def run_node(
+    settings: NodeSettings, stop: asyncio.Event, started: Callable[[Node], None] | None = None
+) -> None:
+    """Run a node until `stop` is set. Raises NodeFailedError, after stopping cleanly, if
+    an unexpected exception reached the event loop (fail-stop)."""
+    loop = asyncio.get_running_loop()
+    failures: list[str] = []
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        error = context.get("exception")
+        if not is_fatal(error):
+            loop.default_exception_handler(context)
+            return
+        reason = f"{type(error).__name__}: {error}".splitlines()[0]
+        log.critical("node %s stops: %s (%s)", settings.node_id, reason, context.get("message"))
+        failures.append(reason)
+        stop.set()
+
+    loop.set_exception_handler(handle)
     node = Node(settings)
     await node.start()
+    if started is not None:
+        started(node)
     try:
         await stop.wait()
     finally:
         await node.stop()
+    if failures:
+        raise NodeFailedError(failures[0])

@@ -24,6 +24,7 @@ from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import Any, TypeVar
 
+from quorumlog.errors import QuorumLogError
 from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration, MembershipChange
 from quorumlog.raft.core import RaftCore
@@ -195,6 +196,17 @@ class GroupRunner:
         self.group_id = group_id
         self.node_id = raft_config.node_id
         self.machine = machine
+        self.host.on_failed = self.group_failed
+
+    def group_failed(self, group_id: str, error: BaseException) -> None:
+        """A storage failure stops this group only (the process serves its other groups);
+        anything else (a violated invariant, a bug) goes to the event loop's exception
+        handler, which a node turns into stopping the whole process (fail-stop)."""
+        if isinstance(error, QuorumLogError):
+            return
+        asyncio.get_running_loop().call_exception_handler(
+            {"message": f"group {group_id} failed", "exception": error}
+        )
 
     # --- views the node and its services read -------------------------------------------
 
