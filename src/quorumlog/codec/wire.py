@@ -400,6 +400,96 @@ class PartitionStatus(msgspec.Struct, frozen=True, tag=True):
     commit_index: int
 
 
+# --- bookies (reference 001): the ledger client talks to each bookie directly ----------------
+
+
+class BookieStatus(enum.Enum):
+    OK = "ok"
+    NO_SUCH_LEDGER = "no_such_ledger"
+    NO_SUCH_ENTRY = "no_such_entry"
+    """An explicit "I do not have it" (recovery counts these; an unknown is not one)."""
+    FENCED = "fenced"
+    """The ledger is fenced: a new writer recovers it; adds (but recovery adds) are refused."""
+    UNAUTHORIZED = "unauthorized"
+    """The master key does not match the one the ledger was created with."""
+    BAD_REQUEST = "bad_request"
+    TOO_LARGE = "too_large"
+    READ_ONLY = "read_only"
+    """The bookie cannot take writes now (its disk is full): write elsewhere."""
+
+
+class LedgerEntryData(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    entry_id: int
+    data: bytes
+
+
+class AddEntries(msgspec.Struct, frozen=True, tag=True):
+    """Store entries of one ledger on this bookie. Answered once they are durable (journal
+    fsync). `last_add_confirmed` rides along and is stored with them (the LAC piggyback)."""
+
+    request_id: int
+    ledger_id: int
+    master_key: bytes
+    last_add_confirmed: int
+    entries: list[LedgerEntryData]
+    recovery: bool = False
+    """A recovery re-write: accepted on a fenced ledger."""
+
+
+class AddEntriesResult(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    ledger_id: int
+    status: BookieStatus
+    entry_ids: list[int] = []
+    """The entries now durable here (all of the request's when status is OK)."""
+
+
+class ReadEntries(msgspec.Struct, frozen=True, tag=True):
+    """Entries first..last (inclusive) of one ledger, as many as fit `bytes_max`."""
+
+    request_id: int
+    ledger_id: int
+    first_entry_id: int
+    last_entry_id: int
+    bytes_max: int = 4 * 1024 * 1024
+
+
+class ReadEntriesResult(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    ledger_id: int
+    status: BookieStatus
+    """NO_SUCH_ENTRY when the first entry asked for is not here."""
+    entries: list[LedgerEntryData] = []
+    last_add_confirmed: int = -1
+    """The highest LAC this bookie has stored for the ledger."""
+
+
+class ReadLastAddConfirmed(msgspec.Struct, frozen=True, tag=True):
+    """The LAC this bookie holds; with `fence`, first fence the ledger (durably): no add
+    but a recovery add is taken afterwards. Fencing needs the master key."""
+
+    request_id: int
+    ledger_id: int
+    fence: bool = False
+    master_key: bytes = b""
+
+
+class LastAddConfirmedResult(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    ledger_id: int
+    status: BookieStatus
+    last_add_confirmed: int = -1
+    last_entry_id: int = -1
+    """The highest entry id stored here (-1: none)."""
+
+
+class DropLedger(msgspec.Struct, frozen=True, tag=True):
+    """Forget a deleted ledger's entries on this bookie (answered with Done)."""
+
+    request_id: int
+    ledger_id: int
+
+
 Frame = (
     Hello
     | Welcome
@@ -433,6 +523,13 @@ Frame = (
     | ShardGroupResponse
     | ShardStatusRequest
     | ShardStatusResponse
+    | AddEntries
+    | AddEntriesResult
+    | ReadEntries
+    | ReadEntriesResult
+    | ReadLastAddConfirmed
+    | LastAddConfirmedResult
+    | DropLedger
 )
 
 ClientRequest = (
@@ -451,6 +548,10 @@ ClientRequest = (
     | ControllerRequest
     | ShardGroupRequest
     | ShardStatusRequest
+    | AddEntries
+    | ReadEntries
+    | ReadLastAddConfirmed
+    | DropLedger
 )
 
 CLIENT_REQUEST_TYPES: tuple[type, ...] = (
@@ -469,6 +570,10 @@ CLIENT_REQUEST_TYPES: tuple[type, ...] = (
     ControllerRequest,
     ShardGroupRequest,
     ShardStatusRequest,
+    AddEntries,
+    ReadEntries,
+    ReadLastAddConfirmed,
+    DropLedger,
 )
 
 _batch_encoder = msgspec.msgpack.Encoder()
