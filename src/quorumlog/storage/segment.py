@@ -456,11 +456,16 @@ class SegmentLogStore:
         The meta goes first: once it holds first_kept, a crash before the unlinks finish is
         harmless, since open removes segments wholly below first_index. A segment partly
         below stays; the meta's first_index hides its head.
+
+        Unsynced entries are synced before the meta is written: the meta must not say the log
+        starts at first_kept while a crash could still cut the data off below it (open would
+        rightly call a meta past the data corrupt). Found by the crash-point tests.
         """
         self._check_writable()
         check_truncate_prefix(first_kept, self._first_index, self._last_index)
         if first_kept == self._first_index:
             return
+        self.sync()
         atomic_write(
             self._directory / META_FILE_NAME, encode_meta(first_kept, False), self._file_system
         )
