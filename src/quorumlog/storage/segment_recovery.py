@@ -400,7 +400,7 @@ def load_open(
     path = segment.path
     segment.handle = handle = file_system.open_file(path, writable=True)
     try:
-        scan = scan_file(handle, is_open=True)
+        scan = scan_open_tail_twice(handle)
         if scan.problem:
             raise CorruptLogError(str(path), scan.problem_offset, scan.problem)
         torn_bytes = scan.file_bytes - scan.valid_bytes
@@ -416,6 +416,32 @@ def load_open(
     if torn_bytes == 0:
         return segment, RecoveryReport()
     return segment, RecoveryReport(torn_bytes_dropped=torn_bytes, torn_file=str(path))
+
+
+def scan_open_tail_twice(handle: FileHandle) -> SegmentScan:
+    """Scan the open segment; if its tail is to be cut off, read it again first.
+
+    Cutting is for good, so it must not rest on one read: a bit flipped on the way from the
+    disk (in the header of the last entry, or in zeros that end its data) can look like a
+    torn write. A torn tail reads the same every time; a transient flip does not, and then
+    open refuses (CorruptLogError) rather than cut what may be durable. (Damage that reads
+    the same every time in those places cannot be told from a torn write by the bytes.)
+    """
+    scan = scan_file(handle, is_open=True)
+    if scan.problem or scan.valid_bytes == scan.file_bytes:
+        return scan
+    again = scan_file(handle, is_open=True)
+    if (again.valid_bytes, again.file_bytes, again.problem) != (
+        scan.valid_bytes,
+        scan.file_bytes,
+        scan.problem,
+    ):
+        raise CorruptLogError(
+            str(handle.path),
+            min(scan.valid_bytes, again.valid_bytes),
+            "two reads of the tail disagree (the disk returns unstable data); nothing is cut",
+        )
+    return scan
 
 
 def segment_name_closed(first: int, last: int) -> str:
