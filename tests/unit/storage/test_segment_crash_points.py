@@ -25,7 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from quorumlog.storage import LogEntry, SegmentLogStore
 from quorumlog.testing.sim.filesystem import SimFileSystem, SimulatedCrash
@@ -184,30 +186,31 @@ class Outcome:
 
     step_index: int
     windows: list[Window] = field(default_factory=list)
+    script: list[Step] = field(default_factory=list)
 
 
-def run_script(disk: SimFileSystem, halt_after: int | None) -> Outcome:
-    """Run SCRIPT until the disk halts the process; return the outcomes it allows."""
+def run_script(disk: SimFileSystem, halt_after: int | None, script: list[Step] = SCRIPT) -> Outcome:
+    """Run `script` until the disk halts the process; return the outcomes it allows."""
     state = LogState(first_index=1)
     disk.halt_after(halt_after)
     try:
         store = open_store(disk)
     except SimulatedCrash:
-        return Outcome(-1, [whole(state)])
-    for number, step in enumerate(SCRIPT):
+        return Outcome(-1, [whole(state)], script)
+    for number, step in enumerate(script):
         later = step.after(state)
         try:
             step.run(store)
         except SimulatedCrash:
-            return Outcome(number, [*step.windows(state, later), whole(state)])
+            return Outcome(number, [*step.windows(state, later), whole(state)], script)
         state = later
     disk.halt_after(None)
-    return Outcome(len(SCRIPT), [whole(state)])
+    return Outcome(len(script), [whole(state)], script)
 
 
-def operations_of_script() -> int:
+def operations_of_script(script: list[Step] = SCRIPT) -> int:
     disk = SimFileSystem(random.Random(0))
-    run_script(disk, None)
+    run_script(disk, None, script)
     return disk.operation_count
 
 
@@ -220,8 +223,8 @@ def check_outcome(
 ) -> tuple[int, list[LogEntry]]:
     first_index, entries = read_log(store)
     allowed = any(window.allows(first_index, entries) for window in outcome.windows)
-    step = outcome.step_index
-    step_name = SCRIPT[step].name if 0 <= step < len(SCRIPT) else ("open" if step < 0 else "end")
+    step, script = outcome.step_index, outcome.script
+    step_name = script[step].name if 0 <= step < len(script) else ("open" if step < 0 else "end")
     assert allowed, (
         f"{where}: in step {step} ({step_name}) "
         f"open found first_index={first_index}, last_index={first_index + len(entries) - 1}; "
@@ -293,3 +296,57 @@ def test_a_crash_during_recovery_is_recovered_from_too() -> None:
             store = open_store(attempt)
             check_outcome(store, outcome, f"halt after {halt_after}, then in open after {inner}")
             store.close()
+
+
+# --- random scripts ------------------------------------------------------------------------
+
+
+OPERATIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["append", "append", "append", "sync", "suffix", "prefix", "reset"]),
+        st.integers(0, 1000),
+    ),
+    min_size=1,
+    max_size=14,
+)
+
+
+def build_script(operations: list[tuple[str, int]]) -> list[Step]:
+    """Steps with arguments that fit the log as it will be when each runs."""
+    state = LogState(first_index=1)
+    script: list[Step] = []
+    term = 1
+    for kind, number in operations:
+        if kind == "append":
+            if number % 4 == 0:
+                term += 1
+            step = append(state.last_index + 1, 1 + number % 9, term)
+        elif kind == "sync":
+            step = sync()
+        elif kind == "suffix" and state.entries:
+            step = truncate_suffix(state.first_index - 1 + number % (len(state.entries) + 1))
+        elif kind == "prefix" and state.entries:
+            step = truncate_prefix(state.first_index + 1 + number % len(state.entries))
+        elif kind == "reset":
+            step = reset(state.last_index + 1 + number % 5)
+        else:
+            continue
+        script.append(step)
+        state = step.after(state)
+    return script
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(operations=OPERATIONS, halt_fraction=st.floats(0, 1), seed=st.integers(0, 2**32))
+def test_random_scripts_crashed_at_a_random_point_reopen_to_an_allowed_log(
+    operations: list[tuple[str, int]], halt_fraction: float, seed: int
+) -> None:
+    script = build_script(operations)
+    total = operations_of_script(script)
+    halt_after = round(halt_fraction * total)
+    disk = SimFileSystem(random.Random(seed))
+    outcome = run_script(disk, halt_after, script)
+    disk.crash(random.Random(seed))
+    store = open_store(disk)
+    check_outcome(store, outcome, f"halt after {halt_after} of {total}, seed {seed}")
+    check_durable_and_usable(disk, store, f"halt after {halt_after} of {total}, seed {seed}")
