@@ -20,6 +20,9 @@ The durability contract, which the simulated disk enforces to the letter:
 
 Errors: every method raises `DiskFullError` when the disk has no room (ENOSPC, EDQUOT) and
 `StorageError` for any other failure, naming the path; never a bare `OSError`.
+
+An optional ability is its own interface: `MappableFileHandle`, a file that can be read
+through a memory mapping (the OS handles can; readers fall back to `read_at` otherwise).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from quorumlog.errors import StorageError
 from quorumlog.storage.files import disk_errors, fsync_directory, lock_directory, storage_error
 
 
@@ -282,7 +286,11 @@ def ensure_directory(file_system: FileSystem, path: Path) -> None:
             break
         path = path.parent
     for directory in reversed(missing):
-        file_system.make_directory(directory)
+        try:
+            file_system.make_directory(directory)
+        except StorageError:
+            if not file_system.exists(directory):
+                raise  # not a concurrent creation of the same directory
         file_system.sync_directory(directory.parent)
 
 

@@ -10,7 +10,8 @@ import pytest
 
 from quorumlog.errors import CorruptLogError, DiskFullError
 from quorumlog.storage import LogEntry, SegmentLogStore
-from quorumlog.testing.sim.filesystem import SimFile, SimFileSystem
+from quorumlog.testing.sim.filesystem import SimFileSystem
+from quorumlog.testing.sim.filesystem_state import SimFile
 
 LOG = Path("/node/log")
 SEGMENT_BYTES = 400

@@ -30,6 +30,9 @@ durability contract of storage/filesystem.py to the letter, and no more:
 - One seed, one outcome: every choice comes from the `random.Random` given, and nothing is
   ordered by hashing or read from a clock.
 
+`sync` and `sync_data` do the same here (the size counts as data). The files' model and the
+crash arithmetic are in filesystem_state.
+
 Paths are absolute POSIX paths inside the simulated disk (`/node-1/log`); nothing touches
 the real file system. Renames must stay within one directory (all the stores need).
 
@@ -55,7 +58,6 @@ from __future__ import annotations
 import errno
 import os
 import random
-from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import msgspec
@@ -64,6 +66,17 @@ from quorumlog.errors import DirectoryInUseError
 from quorumlog.storage.files import storage_error
 from quorumlog.storage.filesystem import DirectoryLock, FileHandle
 from quorumlog.testing.sim.checks import SimulationError
+from quorumlog.testing.sim.filesystem_state import (
+    CrashCounts,
+    Link,
+    Rename,
+    SimDirectory,
+    SimFile,
+    Truncate,
+    Unlink,
+    Write,
+    settle_directory,
+)
 
 
 class SimulatedCrash(BaseException):
@@ -83,106 +96,6 @@ class DiskCrashReport(msgspec.Struct, frozen=True):
     """Kept writes cut short at a byte (with or without zeros after the cut)."""
     directory_changes_lost: int = 0
     """Unsynced creations, renames and unlinks undone."""
-
-
-# --- what the disk holds -----------------------------------------------------------------
-
-
-@dataclass(slots=True, frozen=True)
-class Write:
-    offset: int
-    data: bytes
-
-
-@dataclass(slots=True, frozen=True)
-class Truncate:
-    size: int
-
-
-FileChange = Write | Truncate
-
-
-class SimFile:
-    """One file (an inode): its current and durable contents and the writes in between."""
-
-    __slots__ = ("current", "durable", "unsynced")
-
-    def __init__(self) -> None:
-        self.current = bytearray()
-        self.durable = bytearray()
-        self.unsynced: list[FileChange] = []
-
-    def change(self, change: FileChange) -> None:
-        apply_change(self.current, change)
-        self.unsynced.append(change)
-
-    def sync(self) -> None:
-        for change in self.unsynced:
-            apply_change(self.durable, change)
-        self.unsynced = []
-
-
-@dataclass(slots=True, frozen=True)
-class Link:
-    name: str
-    node: SimFile | SimDirectory
-
-
-@dataclass(slots=True, frozen=True)
-class Unlink:
-    name: str
-
-
-@dataclass(slots=True, frozen=True)
-class Rename:
-    source: str
-    target: str
-
-
-DirectoryChange = Link | Unlink | Rename
-
-
-class SimDirectory:
-    """One directory: its current and durable names and the changes in between."""
-
-    __slots__ = ("durable_entries", "entries", "unsynced")
-
-    def __init__(self) -> None:
-        self.entries: dict[str, SimFile | SimDirectory] = {}
-        self.durable_entries: dict[str, SimFile | SimDirectory] = {}
-        self.unsynced: list[DirectoryChange] = []
-
-    def change(self, change: DirectoryChange) -> None:
-        apply_directory_change(self.entries, change)
-        self.unsynced.append(change)
-
-    def sync(self) -> None:
-        self.durable_entries = dict(self.entries)
-        self.unsynced = []
-
-
-def apply_change(contents: bytearray, change: FileChange) -> None:
-    if isinstance(change, Write):
-        if change.offset > len(contents):
-            contents.extend(bytes(change.offset - len(contents)))
-        contents[change.offset : change.offset + len(change.data)] = change.data
-    elif change.size < len(contents):
-        del contents[change.size :]
-    else:
-        contents.extend(bytes(change.size - len(contents)))
-
-
-def apply_directory_change(
-    entries: dict[str, SimFile | SimDirectory], change: DirectoryChange
-) -> None:
-    if isinstance(change, Link):
-        entries[change.name] = change.node
-    elif isinstance(change, Unlink):
-        entries.pop(change.name, None)
-    else:
-        node = entries.pop(change.source, None)
-        if node is not None:
-            entries[change.target] = node
 
 
 # --- the file system ---------------------------------------------------------------------
@@ -239,13 +152,13 @@ class SimFileSystem:
 
         With `keep_unsynced=False` nothing unsynced survives (the harshest loss, no draws).
         """
-        report = _CrashCounts()
-        self._settle_directory(self.root, rng, keep_unsynced, report)
+        counts = CrashCounts()
+        settle_directory(self.root, rng, keep_unsynced, counts)
         self._new_life()
         return DiskCrashReport(
-            file_changes_lost=report.file_changes_lost,
-            writes_torn=report.writes_torn,
-            directory_changes_lost=report.directory_changes_lost,
+            file_changes_lost=counts.file_changes_lost,
+            writes_torn=counts.writes_torn,
+            directory_changes_lost=counts.directory_changes_lost,
         )
 
     def _new_life(self) -> None:
@@ -253,23 +166,6 @@ class SimFileSystem:
         self._locks = {}
         self._halted = False
         self._halt_countdown = None
-
-    def _settle_directory(
-        self, directory: SimDirectory, rng: random.Random, keep: bool, report: _CrashCounts
-    ) -> None:
-        kept = rng.randint(0, len(directory.unsynced)) if keep and directory.unsynced else 0
-        entries = dict(directory.durable_entries)
-        for change in directory.unsynced[:kept]:
-            apply_directory_change(entries, change)
-        report.directory_changes_lost += len(directory.unsynced) - kept
-        directory.entries = entries
-        directory.sync()
-        for name in sorted(entries):
-            node = entries[name]
-            if isinstance(node, SimDirectory):
-                self._settle_directory(node, rng, keep, report)
-            else:
-                settle_file(node, rng, keep, report)
 
     # --- the FileSystem interface ---------------------------------------------------------
 
@@ -571,43 +467,6 @@ class SimDirectoryLock:
 
 
 # --- helpers -----------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class _CrashCounts:
-    file_changes_lost: int = 0
-    writes_torn: int = 0
-    directory_changes_lost: int = 0
-
-
-def settle_file(node: SimFile, rng: random.Random, keep: bool, report: _CrashCounts) -> None:
-    """Make the file what a power loss leaves: its durable contents plus a seeded prefix of
-    its unsynced changes, the last kept write possibly torn."""
-    changes = node.unsynced
-    kept = rng.randint(0, len(changes)) if keep and changes else 0
-    report.file_changes_lost += len(changes) - kept
-    durable = node.durable
-    for change in changes[: kept - 1] if kept else ():
-        apply_change(durable, change)
-    if kept:
-        last = changes[kept - 1]
-        if isinstance(last, Write):
-            tear_write(durable, last, rng, report)
-        else:
-            apply_change(durable, last)
-    node.unsynced = []
-    node.current = bytearray(durable)
-
-
-def tear_write(durable: bytearray, write: Write, rng: random.Random, report: _CrashCounts) -> None:
-    """Keep the first `cut` bytes of a write; past the old end, the rest may read as zeros."""
-    cut = rng.randint(0, len(write.data))
-    zero_filled = cut < len(write.data) and rng.random() < 0.5
-    apply_change(durable, Write(write.offset, write.data[:cut]))
-    if cut < len(write.data):
-        report.writes_torn += 1
-    if zero_filled and write.offset + len(write.data) > len(durable):
-        durable.extend(bytes(write.offset + len(write.data) - len(durable)))
 
 
 def _normal(path: Path | PurePosixPath) -> PurePosixPath:
