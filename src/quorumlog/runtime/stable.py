@@ -1,7 +1,9 @@
 """Durable state beside the log: the hard state file and the snapshot files.
 
 Both are small files replaced atomically (temp file, fsync, rename, fsync directory) and
-carry a CRC32C, so a crash leaves the old or the new version and damage is detected.
+carry a CRC32C, so a crash leaves the old or the new version and damage is detected. Every
+file operation goes through the `FileSystem` given (the operating system's by default; the
+simulator gives its byte-level disk).
 
 Only term and vote must be durable before a node answers (a vote is a promise). The commit
 index is saved along when term or vote change, and otherwise not: after a restart the
@@ -11,7 +13,6 @@ still correct, and the leader tells the rest.
 
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 
@@ -21,7 +22,12 @@ import msgspec
 from quorumlog.errors import CorruptLogError
 from quorumlog.raft.messages import SnapshotMeta
 from quorumlog.raft.ready import HardState
-from quorumlog.storage.files import atomic_write, disk_errors, fsync_directory
+from quorumlog.storage.filesystem import (
+    OS_FILE_SYSTEM,
+    FileSystem,
+    atomic_write,
+    ensure_directory,
+)
 
 CHECKSUM = struct.Struct(">I")
 HARD_STATE_FILE = "hard_state"
@@ -43,20 +49,25 @@ def unseal(path: Path, data: bytes) -> bytes:
 
 
 class HardStateFile:
-    def __init__(self, directory: Path) -> None:
+    """The node's term, vote and commit index in `<directory>/hard_state`."""
+
+    def __init__(self, directory: Path, file_system: FileSystem = OS_FILE_SYSTEM) -> None:
         self.path = directory / HARD_STATE_FILE
+        self.file_system = file_system
+        ensure_directory(file_system, directory)
         self.saved = self.load()
 
     def load(self) -> HardState:
-        if not self.path.exists():
+        if not self.file_system.exists(self.path):
             return HardState()
-        return msgspec.msgpack.decode(unseal(self.path, self.path.read_bytes()), type=HardState)
+        sealed = self.file_system.read_file(self.path)
+        return msgspec.msgpack.decode(unseal(self.path, sealed), type=HardState)
 
     def needs_save(self, state: HardState) -> bool:
         return (state.term, state.vote) != (self.saved.term, self.saved.vote)
 
     def save(self, state: HardState) -> None:
-        atomic_write(self.path, seal(msgspec.msgpack.encode(state)))
+        atomic_write(self.path, seal(msgspec.msgpack.encode(state)), self.file_system)
         self.saved = state
 
 
@@ -68,19 +79,27 @@ class SnapshotFile(msgspec.Struct, frozen=True, array_like=True):
 class SnapshotStore:
     """Keeps the newest snapshots as `snapshot_<index>_<term>` files; older ones go."""
 
-    def __init__(self, directory: Path, keep: int = 2) -> None:
+    def __init__(
+        self, directory: Path, keep: int = 2, file_system: FileSystem = OS_FILE_SYSTEM
+    ) -> None:
         self.directory = directory
         self.keep = keep
-        directory.mkdir(parents=True, exist_ok=True)
-        for leftover in directory.glob("*.tmp"):
-            leftover.unlink()  # a write that crashed before its rename: never visible
+        self.file_system = file_system
+        ensure_directory(file_system, directory)
+        for name in file_system.list_directory(directory):
+            if name.endswith(".tmp"):
+                # A write that crashed before its rename: never visible. Its name need not
+                # go durably (a crash may bring it back, and the next start removes it again).
+                file_system.unlink(directory / name)
 
     def paths(self) -> list[tuple[int, Path]]:
         found = []
-        for path in self.directory.glob(SNAPSHOT_PREFIX + "*"):
-            parts = path.name[len(SNAPSHOT_PREFIX) :].split("_")
-            if len(parts) == 2 and all(p.isdigit() for p in parts):
-                found.append((int(parts[0]), path))
+        for name in self.file_system.list_directory(self.directory):
+            if not name.startswith(SNAPSHOT_PREFIX) or name.endswith(".tmp"):
+                continue
+            parts = name[len(SNAPSHOT_PREFIX) :].split("_")
+            if len(parts) == 2 and all(part.isdigit() for part in parts):
+                found.append((int(parts[0]), self.directory / name))
         return sorted(found)
 
     def latest(self) -> SnapshotFile | None:
@@ -88,14 +107,15 @@ class SnapshotStore:
         if not paths:
             return None
         path = paths[-1][1]
-        return msgspec.msgpack.decode(unseal(path, path.read_bytes()), type=SnapshotFile)
+        sealed = self.file_system.read_file(path)
+        return msgspec.msgpack.decode(unseal(path, sealed), type=SnapshotFile)
 
     def save(self, meta: SnapshotMeta, data: bytes) -> None:
         name = f"{SNAPSHOT_PREFIX}{meta.index:020d}_{meta.term:020d}"
-        atomic_write(self.directory / name, seal(msgspec.msgpack.encode(SnapshotFile(meta, data))))
+        sealed = seal(msgspec.msgpack.encode(SnapshotFile(meta, data)))
+        atomic_write(self.directory / name, sealed, self.file_system)
         paths = self.paths()
-        with disk_errors(self.directory):
-            for _, old in paths[: -self.keep]:
-                os.unlink(old)
-            if len(paths) > self.keep:
-                fsync_directory(self.directory)
+        for _, old in paths[: -self.keep]:
+            self.file_system.unlink(old)
+        if len(paths) > self.keep:
+            self.file_system.sync_directory(self.directory)

@@ -3,6 +3,9 @@
 - `SegmentLogStore`: braft-style segment files with 24-byte CRC32C entry headers.
 - `MmapLogStore`: DLedger-style preallocated data files plus fixed 32-byte index entries.
 - `MemoryLogStore`: a list in memory.
+
+The segment store does its file I/O through a `FileSystem` (the OS one by default; the
+simulator's `quorumlog.testing.sim.filesystem.SimFileSystem` in simulation).
 """
 
 from quorumlog.errors import (
@@ -17,6 +20,7 @@ from quorumlog.errors import (
 )
 from quorumlog.storage.base import LogStore, RecoveryReport, SyncPolicy
 from quorumlog.storage.entry import EntryType, LogEntry
+from quorumlog.storage.filesystem import FileHandle, FileSystem, OsFileSystem
 from quorumlog.storage.memory import MemoryLogStore
 from quorumlog.storage.mmap_store import MmapLogStore
 from quorumlog.storage.segment import SegmentLogStore
@@ -26,6 +30,8 @@ __all__ = [
     "DiskFullError",
     "EntryTooLargeError",
     "EntryType",
+    "FileHandle",
+    "FileSystem",
     "InvalidTruncateError",
     "LogEntry",
     "LogIndexError",
@@ -33,6 +39,7 @@ __all__ = [
     "MemoryLogStore",
     "MmapLogStore",
     "NonContiguousAppendError",
+    "OsFileSystem",
     "RecoveryReport",
     "SegmentLogStore",
     "StorageError",

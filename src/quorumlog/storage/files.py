@@ -1,7 +1,9 @@
-"""File helpers the file stores share: atomic small-file writes, directory fsync, ENOSPC.
+"""OS-level file helpers: the directory lock, directory fsync, OS errors to typed errors.
 
-Why a directory fsync: a rename or unlink is durable only once the directory that holds the
-name is synced; without it a crash can bring back the old name (POSIX leaves it open).
+`filesystem.OsFileSystem` is built on these; `MmapLogStore` (which stays on real files) uses
+them directly. Why a directory fsync: a rename or unlink is durable only once the directory
+that holds the name is synced; without it a crash can bring back the old name (POSIX leaves
+it open).
 """
 
 from __future__ import annotations
@@ -41,15 +43,20 @@ def lock_directory(directory: str | os.PathLike[str]) -> int:
     return descriptor
 
 
+def storage_error(path: str | os.PathLike[str], error: OSError) -> StorageError:
+    """The typed error for an OS error on `path`: ENOSPC/EDQUOT become `DiskFullError`."""
+    if error.errno in DISK_FULL_ERRNOS:
+        return DiskFullError(f"disk full while writing {os.fspath(path)}: {error}")
+    return StorageError(f"I/O error on {os.fspath(path)}: {error}")
+
+
 @contextmanager
 def disk_errors(path: str | os.PathLike[str]) -> Iterator[None]:
-    """Turn OS errors into typed storage errors: ENOSPC/EDQUOT become `DiskFullError`."""
+    """Turn OS errors into typed storage errors (see `storage_error`)."""
     try:
         yield
     except OSError as error:
-        if error.errno in DISK_FULL_ERRNOS:
-            raise DiskFullError(f"disk full while writing {os.fspath(path)}: {error}") from error
-        raise StorageError(f"I/O error on {os.fspath(path)}: {error}") from error
+        raise storage_error(path, error) from error
 
 
 def fsync_directory(directory: str | os.PathLike[str]) -> None:
@@ -59,32 +66,3 @@ def fsync_directory(directory: str | os.PathLike[str]) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
-
-
-def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
-    """Replace `path` with `data` so a crash leaves either the old or the new content.
-
-    Write a temporary file beside it, fsync it, rename it over `path`, fsync the directory.
-    """
-    target = Path(path)
-    temporary = target.with_name(target.name + ".tmp")
-    with disk_errors(target):
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                written = os.write(descriptor, view)
-                view = view[written:]
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-        os.replace(temporary, target)
-        fsync_directory(target.parent)
-
-
-def write_all(descriptor: int, data: bytes | bytearray | memoryview) -> None:
-    """os.write until every byte is written (a short write is legal and must be retried)."""
-    view = memoryview(data)
-    while view:
-        written = os.write(descriptor, view)
-        view = view[written:]

@@ -6,7 +6,8 @@ import os
 from pathlib import Path
 
 from quorumlog.errors import CorruptLogError
-from quorumlog.storage.files import atomic_write, disk_errors, fsync_directory
+from quorumlog.storage.files import disk_errors, fsync_directory
+from quorumlog.storage.filesystem import atomic_write
 from quorumlog.storage.mmap_format import (
     ENTRY_ALIGNMENT_BYTES,
     ENTRY_HEADER_BYTES,

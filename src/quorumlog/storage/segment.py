@@ -17,6 +17,9 @@ Reads find the segment by bisecting the segment first indexes, then the entry's 
 from that segment's packed offset array, and read it with one pread. Terms are answered from
 memory. Data checksums are verified on every read.
 
+Every file operation goes through the `FileSystem` given to `open` (the operating system's by
+default; the simulator gives its byte-level disk, see storage/filesystem.py for the contract).
+
 Errors: ENOSPC/EDQUOT raise DiskFullError and the partial write is cut off again, so the
 store is as it was and appends go on once there is space. A failure in the middle of a
 multi-step change of files (a truncation, a reset, closing a segment) or a failed fsync
@@ -53,11 +56,13 @@ from quorumlog.storage.base import (
     check_truncate_suffix,
 )
 from quorumlog.storage.entry import LogEntry
-from quorumlog.storage.files import (
+from quorumlog.storage.filesystem import (
+    OS_FILE_SYSTEM,
+    DirectoryLock,
+    FileHandle,
+    FileSystem,
     atomic_write,
-    disk_errors,
-    fsync_directory,
-    lock_directory,
+    ensure_directory,
 )
 from quorumlog.storage.segment_file import SegmentFile
 from quorumlog.storage.segment_format import (
@@ -90,28 +95,30 @@ class SegmentLogStore:
         segment_bytes_max: int,
         sync_policy: SyncPolicy,
         entry_bytes_max: int,
+        file_system: FileSystem,
     ) -> None:
         if segment_bytes_max < 1:
             raise ValueError(f"segment_bytes_max must be positive, got {segment_bytes_max}")
         if entry_bytes_max < 0:
             raise ValueError(f"entry_bytes_max must not be negative, got {entry_bytes_max}")
         self._directory = directory
+        self._file_system = file_system
         self._segment_bytes_max = segment_bytes_max
         self._sync_policy = sync_policy
         self._entry_bytes_max = entry_bytes_max
         self._segments: list[SegmentFile] = []
         self._segment_firsts: list[int] = []
         """first_index of each segment, in order, for bisect."""
-        self._read_descriptors: OrderedDict[int, SegmentFile] = OrderedDict()
-        """Closed segments holding a read descriptor, least recently used first."""
+        self._read_handles: OrderedDict[int, SegmentFile] = OrderedDict()
+        """Closed segments holding an open file for reads, least recently used first."""
         self._first_index = 1
         self._last_index = 0
         self._recovery = RecoveryReport()
         self._unsynced = False
         self._closed = False
         self._failure: str | None = None
-        self._lock_descriptor = -1
-        """Holds the directory's lock (see `lock_directory`) while the store is open."""
+        self._lock: DirectoryLock | None = None
+        """The directory's lock, held while the store is open: two writers would corrupt it."""
 
     @classmethod
     def open(
@@ -121,18 +128,19 @@ class SegmentLogStore:
         segment_bytes_max: int = SEGMENT_BYTES_MAX_DEFAULT,
         sync_policy: SyncPolicy = SyncPolicy.EXPLICIT,
         entry_bytes_max: int = ENTRY_BYTES_MAX_DEFAULT,
+        file_system: FileSystem = OS_FILE_SYSTEM,
     ) -> SegmentLogStore:
-        """Open the log in directory `path` (created if missing), repairing a torn tail."""
+        """Open the log in directory `path` (created if missing), repairing a torn tail.
+
+        What open finds counts as persisted, so it makes it durable first (one data sync of
+        the open segment and one directory sync): see segment_recovery.
+        """
         directory = Path(path)
-        store = cls(directory, segment_bytes_max, sync_policy, entry_bytes_max)
-        with disk_errors(directory):
-            if not directory.is_dir():
-                directory.mkdir(parents=True, exist_ok=True)
-                fsync_directory(directory.parent)
-        store._lock_descriptor = lock_directory(directory)  # before anything is read
+        store = cls(directory, segment_bytes_max, sync_policy, entry_bytes_max, file_system)
+        ensure_directory(file_system, directory)
+        store._lock = file_system.lock_directory(directory)  # before anything is read
         try:
-            with disk_errors(directory):
-                recovered = recover_directory(directory)
+            recovered = recover_directory(file_system, directory)
         except BaseException:
             store.close()
             raise
@@ -211,13 +219,13 @@ class SegmentLogStore:
         again (ftruncate to the old end), so an error leaves the store as it was.
         """
         segment = self._writable_segment()
+        handle = segment.writable_handle()
         start = segment.end_bytes
-        with disk_errors(segment.path):
-            try:
-                write_all_at(segment.descriptor, encoded, start)
-            except OSError:
-                self._cut_back(segment, start)
-                raise
+        try:
+            handle.write_at(encoded, start)
+        except StorageError:
+            self._cut_back(handle, start)
+            raise
         segment.offsets.fromlist([offset + start for offset in offsets] if start else offsets)
         segment.terms.fromlist(terms)
         segment.end_bytes = start + len(encoded)
@@ -226,12 +234,12 @@ class SegmentLogStore:
         if self._sync_policy is SyncPolicy.EVERY_APPEND:
             self.sync()
 
-    def _cut_back(self, segment: SegmentFile, end_bytes: int) -> None:
+    def _cut_back(self, handle: FileHandle, end_bytes: int) -> None:
         """Undo a partial write. Shrinking a file needs no space, so this works on a full disk."""
         try:
-            os.ftruncate(segment.descriptor, end_bytes)
-        except OSError as error:
-            self._failure = f"could not cut back a failed write of {segment.path}: {error}"
+            handle.truncate(end_bytes)
+        except StorageError as error:
+            self._failure = f"could not cut back a failed write of {handle.path}: {error}"
 
     def _writable_segment(self) -> SegmentFile:
         """The open segment, after closing it and starting another if it is full."""
@@ -250,31 +258,29 @@ class SegmentLogStore:
         name matches its (synced) content. The directory fsync comes before the next open
         segment is created, so no crash leaves two open segments.
         """
-        with disk_errors(segment.path):
-            self._fsync_data(segment)
-            open_path = segment.path
-            segment.is_open = False
-            try:
-                os.rename(open_path, segment.path)
-            except OSError:
-                segment.is_open = True
-                raise
-            self._remember_read_descriptor(segment)
-            self._fsync_directory_or_fail("closing a segment")
+        self._fsync_data(segment)
+        open_path = segment.path
+        segment.is_open = False
+        try:
+            self._file_system.rename(open_path, segment.path)
+        except StorageError:
+            segment.is_open = True
+            raise
+        self._remember_read_handle(segment)
+        self._fsync_directory_or_fail("closing a segment")
 
     def _create_open_segment(self) -> SegmentFile:
         """Create `log_inprogress_<last_index + 1>` and make its name durable."""
         segment = SegmentFile(self._directory, self._last_index + 1, is_open=True)
         path = segment.path
-        with disk_errors(path):
-            segment.descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                fsync_directory(self._directory)
-            except OSError:
-                # An empty file we have not indexed: take it away so a retry can create it.
-                segment.close_descriptor()
-                os.unlink(path)
-                raise
+        segment.handle = self._file_system.create_file(path)
+        try:
+            self._file_system.sync_directory(self._directory)
+        except StorageError:
+            # An empty file we have not indexed: take it away so a retry can create it.
+            segment.close_handle()
+            self._file_system.unlink(path)
+            raise
         self._segments.append(segment)
         self._segment_firsts.append(segment.first_index)
         return segment
@@ -286,8 +292,7 @@ class SegmentLogStore:
             return
         segment = self._segments[-1] if self._segments else None
         if segment is not None and segment.is_open:
-            with disk_errors(segment.path):
-                self._fsync_data(segment)
+            self._fsync_data(segment)
         self._unsynced = False
 
     def _fsync_data(self, segment: SegmentFile) -> None:
@@ -296,11 +301,11 @@ class SegmentLogStore:
         After a failed fsync the kernel may have dropped the dirty pages, so what the file
         holds is unknown: the store refuses further changes until reopened.
         """
-        if self._sync_policy is SyncPolicy.NEVER or segment.descriptor < 0:
+        if self._sync_policy is SyncPolicy.NEVER or segment.handle is None:
             return
         try:
-            os.fdatasync(segment.descriptor)
-        except OSError as error:
+            segment.handle.sync_data()
+        except StorageError as error:
             self._failure = f"fsync of {segment.path} failed: {error}"
             raise
 
@@ -367,34 +372,33 @@ class SegmentLogStore:
         return segments[bisect_right(self._segment_firsts, index) - 1]
 
     def _read(self, segment: SegmentFile, start: int, end: int) -> bytes:
-        descriptor = segment.descriptor
-        if descriptor < 0:
-            descriptor = self._open_for_read(segment)
+        handle = segment.handle
+        if handle is None:
+            handle = self._open_for_read(segment)
         elif not segment.is_open:
-            self._read_descriptors.move_to_end(segment.first_index)
-        with disk_errors(segment.path):
-            raw = os.pread(descriptor, end - start, start)
+            self._read_handles.move_to_end(segment.first_index)
+        raw = handle.read_at(end - start, start)
         if len(raw) != end - start:
             raise CorruptLogError(
                 str(segment.path), start, f"file ends before the indexed entry end {end}"
             )
         return raw
 
-    def _open_for_read(self, segment: SegmentFile) -> int:
-        with disk_errors(segment.path):
-            segment.descriptor = os.open(segment.path, os.O_RDONLY)
-        self._remember_read_descriptor(segment)
-        return segment.descriptor
+    def _open_for_read(self, segment: SegmentFile) -> FileHandle:
+        handle = self._file_system.open_file(segment.path)
+        segment.handle = handle
+        self._remember_read_handle(segment)
+        return handle
 
-    def _remember_read_descriptor(self, segment: SegmentFile) -> None:
-        """Track a closed segment's descriptor, closing the least recently used beyond the cap."""
-        if segment.descriptor < 0:
+    def _remember_read_handle(self, segment: SegmentFile) -> None:
+        """Track a closed segment's open file, closing the least recently used beyond the cap."""
+        if segment.handle is None:
             return
-        self._read_descriptors[segment.first_index] = segment
-        self._read_descriptors.move_to_end(segment.first_index)
-        while len(self._read_descriptors) > READ_FILES_OPEN_MAX:
-            _, oldest = self._read_descriptors.popitem(last=False)
-            oldest.close_descriptor()
+        self._read_handles[segment.first_index] = segment
+        self._read_handles.move_to_end(segment.first_index)
+        while len(self._read_handles) > READ_FILES_OPEN_MAX:
+            _, oldest = self._read_handles.popitem(last=False)
+            oldest.close_handle()
 
     # --- truncation ----------------------------------------------------------------------
 
@@ -414,17 +418,16 @@ class SegmentLogStore:
         if last_kept >= self._last_index:
             return
         self._failure = "truncate_suffix did not finish"
-        with disk_errors(self._directory):
-            while self._segments and self._segments[-1].first_index > last_kept:
-                segment = self._segments[-1]
-                self._forget(segment)
-                os.unlink(segment.path)
-                fsync_directory(self._directory)
-                self._segments.pop()
-                self._segment_firsts.pop()
-                self._last_index = min(self._last_index, segment.first_index - 1)
-            if self._segments and self._segments[-1].last_index > last_kept:
-                self._cut_segment(self._segments[-1], last_kept)
+        while self._segments and self._segments[-1].first_index > last_kept:
+            segment = self._segments[-1]
+            self._forget(segment)
+            self._file_system.unlink(segment.path)
+            self._file_system.sync_directory(self._directory)
+            self._segments.pop()
+            self._segment_firsts.pop()
+            self._last_index = min(self._last_index, segment.first_index - 1)
+        if self._segments and self._segments[-1].last_index > last_kept:
+            self._cut_segment(self._segments[-1], last_kept)
         self._last_index = last_kept
         self._failure = None
 
@@ -433,13 +436,14 @@ class SegmentLogStore:
             self._forget(segment)
             closed_path = segment.path
             segment.is_open = True
-            os.rename(closed_path, segment.path)
-            fsync_directory(self._directory)
-            segment.descriptor = os.open(segment.path, os.O_RDWR)
+            self._file_system.rename(closed_path, segment.path)
+            self._file_system.sync_directory(self._directory)
+            segment.handle = self._file_system.open_file(segment.path, writable=True)
+        handle = segment.writable_handle()
         keep = last_kept - segment.first_index + 1
         end_bytes = segment.offsets[keep]
-        os.ftruncate(segment.descriptor, end_bytes)
-        os.fsync(segment.descriptor)
+        handle.truncate(end_bytes)
+        handle.sync()
         del segment.offsets[keep:]
         del segment.terms[keep:]
         segment.end_bytes = end_bytes
@@ -452,24 +456,30 @@ class SegmentLogStore:
         The meta goes first: once it holds first_kept, a crash before the unlinks finish is
         harmless, since open removes segments wholly below first_index. A segment partly
         below stays; the meta's first_index hides its head.
+
+        Unsynced entries are synced before the meta is written: the meta must not say the log
+        starts at first_kept while a crash could still cut the data off below it (open would
+        rightly call a meta past the data corrupt). Found by the crash-point tests.
         """
         self._check_writable()
         check_truncate_prefix(first_kept, self._first_index, self._last_index)
         if first_kept == self._first_index:
             return
-        atomic_write(self._directory / META_FILE_NAME, encode_meta(first_kept, False))
+        self.sync()
+        atomic_write(
+            self._directory / META_FILE_NAME, encode_meta(first_kept, False), self._file_system
+        )
         self._first_index = first_kept
         removed = False
-        with disk_errors(self._directory):
-            while self._segments and self._segments[0].last_index < first_kept:
-                segment = self._segments[0]
-                self._forget(segment)
-                os.unlink(segment.path)
-                del self._segments[0]
-                del self._segment_firsts[0]
-                removed = True
-            if removed:
-                fsync_directory(self._directory)
+        while self._segments and self._segments[0].last_index < first_kept:
+            segment = self._segments[0]
+            self._forget(segment)
+            self._file_system.unlink(segment.path)
+            del self._segments[0]
+            del self._segment_firsts[0]
+            removed = True
+        if removed:
+            self._file_system.sync_directory(self._directory)
 
     def reset(self, next_index: int) -> None:
         """Drop everything; the log becomes empty with first_index == next_index.
@@ -482,25 +492,24 @@ class SegmentLogStore:
         self._check_writable()
         check_reset(next_index)
         meta_path = self._directory / META_FILE_NAME
-        atomic_write(meta_path, encode_meta(next_index, reset_in_progress=True))
+        atomic_write(meta_path, encode_meta(next_index, reset_in_progress=True), self._file_system)
         self._failure = "reset did not finish"
-        with disk_errors(self._directory):
-            for segment in reversed(self._segments):
-                self._forget(segment)
-                os.unlink(segment.path)
-            self._segments = []
-            self._segment_firsts = []
-            fsync_directory(self._directory)
-        atomic_write(meta_path, encode_meta(next_index, reset_in_progress=False))
+        for segment in reversed(self._segments):
+            self._forget(segment)
+            self._file_system.unlink(segment.path)
+        self._segments = []
+        self._segment_firsts = []
+        self._file_system.sync_directory(self._directory)
+        atomic_write(meta_path, encode_meta(next_index, reset_in_progress=False), self._file_system)
         self._first_index = next_index
         self._last_index = next_index - 1
         self._unsynced = False
         self._failure = None
 
     def _forget(self, segment: SegmentFile) -> None:
-        """Close the segment's descriptor before its file is renamed or unlinked."""
-        self._read_descriptors.pop(segment.first_index, None)
-        segment.close_descriptor()
+        """Close the segment's file before it is renamed or unlinked."""
+        self._read_handles.pop(segment.first_index, None)
+        segment.close_handle()
 
     # --- life cycle ----------------------------------------------------------------------
 
@@ -509,12 +518,13 @@ class SegmentLogStore:
         if self._closed:
             return
         self._closed = True
-        self._read_descriptors.clear()
+        self._read_handles.clear()
         for segment in self._segments:
-            segment.close_descriptor()
-        if self._lock_descriptor >= 0:
-            os.close(self._lock_descriptor)
-            self._lock_descriptor = -1
+            segment.close_handle()
+        if self._lock is not None:
+            lock = self._lock
+            self._lock = None
+            lock.release()
 
     def _check_not_closed(self) -> None:
         if self._closed:
@@ -529,8 +539,8 @@ class SegmentLogStore:
 
     def _fsync_directory_or_fail(self, doing: str) -> None:
         try:
-            fsync_directory(self._directory)
-        except OSError as error:
+            self._file_system.sync_directory(self._directory)
+        except StorageError as error:
             self._failure = f"directory fsync failed while {doing}: {error}"
             raise
 
@@ -545,16 +555,3 @@ class SegmentLogStore:
             f"SegmentLogStore({str(self._directory)!r}, first_index={self._first_index}, "
             f"last_index={self._last_index}, segments={len(self._segments)})"
         )
-
-
-def write_all_at(descriptor: int, data: bytes, offset: int) -> None:
-    """pwrite until every byte is written (a short write is legal and must be retried)."""
-    written = os.pwrite(descriptor, data, offset)
-    if written == len(data):
-        return
-    view = memoryview(data)
-    try:
-        while written < len(data):
-            written += os.pwrite(descriptor, view[written:], offset + written)
-    finally:
-        view.release()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from array import array
 from pathlib import Path
 
+from quorumlog.raft.invariants import InvariantViolation
+from quorumlog.storage.filesystem import FileHandle
 from quorumlog.storage.segment_format import closed_segment_name, open_segment_name
 
 
@@ -19,10 +20,10 @@ class SegmentFile:
     """
 
     __slots__ = (
-        "descriptor",
         "directory",
         "end_bytes",
         "first_index",
+        "handle",
         "is_open",
         "offsets",
         "terms",
@@ -43,8 +44,8 @@ class SegmentFile:
         self.offsets: array[int] = offsets if offsets is not None else array("Q")
         self.terms: array[int] = terms if terms is not None else array("Q")
         self.end_bytes = end_bytes
-        self.descriptor = -1
-        """An open file descriptor, or -1. The open segment keeps one for writing."""
+        self.handle: FileHandle | None = None
+        """The open file, or None. The open segment keeps one for writing."""
 
     @property
     def count(self) -> int:
@@ -73,11 +74,19 @@ class SegmentFile:
             return start, self.offsets[position + 1]
         return start, self.end_bytes
 
-    def close_descriptor(self) -> None:
-        if self.descriptor >= 0:
-            descriptor = self.descriptor
-            self.descriptor = -1
-            os.close(descriptor)
+    def writable_handle(self) -> FileHandle:
+        """The open file of the open segment, which always holds one while the store is open."""
+        handle = self.handle
+        if handle is None:
+            # What require(...) raises, spelled out so the type checker sees the narrowing.
+            raise InvariantViolation(f"the open segment {self.path} has no open file")
+        return handle
+
+    def close_handle(self) -> None:
+        if self.handle is not None:
+            handle = self.handle
+            self.handle = None
+            handle.close()
 
     def __repr__(self) -> str:
         return f"SegmentFile({self.name}, entries={self.count}, bytes={self.end_bytes})"

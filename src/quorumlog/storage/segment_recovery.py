@@ -14,6 +14,12 @@ What can be on disk after a crash, and what open does about it:
   the unlinks of truncate_prefix. They are unlinked.
 - A meta with the reset flag: a crash in the middle of reset. Every segment is stale; they
   are unlinked and the flag cleared, which finishes the reset.
+- Bytes that are readable but not durable: the process died, the OS did not, so writes that
+  were never synced are still in the page cache and read back as if they were on disk. The
+  Raft core counts every entry open finds as persisted, so open makes them so: it syncs the
+  open segment's data and the directory (a rename or creation the dead process did not sync)
+  before it returns. Without that, an entry acknowledged after a restart could vanish in a
+  later power loss.
 
 The open segment's fresh blocks read as zeros (it is only ever appended to, and a cut-off
 tail is truncated away before new data goes there), so a torn tail holds a partial entry
@@ -24,7 +30,6 @@ from __future__ import annotations
 
 import itertools
 import mmap
-import os
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +38,12 @@ import google_crc32c
 
 from quorumlog.errors import CorruptLogError
 from quorumlog.storage.base import RecoveryReport
-from quorumlog.storage.files import atomic_write, fsync_directory
+from quorumlog.storage.filesystem import (
+    FileHandle,
+    FileSystem,
+    MappableFileHandle,
+    atomic_write,
+)
 from quorumlog.storage.segment_file import SegmentFile
 from quorumlog.storage.segment_format import (
     CHECKSUM_TYPE_CRC32C,
@@ -141,7 +151,7 @@ def data_checksum_ok(view: mmap.mmap | bytes, start: int, end: int) -> bool:
     return bool(_crc32c(view[start + ENTRY_HEADER_BYTES : end]) == data_crc)
 
 
-def scan_file(path: Path, is_open: bool) -> SegmentScan:
+def scan_file(handle: FileHandle, is_open: bool) -> SegmentScan:
     """Scan one segment file; for the open segment, also classify its tail.
 
     In the open segment a problem is a torn tail (its `problem` is cleared and `valid_bytes`
@@ -149,19 +159,26 @@ def scan_file(path: Path, is_open: bool) -> SegmentScan:
     the file reach into the bad header. The last whole entry of the open segment also has its
     data checksum checked, since a zero-filled tail can start inside its data.
     Any other problem stays in `problem` for the caller to raise as corruption.
+    The file is read through a mapping where the file system offers one (no copy), and read
+    whole otherwise.
     """
-    with open(path, "rb") as file:
-        file_bytes = os.fstat(file.fileno()).st_size
-        if file_bytes == 0:
-            return SegmentScan(array("Q"), array("Q"), 0, 0)
-        with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as view:
-            scan = scan_headers(view, file_bytes)
-            if is_open:
-                classify_open_tail(view, scan)
-            return scan
+    file_bytes = handle.size()
+    if file_bytes == 0:
+        return SegmentScan(array("Q"), array("Q"), 0, 0)
+    if isinstance(handle, MappableFileHandle):
+        with handle.map_for_reading() as view:
+            return scan_view(view, file_bytes, is_open)
+    return scan_view(handle.read_at(file_bytes, 0), file_bytes, is_open)
 
 
-def classify_open_tail(view: mmap.mmap, scan: SegmentScan) -> None:
+def scan_view(view: mmap.mmap | bytes, file_bytes: int, is_open: bool) -> SegmentScan:
+    scan = scan_headers(view, file_bytes)
+    if is_open:
+        classify_open_tail(view, scan)
+    return scan
+
+
+def classify_open_tail(view: mmap.mmap | bytes, scan: SegmentScan) -> None:
     file_bytes = scan.file_bytes
     if scan.problem:
         zeros_from = zero_tail_start(view, scan.problem_offset, file_bytes)
@@ -189,11 +206,13 @@ def classify_open_tail(view: mmap.mmap, scan: SegmentScan) -> None:
 # --- the directory ---------------------------------------------------------------------
 
 
-def list_segments(directory: Path) -> tuple[list[tuple[int, int]], int | None]:
+def list_segments(
+    file_system: FileSystem, directory: Path
+) -> tuple[list[tuple[int, int]], int | None]:
     """(closed segments as (first, last) sorted by first, first index of the open one)."""
     closed: list[tuple[int, int]] = []
     open_firsts: list[int] = []
-    for name in os.listdir(directory):
+    for name in file_system.list_directory(directory):
         try:
             parsed = parse_segment_name(name)
         except HeaderError as error:
@@ -215,35 +234,32 @@ def list_segments(directory: Path) -> tuple[list[tuple[int, int]], int | None]:
     return closed, (open_firsts[0] if open_firsts else None)
 
 
-def read_meta(directory: Path, segments_present: bool) -> int:
+def read_meta(file_system: FileSystem, directory: Path, segments_present: bool) -> int:
     """The first index from the meta file, finishing an interrupted reset first.
 
     A missing meta file is normal for a new directory (it gets one holding 1), and damage if
     segments exist: without it, entries compacted away would come back.
     """
     meta_path = directory / META_FILE_NAME
-    try:
-        raw = meta_path.read_bytes()
-    except FileNotFoundError:
+    if not file_system.exists(meta_path):
         if segments_present:
-            raise CorruptLogError(
-                str(meta_path), 0, "meta file missing while segments exist"
-            ) from None
-        atomic_write(meta_path, encode_meta(1, reset_in_progress=False))
+            raise CorruptLogError(str(meta_path), 0, "meta file missing while segments exist")
+        atomic_write(meta_path, encode_meta(1, reset_in_progress=False), file_system)
         return 1
+    raw = file_system.read_file(meta_path)
     try:
         first_index, reset_in_progress = decode_meta(raw)
     except HeaderError as error:
         raise CorruptLogError(str(meta_path), 0, str(error)) from error
     if reset_in_progress:
-        closed, open_first = list_segments(directory)
+        closed, open_first = list_segments(file_system, directory)
         names = [directory / closed_segment_name(first, last) for first, last in closed]
         if open_first is not None:
             names.append(directory / open_segment_name(open_first))
         for name in reversed(names):
-            os.unlink(name)
-        fsync_directory(directory)
-        atomic_write(meta_path, encode_meta(first_index, reset_in_progress=False))
+            file_system.unlink(name)
+        file_system.sync_directory(directory)
+        atomic_write(meta_path, encode_meta(first_index, reset_in_progress=False), file_system)
     return first_index
 
 
@@ -259,21 +275,23 @@ def check_contiguous(directory: Path, closed: list[tuple[int, int]]) -> None:
             )
 
 
-def recover_directory(directory: Path) -> RecoveredLog:
+def recover_directory(file_system: FileSystem, directory: Path) -> RecoveredLog:
     """Check and repair the directory, and build the index of every segment kept."""
     segments: list[SegmentFile] = []
     try:
-        return recover_into(directory, segments)
+        return recover_into(file_system, directory, segments)
     except BaseException:
         for segment in segments:
-            segment.close_descriptor()
+            segment.close_handle()
         raise
 
 
-def recover_into(directory: Path, segments: list[SegmentFile]) -> RecoveredLog:
-    closed, open_first = list_segments(directory)
-    first_index = read_meta(directory, bool(closed) or open_first is not None)
-    closed, open_first = list_segments(directory)
+def recover_into(
+    file_system: FileSystem, directory: Path, segments: list[SegmentFile]
+) -> RecoveredLog:
+    closed, open_first = list_segments(file_system, directory)
+    first_index = read_meta(file_system, directory, bool(closed) or open_first is not None)
+    closed, open_first = list_segments(file_system, directory)
 
     # Segments wholly below first_index hold only compacted entries: a crash after the meta
     # write of truncate_prefix left them. Gaps among them do not matter (unlinks that had not
@@ -282,14 +300,14 @@ def recover_into(directory: Path, segments: list[SegmentFile]) -> RecoveredLog:
     removed_any = False
     below = [(first, last) for first, last in closed if last < first_index]
     for first, last in below:
-        os.unlink(directory / closed_segment_name(first, last))
+        file_system.unlink(directory / closed_segment_name(first, last))
         highest_removed = max(highest_removed, last)
         removed_any = True
     closed = closed[len(below) :]
     check_contiguous(directory, closed)
 
     for first, last in closed:
-        segments.append(load_closed(directory, first, last))
+        segments.append(load_closed(file_system, directory, first, last))
 
     report = RecoveryReport()
     if open_first is not None:
@@ -300,17 +318,18 @@ def recover_into(directory: Path, segments: list[SegmentFile]) -> RecoveredLog:
                 0,
                 f"open segment starts at {open_first}, previous segment ends at {previous_last}",
             )
-        segment, report = load_open(directory, open_first)
+        segment, report = load_open(file_system, directory, open_first)
         segments.append(segment)
         if segment.last_index < first_index:
             # Only possible when no closed segment is kept: all of it is compacted away.
             segments.pop()
-            segment.close_descriptor()
-            os.unlink(segment.path)
+            segment.close_handle()
+            file_system.unlink(segment.path)
             highest_removed = max(highest_removed, segment.last_index)
             removed_any = True
-    if removed_any:
-        fsync_directory(directory)
+    # Always, not only after an unlink: names the dead process created or renamed without
+    # syncing must be durable before the entries behind them count as persisted.
+    file_system.sync_directory(directory)
 
     check_first_index(directory, first_index, segments, highest_removed, removed_any)
     last_index = segments[-1].last_index if segments else first_index - 1
@@ -352,10 +371,14 @@ def check_first_index(
         )
 
 
-def load_closed(directory: Path, first: int, last: int) -> SegmentFile:
+def load_closed(file_system: FileSystem, directory: Path, first: int, last: int) -> SegmentFile:
     segment = SegmentFile(directory, first, is_open=False)
     path = directory / closed_segment_name(first, last)
-    scan = scan_file(path, is_open=False)
+    handle = file_system.open_file(path)
+    try:
+        scan = scan_file(handle, is_open=False)
+    finally:
+        handle.close()
     if scan.problem:
         raise CorruptLogError(str(path), scan.problem_offset, scan.problem)
     if len(scan.offsets) != last - first + 1:
@@ -368,27 +391,57 @@ def load_closed(directory: Path, first: int, last: int) -> SegmentFile:
     return segment
 
 
-def load_open(directory: Path, first: int) -> tuple[SegmentFile, RecoveryReport]:
-    """Load the open segment, cutting off a torn tail (ftruncate + fsync) if it has one."""
+def load_open(
+    file_system: FileSystem, directory: Path, first: int
+) -> tuple[SegmentFile, RecoveryReport]:
+    """Load the open segment, cut off a torn tail if it has one, and make what is kept
+    durable (see the module docs: bytes readable now may never have been synced)."""
     segment = SegmentFile(directory, first, is_open=True)
     path = segment.path
-    scan = scan_file(path, is_open=True)
-    if scan.problem:
-        raise CorruptLogError(str(path), scan.problem_offset, scan.problem)
+    segment.handle = handle = file_system.open_file(path, writable=True)
+    try:
+        scan = scan_open_tail_twice(handle)
+        if scan.problem:
+            raise CorruptLogError(str(path), scan.problem_offset, scan.problem)
+        torn_bytes = scan.file_bytes - scan.valid_bytes
+        if torn_bytes:
+            handle.truncate(scan.valid_bytes)
+        handle.sync_data()
+    except BaseException:
+        segment.close_handle()
+        raise
     segment.offsets = scan.offsets
     segment.terms = scan.terms
     segment.end_bytes = scan.valid_bytes
-    segment.descriptor = os.open(path, os.O_RDWR)
-    torn_bytes = scan.file_bytes - scan.valid_bytes
     if torn_bytes == 0:
         return segment, RecoveryReport()
-    try:
-        os.ftruncate(segment.descriptor, scan.valid_bytes)
-        os.fsync(segment.descriptor)
-    except BaseException:
-        segment.close_descriptor()
-        raise
     return segment, RecoveryReport(torn_bytes_dropped=torn_bytes, torn_file=str(path))
+
+
+def scan_open_tail_twice(handle: FileHandle) -> SegmentScan:
+    """Scan the open segment; if its tail is to be cut off, read it again first.
+
+    Cutting is for good, so it must not rest on one read: a bit flipped on the way from the
+    disk (in the header of the last entry, or in zeros that end its data) can look like a
+    torn write. A torn tail reads the same every time; a transient flip does not, and then
+    open refuses (CorruptLogError) rather than cut what may be durable. (Damage that reads
+    the same every time in those places cannot be told from a torn write by the bytes.)
+    """
+    scan = scan_file(handle, is_open=True)
+    if scan.problem or scan.valid_bytes == scan.file_bytes:
+        return scan
+    again = scan_file(handle, is_open=True)
+    if (again.valid_bytes, again.file_bytes, again.problem) != (
+        scan.valid_bytes,
+        scan.file_bytes,
+        scan.problem,
+    ):
+        raise CorruptLogError(
+            str(handle.path),
+            min(scan.valid_bytes, again.valid_bytes),
+            "two reads of the tail disagree (the disk returns unstable data); nothing is cut",
+        )
+    return scan
 
 
 def segment_name_closed(first: int, last: int) -> str:

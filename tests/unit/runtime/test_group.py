@@ -14,7 +14,8 @@ from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration
 from quorumlog.raft.messages import Message
 from quorumlog.runtime.group import GroupRunner, GroupSettings
-from quorumlog.storage import segment
+from quorumlog.storage.files import storage_error
+from quorumlog.storage.filesystem import OsFileHandle
 
 
 class ListMachine:
@@ -91,15 +92,16 @@ def test_a_full_disk_delays_writes_and_loses_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     disk_full = {"on": False, "refused": 0}
-    real_write = segment.write_all_at
+    real_write = OsFileHandle.write_at
 
-    def maybe_full(descriptor: int, data: bytes, offset: int) -> None:
-        if disk_full["on"]:
+    def maybe_full(handle: OsFileHandle, data: bytes, offset: int) -> None:
+        # Only the log's segments fill up, as the segment writes alone did before.
+        if disk_full["on"] and handle.path.name.startswith("log_inprogress_"):
             disk_full["refused"] += 1
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real_write(descriptor, data, offset)
+            raise storage_error(handle.path, OSError(errno.ENOSPC, "No space left on device"))
+        real_write(handle, data, offset)
 
-    monkeypatch.setattr(segment, "write_all_at", maybe_full)
+    monkeypatch.setattr(OsFileHandle, "write_at", maybe_full)
 
     async def scenario() -> None:
         with ThreadPoolExecutor(1) as executor:

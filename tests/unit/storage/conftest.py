@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from quorumlog.storage import LogStore, MemoryLogStore, MmapLogStore, SegmentLogStore
+from quorumlog.testing.sim.filesystem import SimFileSystem
 
-STORE_KINDS = ["memory", "segment", "mmap"]
+STORE_KINDS = ["memory", "segment", "mmap", "segment-sim"]
+"""`segment-sim` is the segment store on the simulated byte-level disk (SimFileSystem)."""
 
 # Small files so a few dozen entries already roll over to new segments / data files.
 SMALL_SEGMENT_BYTES = 4096
@@ -25,6 +28,7 @@ class StoreHarness:
         self.kind = kind
         self.path = path
         self.memory_store: MemoryLogStore | None = None
+        self.sim_disk = SimFileSystem(random.Random(0)) if kind == "segment-sim" else None
 
     def open(self) -> LogStore:
         if self.kind == "memory":
@@ -36,6 +40,13 @@ class StoreHarness:
         if self.kind == "segment":
             return SegmentLogStore.open(
                 self.path, segment_bytes_max=SMALL_SEGMENT_BYTES, entry_bytes_max=ENTRY_BYTES_MAX
+            )
+        if self.sim_disk is not None:
+            return SegmentLogStore.open(
+                self.path,
+                segment_bytes_max=SMALL_SEGMENT_BYTES,
+                entry_bytes_max=ENTRY_BYTES_MAX,
+                file_system=self.sim_disk,
             )
         if self.kind == "mmap":
             return MmapLogStore.open(
@@ -49,6 +60,10 @@ class StoreHarness:
     def reopen(self, store: LogStore) -> LogStore:
         if self.kind == "memory":
             return store
+        if self.sim_disk is not None:
+            # The process dies without closing anything; the OS keeps every byte written.
+            self.sim_disk.process_crash()
+            return self.open()
         store.close()
         return self.open()
 

@@ -21,7 +21,7 @@ from quorumlog.storage import (
     StoreClosedError,
     SyncPolicy,
 )
-from quorumlog.storage.files import atomic_write
+from quorumlog.storage.filesystem import atomic_write
 from quorumlog.storage.mmap_format import (
     BLANK,
     BLANK_MAGIC,
@@ -928,3 +928,38 @@ def test_truncate_suffix_records_the_cut_before_zeroing_and_clears_it_after(
     middle = events[1:-1]
     assert {"zero data", "zero index", "flush data", "flush index"} <= set(middle)
     assert middle.index("zero data") < middle.index("flush data")
+
+
+def test_open_makes_everything_it_found_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Defect 5: the process died without syncing but the OS lived on, so unsynced entries
+    read back at open. The core counts them as persisted, so open must flush them (every
+    data file they may lie in) and sync the directories before it returns."""
+    from quorumlog.storage import mmap_files, mmap_store
+
+    store = open_store(tmp_path / "log")
+    store.append(make_entries(1, 150))  # several data files, none of it synced
+    store.close()  # the process dies: close does not sync
+    flushed: list[tuple[str, int, int]] = []
+    synced_directories: list[str] = []
+    real_flush = mmap_files.MappedFileList.flush
+    real_fsync_directory = mmap_store.fsync_directory
+
+    def recording_flush(self: mmap_files.MappedFileList, low: int, high: int) -> None:
+        flushed.append((self.directory.name, low, high))
+        real_flush(self, low, high)
+
+    def recording_fsync_directory(directory: str | os.PathLike[str]) -> None:
+        synced_directories.append(Path(directory).name)
+        real_fsync_directory(directory)
+
+    monkeypatch.setattr(mmap_files.MappedFileList, "flush", recording_flush)
+    monkeypatch.setattr(mmap_store, "fsync_directory", recording_fsync_directory)
+    open_store(tmp_path / "log").close()
+    stream = data_stream(tmp_path / "log")
+    data_end = len(stream.read(0, stream.end).rstrip(b"\0"))  # the last entry's last byte
+    assert data_end > 2 * DATA_FILE_BYTES
+    data_flushes = [(low, high) for name, low, high in flushed if name == "data"]
+    assert any(low == 0 and high >= data_end for low, high in data_flushes), flushed
+    assert {"data", "index", "log"} <= set(synced_directories)

@@ -491,7 +491,7 @@ def test_disk_full_on_the_meta_write_of_truncate_prefix_changes_nothing(
         def write_without_space(*_: Any) -> int:
             raise OSError(errno.ENOSPC, "No space left on device (injected)")
 
-        patch.setattr(os, "write", write_without_space)
+        patch.setattr(os, "pwrite", write_without_space)
         with pytest.raises(DiskFullError):
             store.truncate_prefix(20)
     assert store.first_index == 1
