@@ -56,6 +56,7 @@ Example: a node's log on the simulated disk, a power loss, a restart.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import random
 from pathlib import Path, PurePosixPath
@@ -469,7 +470,10 @@ class SimDirectoryLock:
 # --- helpers -----------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=4096)
 def _normal(path: Path | PurePosixPath) -> PurePosixPath:
+    """The absolute path (cached: a store names the same few files again and again, and
+    parsing a path costs more than the simulated write it names)."""
     normal = PurePosixPath("/") / PurePosixPath(path)
     if ".." in normal.parts:
         raise SimulationError(f"paths with '..' are not simulated: {path}")

@@ -183,6 +183,7 @@ class SimNode:
             options.fsync_ms_max,
         )
         self.disk = SimDisk()
+        self.process.crash_handler = self.crash
         self.crash_count = 0
         self.machine = KvMachine()
         self.host: RaftHost

@@ -28,6 +28,7 @@ from typing import Any
 
 from quorumlog.testing.sim.checks import SimulationError
 from quorumlog.testing.sim.events import EventQueue, draw_int
+from quorumlog.testing.sim.filesystem import SimulatedCrash
 
 LOCAL_LINK = "local"
 SOON_STEPS_MAX = 1_000_000
@@ -58,6 +59,9 @@ class SimProcess:
         self.in_event = False
         self.drain_pending = False
         self.pause_count = 0
+        self.crash_handler: Callable[[], None] | None = None
+        """Called when code in the process dies of `SimulatedCrash` (its disk halted it
+        mid-write); the owner crashes the node as a power loss would."""
 
     # --- life cycle ---------------------------------------------------------------------
 
@@ -102,6 +106,10 @@ class SimProcess:
                     return
                 handler(argument)
                 self.run_soon()
+        except SimulatedCrash:
+            self.in_event = False
+            self.died()
+            return
         finally:
             self.in_event = False
         if self.up:
@@ -126,10 +134,20 @@ class SimProcess:
             handler(argument)
             if self.soon:
                 self.run_soon()
+        except SimulatedCrash:
+            self.in_event = False
+            self.died()
+            return
         finally:
             self.in_event = False
         if self.up:
             self.after_event()
+
+    def died(self) -> None:
+        """The disk halted the process in the middle of a change."""
+        if self.crash_handler is None:
+            raise SimulationError(f"{self.name} was halted by its disk but has no crash handler")
+        self.crash_handler()
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         """Run `callback` in this process at the current instant, after the code running
