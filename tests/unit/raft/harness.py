@@ -108,6 +108,7 @@ class Node:
         self.failure_reported = False
         self.scheduler = ManualScheduler()
         self.machine = RecordingMachine()
+        self.background = InlineBackground(self.scheduler)
         self.host = self.start()
 
     def start(self) -> RaftHost:
@@ -115,6 +116,7 @@ class Node:
         last one; what the old scheduler still had queued (an unsynced write) is dropped."""
         self.scheduler = ManualScheduler(self.scheduler.now_seconds)
         self.machine = RecordingMachine()
+        self.background = InlineBackground(self.scheduler)
         host = RaftHost(
             GROUP,
             self.config,
@@ -125,7 +127,7 @@ class Node:
             send=self.send,
             bootstrap=self.bootstrap,
             scheduler=self.scheduler,
-            background=InlineBackground(self.scheduler),
+            background=self.background,
             random_source=random.Random(self.seed),
             settings=self.host_settings,
             hooks=RecordingHooks(self),

@@ -128,3 +128,25 @@ def test_a_restart_keeps_the_vote_it_synced_so_no_term_has_two_leaders_5_2() -> 
     cluster.stabilize()
     assert cluster.core("n3").term == 1
     assert cluster.leaders() == ["n1"]
+
+
+def test_a_restart_loses_what_was_written_but_not_synced() -> None:
+    """The harness's disk keeps only what a sync covered: a crash between the host's write
+    and its fsync loses the entry, as a real disk may."""
+    cluster = Cluster(3)
+    cluster.elect("n1")
+    n1 = cluster.nodes["n1"]
+    last_synced = n1.store.last_index
+    old_background = n1.background
+    cluster.host("n1").propose(b"unsynced")
+    assert n1.scheduler.run_next()  # the host writes the entry and submits its sync
+    assert n1.store.last_index == last_synced + 1 and n1.store.synced_index == last_synced
+    n1.restart()
+    assert n1.store.last_index == last_synced
+    assert old_background.jobs_pending == 1  # the sync died with the old process
+    cluster.tick(3 * cluster.core("n1").config.election_ticks)
+    [leader] = cluster.leaders()
+    logs = {node_id: cluster.core(node_id).log.last_index for node_id in cluster.nodes}
+    assert set(logs.values()) == {cluster.core(leader).log.last_index}
+    data = {node_id: node.data_applied() for node_id, node in cluster.nodes.items()}
+    assert len({tuple(applied) for applied in data.values()}) == 1
