@@ -101,7 +101,8 @@ class Node:
         self.send = send
         self.host_settings = host_settings
         self.applied: list[LogEntry] = []
-        """Entries applied since the state machine's last snapshot restore."""
+        """Entries this node applied (an installed snapshot clears them: their effect came
+        in the snapshot; a restart keeps those its own snapshot covers)."""
         self.read_results: list[tuple[int, int]] = []
         self.failed_reads: list[int] = []
         self.failure: BaseException | None = None
