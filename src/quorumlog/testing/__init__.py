@@ -2,7 +2,9 @@
 
 Users test their own state machines and clients with the same tools quorumlog's own tests
 use: `SimCluster` runs Raft cores on virtual time under seeded faults, `History` records
-concurrent operations, `check_linearizable` and `check_queue` judge them.
+concurrent operations, `check_linearizable` and `check_queue` judge them. For scripted
+tests of a state machine on the shipped `RaftHost`, `ManualScheduler` moves time only when
+the test says so and `InlineBackground` runs disk work on the test's thread.
 """
 
 from quorumlog.testing.history import History, HistoryError, Operation, OperationStatus
@@ -13,6 +15,7 @@ from quorumlog.testing.linearizability import (
     Model,
     check_linearizable,
 )
+from quorumlog.testing.manual import InlineBackground, ManualScheduler, ManualTimer
 from quorumlog.testing.queue_checker import (
     ConsumedRecord,
     ProducedRecord,
@@ -36,8 +39,11 @@ __all__ = [
     "ConsumedRecord",
     "History",
     "HistoryError",
+    "InlineBackground",
     "InvariantViolation",
     "LinearizabilityResult",
+    "ManualScheduler",
+    "ManualTimer",
     "Model",
     "NetworkFaults",
     "Operation",

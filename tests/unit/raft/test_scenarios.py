@@ -9,7 +9,6 @@ from quorumlog.raft.configuration import ChangeKind, MembershipChange
 from quorumlog.raft.core import Role
 from quorumlog.raft.messages import Push, PushKind
 from quorumlog.raft.progress import ReplicationState
-from quorumlog.raft.ready import HardState
 from quorumlog.storage import EntryType
 from tests.unit.raft.harness import Cluster
 
@@ -213,21 +212,16 @@ def test_follower_behind_compaction_gets_snapshot_7() -> None:
     for i in range(10):
         cluster.propose("n1", f"x{i}".encode())
     leader = cluster.nodes["n1"]
-    from quorumlog.raft.messages import SnapshotMeta
-
-    applied = leader.core.applied_index
-    meta = SnapshotMeta(
-        index=applied,
-        term=leader.core.log.term(applied) or 0,
-        configuration=leader.core.configuration,
-    )
-    data = b"snapshot-of-the-state-machine-" + str(applied).encode()
-    leader.core.snapshot_taken(meta, data)
-    leader.store.truncate_prefix(applied + 1)
+    # The leader snapshots its state machine and compacts its log up to it, so the
+    # entries n3 lacks exist only in the snapshot.
+    meta = cluster.snapshot("n1")
+    assert leader.store.first_index == meta.index + 1
     cluster.heal()
     cluster.tick(6)
     n3 = cluster.nodes["n3"]
-    assert n3.snapshot is not None and n3.snapshot[1] == data
+    assert n3.snapshot is not None and leader.snapshot is not None
+    assert n3.snapshot.data == leader.snapshot.data
+    assert n3.data_applied() == leader.data_applied()
     assert n3.core.commit_index == leader.core.commit_index
     progress = leader.core.leader.progress["n3"]  # type: ignore[union-attr]
     assert progress.state is ReplicationState.APPEND
@@ -281,9 +275,9 @@ def test_a_restarted_follower_of_an_idle_group_learns_the_commit_index() -> None
     cluster.propose("n1", b"a")
     cluster.tick(2)
     assert cluster.core("n3").commit_index == 2
-    # The real runtime saves the commit index only with term and vote changes.
+    # The runtime saves the commit index only with term and vote changes.
     node = cluster.nodes["n3"]
-    node.hard_state = HardState(term=node.hard_state.term, vote=node.hard_state.vote, commit=0)
+    assert node.hard_state.commit == 0
     node.restart()
     assert cluster.core("n3").commit_index == 0
     cluster.tick(cluster.core("n1").config.append_timeout_ticks + 2)
