@@ -30,6 +30,7 @@ count as concurrent: that can hide a bug, but never reports one that is not ther
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Hashable, Sequence
 from typing import Any, Final, Protocol
 
@@ -129,16 +130,27 @@ class RegisterModel:
         """`operations` less the appends of unknown outcome that nothing could have seen.
 
         An unknown append whose suffix occurs in no other operation's argument or output
-        (as a substring) never needs to be linearized: were it linearized somewhere, every
-        state after it would hold its suffix until a put or delete replaced the value, and
-        no output or compared value holds it, so nothing observed that state; an unknown
-        cas that failed there because of it has no effect either way. Dropping it changes
-        no verdict, and the search no longer tries it at every position: a few of these,
-        concurrent with long reads, made the search blow up (seen in the simulator and on
-        real processes). A substring match keeps an append whenever in doubt.
+        (as a substring), and after whose call no cas returned False, never needs to be
+        linearized: were it linearized somewhere, every state after it would hold its
+        suffix until a put or delete replaced the value, and no output or compared value
+        holds it, so nothing observed that state; an unknown cas that failed there because
+        of it has no effect either way. A cas that returned False is the one observer that
+        can see an append without its suffix (it saw "not the expected value", which
+        appending anything can cause), so it keeps every append called before it returned.
+        Dropping the others changes no verdict, and the search no longer tries them at
+        every position: a few of these, concurrent with long reads, made the search blow up
+        (seen in the simulator and on real processes). A substring match keeps an append
+        whenever in doubt.
         """
         observed: list[str] = []
+        last_failed_cas_return = -math.inf
         for operation in operations:
+            if (
+                operation.kind == "cas"
+                and operation.status is OperationStatus.OK
+                and operation.output is False
+            ):
+                last_failed_cas_return = max(last_failed_cas_return, operation.return_time)
             for value in (operation.argument, operation.output):
                 if isinstance(value, str):
                     observed.append(value)
@@ -152,6 +164,7 @@ class RegisterModel:
                 and operation.kind == "append"
                 and isinstance(suffix, str)
                 and suffix
+                and operation.call_time > last_failed_cas_return
                 and sum(1 for value in observed if suffix in value) == 1  # its own argument
             ):
                 continue

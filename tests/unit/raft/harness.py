@@ -29,9 +29,11 @@ from quorumlog.raft.core import RaftCore, Role
 from quorumlog.raft.messages import Message, SnapshotMeta
 from quorumlog.raft.ready import HardState, Ready
 from quorumlog.runtime.host import HostHooks, HostSettings, RaftHost
+from quorumlog.runtime.stable import SnapshotFile as SavedSnapshot
 from quorumlog.storage import LogEntry
+from quorumlog.storage.segment import SegmentLogStore
 from quorumlog.testing.manual import InlineBackground, ManualScheduler
-from quorumlog.testing.sim.disk import SavedSnapshot, SimDisk, SimLogStore
+from quorumlog.testing.sim.disk import SimDisk
 
 GROUP = "raft"
 TICK_SECONDS = 1.0
@@ -171,7 +173,7 @@ class Node:
         return self.host.core
 
     @property
-    def store(self) -> SimLogStore:
+    def store(self) -> SegmentLogStore:
         return self.disk.store
 
     @property

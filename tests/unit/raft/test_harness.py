@@ -59,7 +59,8 @@ def test_an_invariant_failing_in_the_core_stops_the_hosts_group() -> None:
     failure is the host's, not an exception the test happens to catch."""
     cluster = cluster_with_a_committed_tail()
     n3 = cluster.nodes["n3"]
-    durable_before = (n3.store.last_index, n3.store.synced_index, n3.hard_state, n3.applied[:])
+    durable = n3.disk.file_system.durable_file_contents
+    durable_before = (n3.store.last_index, durable(), n3.hard_state, n3.applied[:])
     cluster.queue.append(push_overwriting_a_committed_entry(cluster))
     with pytest.raises(GroupFailedError) as raised:
         cluster.stabilize()
@@ -70,7 +71,7 @@ def test_an_invariant_failing_in_the_core_stops_the_hosts_group() -> None:
     # Time passes and the others keep pushing to n3: it neither answers nor campaigns.
     cluster.tick(3 * cluster.core("n3").config.election_ticks)
     assert cluster.sent_count["n3"] == sent_before
-    assert (n3.store.last_index, n3.store.synced_index, n3.hard_state, n3.applied) == (
+    assert (n3.store.last_index, durable(), n3.hard_state, n3.applied) == (
         durable_before
     )
     with pytest.raises(GroupFailedError):
@@ -140,7 +141,9 @@ def test_a_restart_loses_what_was_written_but_not_synced() -> None:
     old_background = n1.background
     cluster.host("n1").propose(b"unsynced")
     assert n1.scheduler.run_next()  # the host writes the entry and submits its sync
-    assert n1.store.last_index == last_synced + 1 and n1.store.synced_index == last_synced
+    assert n1.store.last_index == last_synced + 1
+    durable = n1.disk.file_system.durable_file_contents()
+    assert durable != n1.disk.file_system.file_contents()  # written, not synced
     n1.restart()
     assert n1.store.last_index == last_synced
     assert old_background.jobs_pending == 1  # the sync died with the old process
