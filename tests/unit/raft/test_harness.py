@@ -71,9 +71,7 @@ def test_an_invariant_failing_in_the_core_stops_the_hosts_group() -> None:
     # Time passes and the others keep pushing to n3: it neither answers nor campaigns.
     cluster.tick(3 * cluster.core("n3").config.election_ticks)
     assert cluster.sent_count["n3"] == sent_before
-    assert (n3.store.last_index, durable(), n3.hard_state, n3.applied) == (
-        durable_before
-    )
+    assert (n3.store.last_index, durable(), n3.hard_state, n3.applied) == (durable_before)
     with pytest.raises(GroupFailedError):
         host.propose(b"refused")
     # The rest of the group goes on without it.
