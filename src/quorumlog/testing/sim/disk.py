@@ -14,6 +14,10 @@ recovery (torn tails, atomic replaces, the meta file) decides what the node rest
   the middle of whatever it was doing (between saving a snapshot and resetting the log, in
   the middle of a segment roll, ...). The change raises `SimulatedCrash` (a BaseException,
   so no handler in the code under test can swallow it); `SimProcess` turns it into a crash.
+- `snapshot_halt_probability`: after a snapshot is saved, the chance that the disk halts
+  the process within the next few changes — between an installed snapshot's save and the
+  log's reset, or a taken snapshot's save and the compaction: the crash points where the
+  log and the snapshot must be reconciled at open.
 - `read_bit_flip_probability` and `bytes_max` pass through to the file system: reads that
   flip a bit (the stores must detect it) and a disk that fills up.
 """
@@ -21,6 +25,7 @@ recovery (torn tails, atomic replaces, the meta file) decides what the node rest
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -31,6 +36,9 @@ from quorumlog.runtime.stable import HardStateFile, SnapshotFile, SnapshotStore
 from quorumlog.storage.segment import SegmentLogStore
 from quorumlog.testing.sim.filesystem import DiskCrashReport, SimFileSystem
 
+SNAPSHOT_HALT_CHANGES_MAX = 8
+"""How many disk changes after a snapshot save an armed halt may fall."""
+DIVERGENT_INSTALL_HALT_PROBABILITY = 0.5
 SEGMENT_BYTES_MAX = 16 * 1024
 """Small segments, so that rolling from one to the next happens in every run."""
 ROOT = Path("/node")
@@ -46,8 +54,9 @@ class CachedSnapshots:
     """The snapshot store, with its newest snapshot kept in memory (the checker asks for
     it often; reading it from the file each time would cost a decode per question)."""
 
-    def __init__(self, store: SnapshotStore) -> None:
+    def __init__(self, store: SnapshotStore, after_save: Callable[[SnapshotMeta], None]) -> None:
         self.store = store
+        self.after_save = after_save
         self.newest = store.latest()
 
     def latest(self) -> SnapshotFile | None:
@@ -57,6 +66,7 @@ class CachedSnapshots:
         self.store.save(meta, data)
         if self.newest is None or meta.index >= self.newest.meta.index:
             self.newest = SnapshotFile(meta, data)
+        self.after_save(meta)
 
 
 class SimDisk:
@@ -67,11 +77,12 @@ class SimDisk:
         read_bit_flip_probability: float = 0.0,
         bytes_max: int | None = None,
     ) -> None:
+        self.rng = rng if rng is not None else random.Random(0)
         self.file_system = SimFileSystem(
-            rng if rng is not None else random.Random(0),
-            read_bit_flip_probability=read_bit_flip_probability,
-            bytes_max=bytes_max,
+            self.rng, read_bit_flip_probability=read_bit_flip_probability, bytes_max=bytes_max
         )
+        self.snapshot_halt_probability = 0.0
+        self.snapshot_halts = 0
         self.store: SegmentLogStore
         self.hard_state: HardStateFile
         self.snapshots: CachedSnapshots
@@ -84,7 +95,32 @@ class SimDisk:
             ROOT / "log", segment_bytes_max=SEGMENT_BYTES_MAX, file_system=file_system
         )
         self.hard_state = HardStateFile(ROOT, file_system)
-        self.snapshots = CachedSnapshots(SnapshotStore(ROOT / "snapshots", 2, file_system))
+        self.snapshots = CachedSnapshots(
+            SnapshotStore(ROOT / "snapshots", 2, file_system), self.maybe_halt_soon
+        )
+
+    def maybe_halt_soon(self, meta: SnapshotMeta) -> None:
+        probability = self.snapshot_halt_probability
+        if probability and self.log_diverges_at(meta):
+            # Installing over a log that holds another entry at the snapshot's index: the
+            # rare shape in which a crash before the reset leaves a log that does not follow
+            # the snapshot. Make it likely whenever it arises.
+            probability = max(probability, DIVERGENT_INSTALL_HALT_PROBABILITY)
+        if probability and self.rng.random() < probability:
+            self.snapshot_halts += 1
+            # Half the time at the very next change: right after an installed snapshot's
+            # save, that is the log's reset, the gap that must be reconciled at open.
+            changes = (
+                0 if self.rng.random() < 0.5 else self.rng.randint(1, SNAPSHOT_HALT_CHANGES_MAX)
+            )
+            self.file_system.halt_after(changes)
+
+    def log_diverges_at(self, meta: SnapshotMeta) -> bool:
+        store = self.store
+        return (
+            store.first_index <= meta.index <= store.last_index
+            and store.term(meta.index) != meta.term
+        )
 
     @property
     def durable_hard_state(self) -> HardState:

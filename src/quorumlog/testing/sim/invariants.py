@@ -81,6 +81,23 @@ class InvariantChecker:
         self.node_commit[node_id] = core.commit_index
         self.node_applied[node_id] = node.applied_index
         self.node_leader_term.pop(node_id, None)
+        self._check_terms_never_decrease(node)
+
+    def _check_terms_never_decrease(self, node: SimNode) -> None:
+        """A log's terms never go down from one entry to the next, its snapshot included
+        (an entry follows only an entry of its own term or an older one). A log kept beside
+        a snapshot it does not follow breaks this at the snapshot's boundary: the entries
+        after it come from a deposed leader, older than the snapshot's last term."""
+        log = node.core.log
+        previous_term = log.snapshot_term if log.snapshot_index else 0
+        low = max(log.first_index, log.snapshot_index + 1)
+        for entry in log.entries(low, log.last_index + 1) if low <= log.last_index else []:
+            check_invariant(
+                entry.term >= previous_term,
+                f"{node.node_id} restarted with entry {entry.index} of term {entry.term} after "
+                f"term {previous_term}: its log does not follow its snapshot/log before it",
+            )
+            previous_term = entry.term
 
     def on_crash(self, node: SimNode) -> None:
         self.node_leader_term.pop(node.node_id, None)

@@ -36,7 +36,12 @@ FAULT_KINDS = (
     "transfer",
     "membership",
     "transfer_then_cut",
+    "crash_mid_write",
 )
+CRASH_MID_WRITE_CHANGES_MAX = 24
+"""A node armed to die mid-write does so within this many more disk changes: a few
+Readies' worth, so the crash falls inside the persistence steps of one of them (between a
+snapshot's save and the log's reset, a segment's roll and its meta file, ...)."""
 
 
 class NemesisOptions(msgspec.Struct, frozen=True):
@@ -55,6 +60,7 @@ class NemesisOptions(msgspec.Struct, frozen=True):
             "transfer": 2,
             "membership": 0,
             "transfer_then_cut": 0,
+            "crash_mid_write": 2,
         }
     )
     down_max: int | None = None
@@ -65,6 +71,9 @@ class NemesisOptions(msgspec.Struct, frozen=True):
     (shapes.py); it needs four voters or more besides the learner."""
     race_isolate_removed_probability: float = 0.75
     """In a race, the chance that the member the new leader removes is cut off as well."""
+    snapshot_halt_probability: float = 0.3
+    """After each snapshot save on any node, the chance its disk halts the process a few
+    changes later (testing/sim/disk.py): crashes inside a snapshot install."""
     watch_ms: int = 1
     """How often a scripted shape looks at the cluster: under one network delay, so it
     acts between a protocol event and the messages that follow it."""
@@ -111,12 +120,17 @@ class Nemesis:
             "transfer": self._inject_transfer,
             "membership": self._inject_membership,
             "transfer_then_cut": self._inject_transfer_then_cut,
+            "crash_mid_write": self._inject_crash_mid_write,
         }
 
     # --- schedule -----------------------------------------------------------------------
 
     def start(self) -> None:
         self.running = True
+        for node_id in self.node_ids:
+            self.cluster.nodes[
+                node_id
+            ].disk.snapshot_halt_probability = self.options.snapshot_halt_probability
         self._schedule_next()
 
     def _schedule_next(self) -> None:
@@ -130,6 +144,7 @@ class Nemesis:
     def _step(self, _: object) -> None:
         if not self.running or not self.kinds:
             return
+        self._adopt_halted_nodes()
         kind = self.rng.choices(self.kinds, self.kind_weights)[0]
         if self.injectors[kind]():
             self.stats.faults[kind] = self.stats.faults.get(kind, 0) + 1
@@ -143,6 +158,12 @@ class Nemesis:
         lossy one has had the whole fault phase to break safety)."""
         self.running = False
         self.network_fault_token += 1
+        for node_id in self.node_ids:
+            disk = self.cluster.nodes[node_id].disk
+            disk.snapshot_halt_probability = 0.0
+            disk.halt_after(None)
+            if not self.cluster.nodes[node_id].up:
+                self.crashed.add(node_id)
         self.cluster.heal()
         network = self.cluster.network
         network.set_faults(
@@ -154,6 +175,7 @@ class Nemesis:
             )
         )
         for node_id in sorted(self.crashed):
+            self.cluster.nodes[node_id].disk.halt_after(None)  # an armed disk is disarmed
             self.cluster.restart(node_id)
         for node_id in sorted(self.paused):
             self.cluster.resume(node_id)
@@ -229,6 +251,33 @@ class Nemesis:
         self.cluster.crash(node_id)
         self.cluster.events.schedule(self.fault_ms(), self._restart, node_id)
         return True
+
+    def _adopt_halted_nodes(self) -> None:
+        """Nodes whose disk halted them are down: restart them after a fault's time."""
+        for node_id in self.node_ids:
+            if node_id not in self.crashed and not self.cluster.nodes[node_id].up:
+                self.crashed.add(node_id)
+                self.cluster.events.schedule(self.fault_ms(), self._restart_or_disarm, node_id)
+
+    def _inject_crash_mid_write(self) -> bool:
+        """Arm a node's disk to halt the process in the middle of a later change; it is
+        counted down from now, and restarted (or disarmed, if it never wrote enough) after
+        the fault's time."""
+        if self._down_count() >= self.down_max:
+            return False
+        node_id = self._pick_up_node()
+        if node_id is None:
+            return False
+        self.crashed.add(node_id)
+        self.cluster.nodes[node_id].disk.halt_after(
+            self.rng.randint(0, CRASH_MID_WRITE_CHANGES_MAX)
+        )
+        self.cluster.events.schedule(self.fault_ms(), self._restart_or_disarm, node_id)
+        return True
+
+    def _restart_or_disarm(self, node_id: str) -> None:
+        self.cluster.nodes[node_id].disk.halt_after(None)
+        self._restart(node_id)
 
     def _inject_crash_leader(self) -> bool:
         leader = self.cluster.leader()
