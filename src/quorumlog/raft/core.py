@@ -324,6 +324,7 @@ class RaftCore:
     def persisted(self, index: int, term: int) -> None:
         """Entries through `index` (whose term is `term`) are durable."""
         if self.log.persisted(index, term) and self.leader is not None:
+            self.leader.persisted_through(self.log.persisted_index)
             self.leader.maybe_commit()
 
     def applied(self, index: int) -> None:

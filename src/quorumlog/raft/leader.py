@@ -72,6 +72,12 @@ class LeaderState:
         self.transfer_deadline_tick = 0
         self.uncommitted: deque[tuple[int, int]] = deque()
         self.uncommitted_bytes = 0
+        self.configuration_unpersisted_index: int | None = None
+        """A configuration entry of ours not yet durable here: no follower gets it (or
+        anything after it) before we have it. Otherwise a leader that crashed and lost it
+        could leave a follower holding a change that removes that follower, with a longer
+        log than any voter of the change: it may not campaign and refuses their votes, and
+        the group never elects again (found by seed 102 of the simulator)."""
         self.first_index_of_term = core.log.last_index + 1
         self.replicate_pending = False
         self.heartbeat_due = False
@@ -106,6 +112,8 @@ class LeaderState:
         index = core.log.last_index + 1
         entry = LogEntry(index=index, term=core.term, data=data, type=entry_type)
         core.log.append([entry])
+        if entry_type is EntryType.CONFIGURATION and self.configuration_unpersisted_index is None:
+            self.configuration_unpersisted_index = index
         self.uncommitted.append((index, len(data)))
         self.uncommitted_bytes += len(data)
         core.note_appended([entry])
@@ -113,6 +121,12 @@ class LeaderState:
         if not self.progress:
             self.maybe_commit()  # alone: commit once our own write is durable
         return index
+
+    def persisted_through(self, index: int) -> None:
+        held = self.configuration_unpersisted_index
+        if held is not None and index >= held:
+            self.configuration_unpersisted_index = None
+            self.replicate_pending = True
 
     def configuration_changed(self) -> None:
         members = set(self.core.peers())
@@ -245,6 +259,11 @@ class LeaderState:
                 self.start_snapshot(peer, progress)
                 return
             high = min(progress.next_index + config.append_entries_max, log.last_index + 1)
+            held = self.configuration_unpersisted_index
+            if held is not None:
+                high = min(high, held)
+                if high <= progress.next_index:
+                    return  # sent again once our own copy is durable (`persisted_through`)
             entries = log.entries(progress.next_index, high, config.append_bytes_max)
             core.send(
                 self.push(

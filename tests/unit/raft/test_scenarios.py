@@ -283,3 +283,29 @@ def test_a_restarted_follower_of_an_idle_group_learns_the_commit_index() -> None
     cluster.tick(cluster.core("n1").config.append_timeout_ticks + 2)
     assert cluster.core("n3").commit_index == 2
     assert cluster.nodes["n3"].data_applied() == [b"a"]
+
+
+def test_a_leader_sends_a_configuration_entry_only_once_it_holds_it_durably_4_1() -> None:
+    """A change that removes a follower must never reach that follower before the leader
+    has it on disk. Otherwise: {n2, n3} with leader n3 removes n2; n2 gets the entry, n3
+    crashes before its write lands and loses it. n2 now holds a longer log whose newest
+    configuration says n2 is no voter, so n2 may not campaign, and it refuses n3's votes
+    (n3's log is shorter): no leader is ever elected again (seed 102 of the simulator)."""
+    cluster = Cluster(3)
+    cluster.elect("n1")
+    leader = cluster.core("n1")
+    leader.change_membership(MembershipChange(ChangeKind.REMOVE, "n3"))
+    change_index = leader.log.last_index
+    ready = leader.ready()  # taken before the leader's own write is durable
+
+    def carries_the_change(message: object) -> bool:
+        return isinstance(message, Push) and any(
+            entry.index == change_index for entry in message.entries
+        )
+
+    assert ready.entries[-1].type is EntryType.CONFIGURATION
+    assert not any(carries_the_change(m) for m in ready.messages + ready.messages_after_persist)
+    cluster.nodes["n1"].store.append(ready.entries)  # what the host writes, then syncs
+    leader.persisted(change_index, leader.term)
+    later = leader.ready()
+    assert [m.target for m in later.messages if carries_the_change(m)] == ["n2"]
