@@ -30,7 +30,6 @@ count as concurrent: that can hide a bug, but never reports one that is not ther
 from __future__ import annotations
 
 import enum
-import math
 from collections.abc import Hashable, Sequence
 from typing import Any, Final, Protocol
 
@@ -130,27 +129,36 @@ class RegisterModel:
         """`operations` less the appends of unknown outcome that nothing could have seen.
 
         An unknown append whose suffix occurs in no other operation's argument or output
-        (as a substring), and after whose call no cas returned False, never needs to be
-        linearized: were it linearized somewhere, every state after it would hold its
+        (as a substring) never needs to be linearized, unless a cas that returned False
+        might need it: were it linearized somewhere, every state after it would hold its
         suffix until a put or delete replaced the value, and no output or compared value
         holds it, so nothing observed that state; an unknown cas that failed there because
         of it has no effect either way. A cas that returned False is the one observer that
         can see an append without its suffix (it saw "not the expected value", which
-        appending anything can cause), so it keeps every append called before it returned.
-        Dropping the others changes no verdict, and the search no longer tries them at
-        every position: a few of these, concurrent with long reads, made the search blow up
-        (seen in the simulator and on real processes). A substring match keeps an append
-        whenever in doubt.
+        appending anything can cause). Such a cas does not need the unknown append when
+        its failure is explained anyway (`failure_is_explained`): an append that completed
+        before it was called, whose suffix the expected value lacks, is in the value it
+        compared. Dropping the unneeded appends changes no verdict, and the search no longer
+        tries them at every position: a few of these, concurrent with long reads, made the
+        search blow up (seen in the simulator and on real processes). A substring match
+        keeps an append whenever in doubt.
         """
         observed: list[str] = []
-        last_failed_cas_return = -math.inf
+        unexplained_failed_cas = [
+            operation
+            for operation in operations
+            if operation.kind == "cas"
+            and operation.status is OperationStatus.OK
+            and operation.output is False
+            and not failure_is_explained(operation, operations)
+        ]
+        replacing = [operation for operation in operations if replaces_the_value(operation)]
+        gets = [
+            operation
+            for operation in operations
+            if operation.kind == "get" and operation.status is OperationStatus.OK
+        ]
         for operation in operations:
-            if (
-                operation.kind == "cas"
-                and operation.status is OperationStatus.OK
-                and operation.output is False
-            ):
-                last_failed_cas_return = max(last_failed_cas_return, operation.return_time)
             for value in (operation.argument, operation.output):
                 if isinstance(value, str):
                     observed.append(value)
@@ -164,8 +172,12 @@ class RegisterModel:
                 and operation.kind == "append"
                 and isinstance(suffix, str)
                 and suffix
-                and operation.call_time > last_failed_cas_return
                 and sum(1 for value in observed if suffix in value) == 1  # its own argument
+                and all(
+                    cas.return_time <= operation.call_time
+                    or seen_after_without(cas, operation, gets, replacing)
+                    for cas in unexplained_failed_cas
+                )
             ):
                 continue
             kept.append(operation)
@@ -184,6 +196,60 @@ class RegisterModel:
             expected, new = argument
             return f"cas({expected!r} -> {new!r}) -> {shown_output}"
         return f"{kind}({argument!r})"
+
+
+def replaces_the_value(operation: Operation) -> bool:
+    """May this operation set the value outright (dropping what appends added)?"""
+    if operation.kind in ("put", "delete"):
+        return True
+    return operation.kind == "cas" and not (
+        operation.status is OperationStatus.OK and operation.output is False
+    )
+
+
+def failure_is_explained(cas: Operation, operations: Sequence[Operation]) -> bool:
+    """Must the value `cas` compared differ from its expected value, whatever unknown
+    operations did? It must when an append completed before the cas was called, its suffix
+    is not in the expected value, and nothing that could have replaced the value may be
+    linearized between that append and the cas: the compared value then holds that suffix.
+    """
+    expected = cas.argument[0] if isinstance(cas.argument, tuple | list) else None
+    replacing = [other for other in operations if other is not cas and replaces_the_value(other)]
+    for append in operations:
+        suffix = append.argument
+        if (
+            append.kind != "append"
+            or append.status is not OperationStatus.OK
+            or append.return_time >= cas.call_time
+            or not isinstance(suffix, str)
+            or not suffix
+            or (isinstance(expected, str) and suffix in expected)
+        ):
+            continue
+        if not any(
+            other.call_time < cas.return_time and other.return_time > append.call_time
+            for other in replacing
+        ):
+            return True
+    return False
+
+
+def seen_after_without(
+    cas: Operation, append: Operation, gets: Sequence[Operation], replacing: Sequence[Operation]
+) -> bool:
+    """Could `append` (unknown, its suffix seen by no one) not have come before `cas`? It
+    could not if a get called after the cas returned, with nothing able to replace the value
+    between the append's call and that get: had the append come before the cas, that get
+    would show its suffix, and none does."""
+    for get in gets:
+        if get.call_time <= cas.return_time:
+            continue
+        if not any(
+            other.call_time < get.return_time and other.return_time > append.call_time
+            for other in replacing
+        ):
+            return True
+    return False
 
 
 class KeyValueModel(RegisterModel):
