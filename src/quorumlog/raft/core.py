@@ -350,16 +350,21 @@ class RaftCore:
     def has_ready(self) -> bool:
         if self.leader is not None and self.leader.has_work():
             return True
+        log = self.log
+        saved = self.last_hard_state
+        # Field by field rather than building a HardState: the host asks after every event.
         return bool(
             self.outbox
             or self.outbox_after_persist
             or self.read_states
             or self.failed_reads
             or self.incoming_snapshot is not None
-            or self.log.pending_truncate_after is not None
-            or self.log.handed_out_index < self.log.last_index
+            or log.pending_truncate_after is not None
+            or log.handed_out_index < log.last_index
             or self.applying_index < self.commit_index
-            or self.current_hard_state() != self.last_hard_state
+            or self.term != saved.term
+            or self.vote != saved.vote
+            or self.commit_index != saved.commit
         )
 
     def current_hard_state(self) -> HardState:

@@ -359,8 +359,11 @@ class SimFileSystem:
         return self._flip_maybe(bytes(node.current[offset : offset + size]))
 
     def _lookup(self, path: Path) -> SimFile | SimDirectory | None:
+        return self._lookup_parts(_names(path))
+
+    def _lookup_parts(self, names: tuple[str, ...]) -> SimFile | SimDirectory | None:
         node: SimFile | SimDirectory = self.root
-        for name in _normal(path).parts[1:]:
+        for name in names:
             if not isinstance(node, SimDirectory):
                 return None
             child = node.entries.get(name)
@@ -378,10 +381,15 @@ class SimFileSystem:
         return node
 
     def _parent(self, path: Path) -> tuple[SimDirectory, str]:
-        normal = _normal(path)
-        if normal == normal.parent:
+        names = _names(path)
+        if not names:
             raise _error(path, errno.EEXIST)
-        return self._directory(Path(normal.parent)), normal.name
+        node = self._lookup_parts(names[:-1])
+        if node is None:
+            raise _error(path, errno.ENOENT)
+        if not isinstance(node, SimDirectory):
+            raise _error(path, errno.ENOTDIR)
+        return node, names[-1]
 
     def release_lock(self, key: str, generation: int) -> None:
         if self._locks.get(key) == generation:
@@ -468,6 +476,12 @@ class SimDirectoryLock:
 
 
 # --- helpers -----------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=4096)
+def _names(path: Path | PurePosixPath) -> tuple[str, ...]:
+    """The names from the root down to `path` (cached, as `_normal`)."""
+    return _normal(path).parts[1:]
 
 
 @functools.lru_cache(maxsize=4096)
