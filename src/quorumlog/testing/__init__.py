@@ -1,8 +1,9 @@
 """Public test kit: simulated clusters, nemeses, history recorders and checkers.
 
 Users test their own state machines and clients with the same tools quorumlog's own tests
-use: `SimCluster` runs Raft cores on virtual time under seeded faults, `History` records
-concurrent operations, `check_linearizable` and `check_queue` judge them.
+use: `SimCluster` runs the shipped Raft host on virtual time under seeded faults, with the
+shipped KV machine and service by default or any state machine a `SimApplication` names;
+`History` records concurrent operations, `check_linearizable` and `check_queue` judge them.
 """
 
 from quorumlog.testing.history import History, HistoryError, Operation, OperationStatus
@@ -23,6 +24,7 @@ from quorumlog.testing.queue_checker import (
 from quorumlog.testing.sim import (
     InvariantViolation,
     NetworkFaults,
+    SimApplication,
     SimCluster,
     SimOptions,
     TraceRecorder,
@@ -45,6 +47,7 @@ __all__ = [
     "ProduceStatus",
     "ProducedRecord",
     "QueueCheckResult",
+    "SimApplication",
     "SimCluster",
     "SimOptions",
     "TraceRecorder",
