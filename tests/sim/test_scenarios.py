@@ -6,9 +6,15 @@ from __future__ import annotations
 import pytest
 
 from quorumlog.errors import NotLeaderError
+from quorumlog.kv.machine import KVStateMachine
 from quorumlog.raft.configuration import ChangeKind, MembershipChange
 from quorumlog.raft.core import Role
-from quorumlog.testing.sim.cluster import OperationTimeoutError, SimCluster, SimOptions
+from quorumlog.testing.sim.cluster import (
+    SCRIPT_CLIENT,
+    OperationTimeoutError,
+    SimCluster,
+    SimOptions,
+)
 from quorumlog.testing.sim.node import NodeOptions
 
 
@@ -221,3 +227,28 @@ def test_a_scripted_request_that_times_out_is_recorded_unknown() -> None:
     statuses = [operation.status.value for operation in cluster.history.operations()]
     assert statuses == ["unknown", "ok"]
     assert cluster.check_linearizable().ok is True
+
+
+def test_a_write_whose_answers_are_lost_is_applied_once_however_often_it_is_sent() -> None:
+    cluster = cluster_of(3)
+    leader = cluster.wait_for_leader()
+    cluster.append("k", "a;")
+    cluster.cut(leader, SCRIPT_CLIENT)  # the leader's answers to the client are lost
+    with pytest.raises(OperationTimeoutError, match="ended unknown"):
+        cluster.append("k", "b;")
+    machine = cluster.node(leader).machine
+    assert isinstance(machine, KVStateMachine)
+    assert machine.duplicate_count > 0  # the retries reached the leader, under one sequence
+    cluster.heal()
+    assert cluster.get("k") == "a;b;"
+    assert cluster.check_linearizable().ok is True
+
+
+def test_clients_reach_the_shipped_service_as_wire_frames() -> None:
+    cluster = cluster_of(3)
+    cluster.wait_for_leader()
+    cluster.put("k", "v")
+    assert cluster.frames.stats.delivered >= 2  # the request and its answer, at least
+    for node in cluster.nodes.values():
+        assert isinstance(node.machine, KVStateMachine)
+    assert cluster.script_client.session.answered

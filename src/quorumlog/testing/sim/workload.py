@@ -24,6 +24,7 @@ import msgspec
 
 from quorumlog.codec.wire import ClientRequest, Frame, KVReadResult, KVWriteResult
 from quorumlog.errors import (
+    ClientError,
     SessionExpiredError,
     UnavailableError,
     UnknownOutcomeError,
@@ -268,16 +269,17 @@ class SimClient(SessionHolder):
         if operation is None:
             return
         command = operation.command
-        if command is None:
-            output: Any = read_value(response)
-            self.last_seen[operation.key] = output
-        else:
-            try:
+        output: Any = None
+        try:
+            if command is None:
+                output = read_value(response)
+                self.last_seen[operation.key] = output
+            else:
                 result = command.answered(response, endpoint)
-            except SessionExpiredError as error:
-                self.failed(error)
-                return
-            output = result.ok if operation.kind == "cas" else None
+                output = result.ok if operation.kind == "cas" else None
+        except ClientError as error:  # a refusal in the answer (sequence acknowledged)
+            self.ended_unanswered(operation, error)
+            return
         now_ms = self.events.now_ms
         self.history.complete(operation.operation_id, output, now_ms)
         self.stats.record_ok(operation.kind, operation.call_ms, now_ms)
@@ -289,6 +291,9 @@ class SimClient(SessionHolder):
             return
         if operation.command is not None:
             operation.command.failed(error, self.events.now_ms / 1000)
+        self.ended_unanswered(operation, error)
+
+    def ended_unanswered(self, operation: _Operation, error: BaseException) -> None:
         if isinstance(error, UnknownOutcomeError):
             self.history.unknown(operation.operation_id)
             self.stats.unknown += 1
