@@ -18,7 +18,7 @@ from __future__ import annotations
 import bisect
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -43,6 +43,8 @@ from quorumlog.testing.sim.checks import InvariantViolation
 from quorumlog.testing.sim.events import EventQueue, draw_int
 from quorumlog.testing.sim.frame_network import SimFrameNetwork
 from quorumlog.testing.sim.process import SimTimer, milliseconds
+
+ResponseType = TypeVar("ResponseType")
 
 
 class WorkloadOptions(msgspec.Struct, frozen=True):
@@ -229,31 +231,32 @@ class SimClient(SessionHolder):
         )
         loop: AttemptLoop[Any]
         if command is None:
-            loop = AttemptLoop(
-                attempts,
-                KVReadResult,
-                lambda request_id: read_request(key, request_id),
-                timers=self.timers,
-                transport=self.transport,
-                next_request_id=self.next_request_id,
-                on_answer=self.answered,
-                on_error=self.failed,
+            loop = self.attempt_loop(
+                attempts, KVReadResult, lambda request_id: read_request(key, request_id)
             )
         else:
-            loop = AttemptLoop(
-                attempts,
-                KVWriteResult,
-                command.request,
-                timers=self.timers,
-                transport=self.transport,
-                next_request_id=self.next_request_id,
-                on_answer=self.answered,
-                on_error=self.failed,
-            )
+            loop = self.attempt_loop(attempts, KVWriteResult, command.request)
         operation.loop = loop
         self.operation = operation
         self.on_finish = on_finish
         loop.start()
+
+    def attempt_loop(
+        self,
+        attempts: RequestAttempts,
+        expected: type[ResponseType],
+        make_request: Callable[[int], ClientRequest],
+    ) -> AttemptLoop[ResponseType]:
+        return AttemptLoop(
+            attempts,
+            expected,
+            make_request,
+            timers=self.timers,
+            transport=self.transport,
+            next_request_id=self.next_request_id,
+            on_answer=self.answered,
+            on_error=self.failed,
+        )
 
     def abandon(self) -> None:
         """Give up the operation in flight, if any: its outcome is unknown."""
