@@ -1,4 +1,4 @@
-"""Unit tests of the simulator's parts: event queue, network, disk, KV state machine."""
+"""Unit tests of the simulator's parts: event queue, network, disk."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from quorumlog.testing.sim.checks import SimulationError
 from quorumlog.testing.sim.disk import SimDisk
 from quorumlog.testing.sim.events import EventQueue, derive_random
 from quorumlog.testing.sim.filesystem import SimulatedCrash
-from quorumlog.testing.sim.kv_machine import KvCommand, KvMachine, decode_command, encode_command
 from quorumlog.testing.sim.network import NetworkFaults, SimNetwork
 
 
@@ -198,50 +197,6 @@ def test_a_halted_disk_stops_the_process_between_two_persistence_steps() -> None
     # The snapshot is durable, the reset never happened: the state defect 4 has to repair.
     assert disk.snapshot is not None and disk.snapshot.meta.index == 12
     assert (disk.store.first_index, disk.store.last_index) == (1, 10)
-
-
-# --- KV state machine -----------------------------------------------------------------
-
-
-def test_kv_machine_applies_each_client_sequence_once() -> None:
-    machine = KvMachine()
-    append = KvCommand(client_id=1, sequence=1, kind="append", key="k", value="a")
-    assert machine.apply(append) is None
-    assert machine.apply(append) is None
-    assert machine.get("k") == "a"
-    assert machine.duplicate_commands == 1
-    cas = KvCommand(client_id=2, sequence=1, kind="cas", key="k", value="b", expected="a")
-    assert machine.apply(cas) is True
-    assert machine.apply(cas) is True  # a retry gets the first answer
-    stale = KvCommand(client_id=2, sequence=0, kind="put", key="k", value="stale")
-    machine.apply(stale)
-    assert machine.get("k") == "b"
-    machine.apply(KvCommand(client_id=2, sequence=2, kind="delete", key="k"))
-    assert machine.get("k") is None
-
-
-def test_kv_machine_snapshot_round_trips_and_is_canonical() -> None:
-    first, second = KvMachine(), KvMachine()
-    commands = [
-        KvCommand(1, 1, "put", "b", "1"),
-        KvCommand(2, 1, "put", "a", "2"),
-        KvCommand(1, 2, "append", "b", "3"),
-    ]
-    for command in commands:
-        first.apply_bytes(encode_command(command))
-    for command in reversed(commands[:2]):
-        second.apply(command)
-    second.apply(commands[2])
-    assert first.snapshot() == second.snapshot()
-    restored = KvMachine.from_snapshot(first.snapshot())
-    assert restored.data == {"a": "2", "b": "13"}
-    assert restored.apply(commands[2]) is None and restored.get("b") == "13"
-    assert decode_command(encode_command(commands[0])) == commands[0]
-
-
-def test_kv_machine_rejects_unknown_commands() -> None:
-    with pytest.raises(SimulationError):
-        KvMachine().apply(KvCommand(1, 1, "rename", "k"))
 
 
 def test_network_fifo_links_keep_send_order_per_link() -> None:

@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import pytest
 
+from quorumlog.errors import NotLeaderError
+from quorumlog.kv.machine import KVStateMachine
 from quorumlog.raft.configuration import ChangeKind, MembershipChange
 from quorumlog.raft.core import Role
-from quorumlog.testing.sim.cluster import OperationTimeoutError, SimCluster, SimOptions
-from quorumlog.testing.sim.node import ClientReply, NodeOptions
+from quorumlog.testing.sim.cluster import (
+    SCRIPT_CLIENT,
+    OperationTimeoutError,
+    SimCluster,
+    SimOptions,
+)
+from quorumlog.testing.sim.node import NodeOptions
 
 
 def cluster_of(node_count: int, seed: int = 1, **node_options: int) -> SimCluster:
@@ -53,9 +60,7 @@ def test_a_minority_partition_cannot_commit_and_catches_up_after_heal() -> None:
     leader = cluster.wait_for_leader()
     others = sorted(node for node in cluster.nodes if node != leader)
     cluster.partition([[leader, others[0]], others[1:]])
-    outcome = cluster.propose("lost?", leader)
-    assert isinstance(outcome, tuple)
-    index, _ = outcome
+    index, _ = cluster.propose(node_id=leader)
     cluster.run(ticks=5)
     assert cluster.node(leader).core.commit_index < index
     assert cluster.run_until(lambda: cluster.leader() in others[1:], ticks_max=100), (
@@ -113,10 +118,9 @@ def test_a_majority_down_stops_commits_until_it_returns() -> None:
     down = sorted(node for node in cluster.nodes if node != leader)
     for node_id in down:
         cluster.crash(node_id)
-    outcome = cluster.propose("waits", leader)
-    assert isinstance(outcome, tuple)
+    index, _ = cluster.propose(node_id=leader)
     cluster.run(ticks=60)
-    assert cluster.node(leader).core.commit_index < outcome[0]
+    assert cluster.node(leader).core.commit_index < index
     for node_id in down:
         cluster.restart(node_id)
     cluster.put("k", "after")
@@ -191,8 +195,9 @@ def test_proposals_on_a_follower_are_redirected_to_the_leader() -> None:
     leader = cluster.wait_for_leader()
     cluster.run(ticks=2)
     follower = sorted(node for node in cluster.nodes if node != leader)[0]
-    outcome = cluster.propose("x", follower)
-    assert outcome == ClientReply("redirect", leader_hint=leader)
+    with pytest.raises(NotLeaderError) as refused:
+        cluster.propose(node_id=follower)
+    assert refused.value.leader_hint == leader
 
 
 def test_a_failure_inside_the_simulation_names_its_seed() -> None:
@@ -222,3 +227,28 @@ def test_a_scripted_request_that_times_out_is_recorded_unknown() -> None:
     statuses = [operation.status.value for operation in cluster.history.operations()]
     assert statuses == ["unknown", "ok"]
     assert cluster.check_linearizable().ok is True
+
+
+def test_a_write_whose_answers_are_lost_is_applied_once_however_often_it_is_sent() -> None:
+    cluster = cluster_of(3)
+    leader = cluster.wait_for_leader()
+    cluster.append("k", "a;")
+    cluster.cut(leader, SCRIPT_CLIENT)  # the leader's answers to the client are lost
+    with pytest.raises(OperationTimeoutError, match="ended unknown"):
+        cluster.append("k", "b;")
+    machine = cluster.node(leader).machine
+    assert isinstance(machine, KVStateMachine)
+    assert machine.duplicate_count > 0  # the retries reached the leader, under one sequence
+    cluster.heal()
+    assert cluster.get("k") == "a;b;"
+    assert cluster.check_linearizable().ok is True
+
+
+def test_clients_reach_the_shipped_service_as_wire_frames() -> None:
+    cluster = cluster_of(3)
+    cluster.wait_for_leader()
+    cluster.put("k", "v")
+    assert cluster.frames.stats.delivered >= 2  # the request and its answer, at least
+    for node in cluster.nodes.values():
+        assert isinstance(node.machine, KVStateMachine)
+    assert cluster.script_client.session.answered

@@ -34,9 +34,7 @@ from quorumlog.codec.wire import (
     Frame,
     KVCommand,
     KVCommandResult,
-    KVRead,
     KVReadResult,
-    KVWrite,
     KVWriteResult,
     MemberChangeRequest,
     StatusRequest,
@@ -56,16 +54,15 @@ from quorumlog.kv.connection import (
     SequenceTracker,
     SessionHolder,
     attempt_timeout_for,
-    check_command_result,
     check_timeout,
     hello_frame,
     members_from_status,
     new_client_id,
     parse_endpoint,
     welcome_node_id,
-    write_results,
 )
 from quorumlog.kv.lifetime import Closing
+from quorumlog.kv.requests import SessionCommand, read_request, read_value, write_request
 
 ResponseType = TypeVar("ResponseType")
 RECEIVE_BYTES = 256 * 1024
@@ -215,16 +212,16 @@ class KVOperations(SessionHolder, ABC):
         session is gone, later writes go under a new one; the refused command was not
         done and is not sent again."""
         session = self.session
+        pending = SessionCommand(session, identity, time.monotonic())
         try:
-            with tracked_sequence(session.sequences, identity) as sequence:
-                command = KVCommand(sequence, *identity)
-                response = send(session, command)
-            [result] = write_results(response, 1, answered_by())
-            session.answered = True
-            return check_command_result(command, result)
+            try:
+                response = send(session, pending.command)
+            except BaseException as error:
+                pending.failed(error, time.monotonic())
+                raise
+            return pending.answered(response, answered_by())
         except SessionExpiredError:
-            if self.session is session:
-                self.session = session.renewed()
+            self.renew_session(session)
             raise
 
     def put(self, key: str, value: str) -> None:
@@ -274,14 +271,12 @@ class KVClient(KVOperations, AttemptSender, Closing):
         """The value of `key`, linearizable; `stale=True` lets any node answer from its state."""
         response = self.call(
             f"get {key!r}",
-            lambda request_id: KVRead(request_id=request_id, keys=[key], stale=stale),
+            lambda request_id: read_request(key, request_id, stale),
             KVReadResult,
             side_effects=False,
             at_leader=not stale,
         )
-        if len(response.values) != 1:
-            raise ClientError(f"asked for 1 key, got {len(response.values)} values")
-        return response.values[0]
+        return read_value(response)
 
     def write(self, op: str, key: str, value: str | None, expected: str | None) -> KVCommandResult:
         with self.lock:
@@ -289,12 +284,7 @@ class KVClient(KVOperations, AttemptSender, Closing):
             def send(session: ClientSession, command: KVCommand) -> KVWriteResult:
                 return self.call(
                     f"{op} {key!r}",
-                    lambda request_id: KVWrite(
-                        request_id=request_id,
-                        client_id=session.client_id,
-                        commands=[command],
-                        first_unacknowledged=session.first_unacknowledged(),
-                    ),
+                    lambda request_id: write_request(session, [command], request_id),
                     KVWriteResult,
                     side_effects=True,
                 )

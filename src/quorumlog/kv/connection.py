@@ -240,10 +240,18 @@ class ClientSession:
     is gone (SessionExpiredError), a client starts a new one: a fresh id, sequences from 1,
     which the cluster takes for a new client."""
 
-    __slots__ = ("answered", "client_id", "sequences")
+    __slots__ = ("answered", "client_id", "new_id", "sequences")
 
-    def __init__(self, client_id: str, hold_seconds: float) -> None:
+    def __init__(
+        self,
+        client_id: str,
+        hold_seconds: float,
+        new_id: Callable[[], str] = new_client_id,
+    ) -> None:
         self.client_id = client_id
+        self.new_id = new_id
+        """Where the id of a renewed session comes from (the simulator numbers them, so
+        a seed replays the same ids)."""
         self.sequences = SequenceTracker(hold_seconds)
         self.answered = False
         """True once the cluster answered a write of this session: it then has (or had)
@@ -259,7 +267,7 @@ class ClientSession:
         return self.sequences.first_unacknowledged()
 
     def renewed(self) -> ClientSession:
-        return ClientSession(new_client_id(), self.sequences.hold_seconds)
+        return ClientSession(self.new_id(), self.sequences.hold_seconds, self.new_id)
 
 
 class SessionHolder:
@@ -275,6 +283,12 @@ class SessionHolder:
     @property
     def sequences(self) -> SequenceTracker:
         return self.session.sequences
+
+    def renew_session(self, expired: ClientSession) -> None:
+        """The cluster no longer has `expired`: later calls go under a new session (once,
+        however many calls of the old one are refused)."""
+        if self.session is expired:
+            self.session = expired.renewed()
 
 
 def command_identity(command: KVCommand) -> CommandIdentity:

@@ -1,10 +1,11 @@
 """Public test kit: simulated clusters, nemeses, history recorders and checkers.
 
 Users test their own state machines and clients with the same tools quorumlog's own tests
-use: `SimCluster` runs Raft cores on virtual time under seeded faults, `History` records
-concurrent operations, `check_linearizable` and `check_queue` judge them. For scripted
-tests of a state machine on the shipped `RaftHost`, `ManualScheduler` moves time only when
-the test says so and `InlineBackground` runs disk work on the test's thread.
+use: `SimCluster` runs the shipped Raft host on virtual time under seeded faults, with the
+shipped KV machine and service by default or any state machine a `SimApplication` names;
+`History` records concurrent operations, `check_linearizable` and `check_queue` judge them.
+For scripted tests of a state machine on the shipped `RaftHost`, `ManualScheduler` moves
+time only when the test says so and `InlineBackground` runs disk work on the test's thread.
 """
 
 from quorumlog.testing.history import History, HistoryError, Operation, OperationStatus
@@ -26,6 +27,7 @@ from quorumlog.testing.queue_checker import (
 from quorumlog.testing.sim import (
     InvariantViolation,
     NetworkFaults,
+    SimApplication,
     SimCluster,
     SimOptions,
     TraceRecorder,
@@ -51,6 +53,7 @@ __all__ = [
     "ProduceStatus",
     "ProducedRecord",
     "QueueCheckResult",
+    "SimApplication",
     "SimCluster",
     "SimOptions",
     "TraceRecorder",

@@ -1,5 +1,6 @@
 """Deterministic simulation of Raft clusters: virtual time, a seeded faulty network and
-disks, a replicated KV workload with a recorded history, invariants after every event.
+disks, the shipped KV machine, service and client logic under a workload with a recorded
+history (or your own state machine: `SimApplication`), invariants after every event.
 
 One seed reproduces a whole run exactly: `quorumlog sim raft --seeds N-N --nodes K`.
 
@@ -14,6 +15,7 @@ One seed reproduces a whole run exactly: `quorumlog sim raft --seeds N-N --nodes
     assert cluster.check_linearizable().ok
 """
 
+from quorumlog.testing.sim.application import KV_APPLICATION, SimApplication
 from quorumlog.testing.sim.checks import InvariantViolation, SimulationError
 from quorumlog.testing.sim.cluster import OperationTimeoutError, SimCluster, SimOptions
 from quorumlog.testing.sim.nemesis import Nemesis, NemesisOptions
@@ -24,6 +26,7 @@ from quorumlog.testing.sim.trace import TraceRecorder
 from quorumlog.testing.sim.workload import WorkloadOptions
 
 __all__ = [
+    "KV_APPLICATION",
     "InvariantViolation",
     "Nemesis",
     "NemesisOptions",
@@ -32,6 +35,7 @@ __all__ = [
     "OperationTimeoutError",
     "RunSummary",
     "SeedResult",
+    "SimApplication",
     "SimCluster",
     "SimOptions",
     "SimulationError",

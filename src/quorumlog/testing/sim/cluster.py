@@ -8,6 +8,12 @@
     cluster.put("k", "v")
     assert cluster.get("k") == "v"
 
+Every node runs the application's state machine (by default the shipped KV machine and
+`KVService`: see application.py); `put`, `append` and `get` go through a client running
+the shipped client logic, over the same frame network as the workload's clients. With
+another application, drive the machine with `propose` and compare states with
+`check_converged`.
+
 Everything runs on one event queue in virtual milliseconds; invariants are checked after
 every event. Node ids are "n1".."nN". Time is given in ticks of `node.tick_ms`.
 """
@@ -19,24 +25,24 @@ from typing import Any
 
 import msgspec
 
+from quorumlog.errors import NotLeaderError
 from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration, MembershipChange
 from quorumlog.raft.messages import Message
 from quorumlog.testing.history import History
 from quorumlog.testing.linearizability import LinearizabilityResult, check_linearizable
+from quorumlog.testing.sim.application import KV_APPLICATION, SimApplication
 from quorumlog.testing.sim.checks import InvariantViolation, SimulationError, require
 from quorumlog.testing.sim.events import EventQueue, derive_random
+from quorumlog.testing.sim.frame_network import SimFrameNetwork
 from quorumlog.testing.sim.invariants import InvariantChecker
-from quorumlog.testing.sim.kv_machine import KvCommand, encode_command
 from quorumlog.testing.sim.network import NetworkFaults, SimNetwork
-from quorumlog.testing.sim.node import ClientReply, NodeOptions, SimNode
+from quorumlog.testing.sim.node import NodeOptions, SimNode, client_address
 from quorumlog.testing.sim.trace import TraceRecorder
 from quorumlog.testing.sim.workload import SimClient, Workload, WorkloadOptions
 
-SCRIPT_CLIENT_ID = 1_000_000
-"""The client id of the scripted helpers (`put`, `get`, ...), apart from workload clients."""
-NOTE_CLIENT_ID = 1_000_001
-"""The client id of `propose` markers."""
+SCRIPT_CLIENT = "script"
+"""The client of the scripted helpers (`put`, `get`, ...), apart from workload clients."""
 
 
 class SimOptions(msgspec.Struct, frozen=True):
@@ -54,11 +60,16 @@ class OperationTimeoutError(SimulationError):
 
 class SimCluster:
     def __init__(
-        self, seed: int, options: SimOptions | None = None, trace: TraceRecorder | None = None
+        self,
+        seed: int,
+        options: SimOptions | None = None,
+        trace: TraceRecorder | None = None,
+        application: SimApplication[Any] | None = None,
     ) -> None:
         self.seed = seed
         self.options = options if options is not None else SimOptions()
         self.trace = trace
+        self.application = application if application is not None else KV_APPLICATION
         self.events = EventQueue()
         self.checker = InvariantChecker()
         self.receivers: dict[str, Callable[[Message], None]] = {}
@@ -67,6 +78,13 @@ class SimCluster:
             derive_random(seed, "network"),
             self.options.network,
             self.receivers,
+            trace,
+        )
+        self.frames = SimFrameNetwork(
+            self.events,
+            derive_random(seed, "frames"),
+            self.options.network,
+            self.network.blocked,
             trace,
         )
         node_ids = [f"n{number}" for number in range(1, self.options.node_count + 1)]
@@ -82,25 +100,30 @@ class SimCluster:
                 options=self.options.node,
                 events=self.events,
                 network=self.network,
+                frames=self.frames,
+                application=self.application,
                 checker=self.checker,
                 trace=trace,
             )
             self.nodes[node_id] = node
             self.receivers[node_id] = node.receive
             self.checker.register(node)
+        self.endpoints = {client_address(node_id): node_id for node_id in node_ids}
+        """Each node's client address → its node id."""
         self.history = History()
         self.workload = Workload(
             events=self.events,
-            nodes=self.nodes,
+            frames=self.frames,
+            endpoints=self.endpoints,
             options=self.options.workload,
             rng=derive_random(seed, "workload"),
             history=self.history,
         )
-        self.note_sequence = 0
         self.script_client = SimClient(
-            SCRIPT_CLIENT_ID,
+            SCRIPT_CLIENT,
             events=self.events,
-            nodes=self.nodes,
+            frames=self.frames,
+            endpoints=self.endpoints,
             history=self.history,
             options=self.options.workload,
             rng=derive_random(seed, "script-client"),
@@ -171,6 +194,11 @@ class SimCluster:
         self._trace("heal")
         self.network.heal()
 
+    def set_network_faults(self, faults: NetworkFaults) -> None:
+        """The faults of both networks from now on: Raft messages and client frames."""
+        self.network.set_faults(faults)
+        self.frames.set_faults(faults)
+
     def crash(self, node_id: str) -> None:
         self.nodes[node_id].crash()
 
@@ -224,7 +252,9 @@ class SimCluster:
     # --- scripted requests ----------------------------------------------------------------
 
     def request(self, kind: str, key: str, argument: Any = None, ticks_max: int = 400) -> Any:
-        """Run one client operation to its end and return its output (recorded in history)."""
+        """Run one client operation to its end and return its output (recorded in history).
+        Needs the KV application (or another whose service answers KV frames)."""
+        require(self.application.service_factory is not None, "no service answers clients")
         outcome: list[tuple[str, Any]] = []
         self.script_client.begin(kind, key, argument, lambda *result: outcome.append(result))
         if not self.run_until(lambda: bool(outcome), ticks_max):
@@ -247,15 +277,19 @@ class SimCluster:
         value = self.request("get", key, None, ticks_max)
         return value if value is None else str(value)
 
-    def propose(self, note: str, node_id: str | None = None) -> tuple[int, int] | ClientReply:
-        """Propose a marker entry (a KV "note", which changes no key) at `node_id` (default:
-        the leader), outside any client's history: (index, term) or the refusal."""
+    def propose(self, entry: bytes | None = None, node_id: str | None = None) -> tuple[int, int]:
+        """Propose one entry at `node_id` (default: the leader), outside any client's
+        history; `entry` None: the application's marker entry, which changes nothing.
+        Returns (index, term); raises the group's typed refusal (NotLeaderError naming the
+        leader, PendingFullError, ...), or NotLeaderError if there is no leader to ask."""
+        if entry is None:
+            entry = self.application.marker_entry
+            if entry is None:
+                raise SimulationError("the application has no marker entry: pass one")
         target = node_id if node_id is not None else self.leader()
         if target is None:
-            return ClientReply("redirect", reason="no leader")
-        self.note_sequence += 1
-        command = KvCommand(NOTE_CLIENT_ID, self.note_sequence, "note", "", note)
-        return self.nodes[target].propose_raw(encode_command(command))
+            raise NotLeaderError("any node", None)
+        return self.nodes[target].propose(entry)
 
     def change_membership(self, change: MembershipChange, node_id: str | None = None) -> int | None:
         """Propose a membership change at `node_id` (default: the leader); None if it

@@ -57,6 +57,10 @@ class SimFrameNetwork:
         self.endpoints: dict[str, Endpoint] = {}
         self.stats = NetworkStats()
 
+    def set_faults(self, faults: NetworkFaults) -> None:
+        faults.validate()
+        self.faults = faults
+
     def register(
         self, name: str, process: SimProcess | None, handler: RequestHandler | None = None
     ) -> None:

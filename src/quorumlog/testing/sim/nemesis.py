@@ -153,9 +153,10 @@ class Nemesis:
     def heal_all(self) -> None:
         """Stop injecting; end every fault now; finish a membership cycle under way.
 
-        The network keeps its delays (and reordering) but stops dropping, duplicating and
-        stalling messages: liveness is checked on a healed network, not a lossy one (the
-        lossy one has had the whole fault phase to break safety)."""
+        The networks (Raft messages and client frames) keep their delays (and reordering)
+        but stop dropping, duplicating and stalling messages: liveness is checked on a
+        healed network, not a lossy one (the lossy one has had the whole fault phase to
+        break safety)."""
         self.running = False
         self.network_fault_token += 1
         for node_id in self.node_ids:
@@ -165,10 +166,9 @@ class Nemesis:
             if not self.cluster.nodes[node_id].up:
                 self.crashed.add(node_id)
         self.cluster.heal()
-        network = self.cluster.network
-        network.set_faults(
+        self.cluster.set_network_faults(
             msgspec.structs.replace(
-                network.faults,
+                self.cluster.network.faults,
                 drop_probability=0.0,
                 duplicate_probability=0.0,
                 tail_probability=0.0,

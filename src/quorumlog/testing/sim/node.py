@@ -5,40 +5,39 @@ The host is the production Ready loop (runtime/host.py); here it gets virtual ti
 whose unsynced writes a crash loses. The invariant checker watches through the host's hooks
 and after every event that enters the process.
 
-Client requests arrive through `submit_write` / `submit_read`; the reply callback is
-called at most once, and never after a crash (the client times out instead).
+On the host runs the application's state machine (by default the shipped KV machine) and,
+if it has one, its service (the shipped `KVService`). Clients reach the service as wire
+frames over the `SimFrameNetwork`: the node listens there under its node id and says it
+listens at `client_address(node_id)`, which is what NOT_LEADER hints name. A crash loses
+every request in flight: its client times out, as a real one does.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from quorumlog.codec import wire
 from quorumlog.errors import (
     ConfigurationChangeInProgressError,
-    GroupFailedError,
     InvalidConfigurationChangeError,
-    LeadershipLostError,
     LeaderTransferringError,
     NotLeaderError,
-    PendingFullError,
-    ProposalDroppedError,
-    QuorumLogError,
 )
 from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration, MembershipChange
 from quorumlog.raft.core import RaftCore, Role
 from quorumlog.raft.messages import Message, SnapshotMeta
 from quorumlog.raft.ready import Ready
-from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.host import HostHooks, HostSettings, RaftHost
+from quorumlog.runtime.resources import StateMachine
 from quorumlog.storage.entry import LogEntry
-from quorumlog.testing.sim.checks import InvariantViolation
+from quorumlog.testing.sim.application import SimApplication
+from quorumlog.testing.sim.checks import InvariantViolation, require
 from quorumlog.testing.sim.disk import SimDisk
 from quorumlog.testing.sim.events import EventQueue, derive_random
-from quorumlog.testing.sim.kv_machine import KvMachine
+from quorumlog.testing.sim.frame_network import Replier, RequestHandler, SimFrameNetwork
 from quorumlog.testing.sim.network import SimNetwork
 from quorumlog.testing.sim.process import SimBackground, SimProcess, SimScheduler
 from quorumlog.testing.sim.trace import TraceRecorder
@@ -47,6 +46,13 @@ if TYPE_CHECKING:
     from quorumlog.testing.sim.invariants import InvariantChecker
 
 GROUP = "kv"
+CLIENT_PORT = 2379
+"""The port every simulated node "listens" on for clients: clients name nodes by
+"host:port" (`kv.connection.EndpointSelector`), and the host is the node id."""
+
+
+def client_address(node_id: str) -> str:
+    return f"{node_id}:{CLIENT_PORT}"
 
 
 class NodeOptions(msgspec.Struct, frozen=True):
@@ -62,57 +68,6 @@ class NodeOptions(msgspec.Struct, frozen=True):
     be caught up from the log instead of by INSTALL_SNAPSHOT."""
     torn_tail_probability: float = 0.5
     """At a crash, the chance that some unsynced entries survive (a torn tail)."""
-
-
-class ClientReply(msgspec.Struct, frozen=True):
-    status: str
-    """"ok" (value holds the result), "redirect" (try leader_hint) or "retry" (back off)."""
-    value: Any = None
-    leader_hint: str | None = None
-    reason: str = ""
-
-
-ReplyCallback = Callable[[ClientReply], None]
-
-REPLY_DROPPED = ClientReply("retry", reason="dropped")
-REPLY_PENDING_FULL = ClientReply("retry", reason="pending full")
-REPLY_TRANSFERRING = ClientReply("retry", reason="leader transferring")
-REPLY_READ_FAILED = ClientReply("retry", reason="read failed")
-REPLY_UNKNOWN = ClientReply("retry", reason="outcome unknown")
-
-
-def reply_for_error(error: BaseException) -> ClientReply:
-    """What a client is told when its request fails with `error`."""
-    if isinstance(error, NotLeaderError):
-        return ClientReply("redirect", leader_hint=error.leader_hint)
-    if isinstance(error, PendingFullError):
-        return REPLY_PENDING_FULL
-    if isinstance(error, LeaderTransferringError):
-        return REPLY_TRANSFERRING
-    if isinstance(error, ProposalDroppedError):
-        return REPLY_DROPPED
-    if isinstance(error, LeadershipLostError | GroupFailedError):
-        return REPLY_UNKNOWN
-    return ClientReply("retry", reason=type(error).__name__)
-
-
-class HostedKvMachine:
-    """The simulator's KV machine as the host's `StateMachine`."""
-
-    def __init__(self, machine: KvMachine) -> None:
-        self.machine = machine
-
-    def apply(self, index: int, data: bytes) -> Any:
-        return self.machine.apply_bytes(data)
-
-    def mark_applied(self, index: int) -> None:
-        pass
-
-    def snapshot(self) -> bytes:
-        return self.machine.snapshot()
-
-    def restore(self, data: bytes) -> None:
-        self.machine.restore(data)
 
 
 class CheckedHooks(HostHooks):
@@ -159,6 +114,8 @@ class SimNode:
         options: NodeOptions,
         events: EventQueue,
         network: SimNetwork,
+        frames: SimFrameNetwork,
+        application: SimApplication[Any],
         checker: InvariantChecker,
         trace: TraceRecorder | None,
     ) -> None:
@@ -169,6 +126,7 @@ class SimNode:
         self.options = options
         self.events = events
         self.network = network
+        self.application = application
         self.checker = checker
         self.trace = trace
         self.rng = derive_random(seed, f"node:{node_id}")
@@ -185,8 +143,11 @@ class SimNode:
         self.disk = SimDisk()
         self.process.crash_handler = self.crash
         self.crash_count = 0
-        self.machine = KvMachine()
+        self.machine: StateMachine
         self.host: RaftHost
+        self.handle_request: RequestHandler | None = None
+        """The service's handler of client frames in this incarnation (None: no service)."""
+        frames.register(node_id, self.process, self.on_request)
         self.start()
 
     # --- life cycle ---------------------------------------------------------------------
@@ -194,7 +155,7 @@ class SimNode:
     def start(self) -> None:
         """Boot from what is on disk (the first time: an empty disk)."""
         self.process.boot()
-        self.machine = KvMachine()
+        self.machine = self.application.machine_factory()
         options = self.options
         self.host = RaftHost(
             GROUP,
@@ -202,7 +163,7 @@ class SimNode:
             store=self.disk.store,
             hard_state=self.disk.hard_state,
             snapshots=self.disk.snapshots,
-            machine=HostedKvMachine(self.machine),
+            machine=self.machine,
             send=self.network.send,
             bootstrap=self.bootstrap,
             scheduler=self.scheduler,
@@ -218,6 +179,12 @@ class SimNode:
             hooks=CheckedHooks(self),
         )
         self.host.on_failed = self.group_failed
+        service_factory = self.application.service_factory
+        self.handle_request = (
+            None
+            if service_factory is None
+            else service_factory(self.host, self.machine, self.leader_address)
+        )
         self.checker.on_start(self)
         phase_ms = self.rng.randrange(options.tick_ms)
         self.process.enter("local", lambda _: self.host.start(phase_ms / 1000))
@@ -267,42 +234,31 @@ class SimNode:
             self.record(f"{self.node_id} <- {message!r}")
         self.host.step(message)
 
-    def submit_write(self, request: tuple[bytes, ReplyCallback]) -> None:
-        """Propose a client command; the reply comes once its index is applied here."""
-        self.process.enter("client", self.propose_for_client, request)
-
-    def propose_for_client(self, request: tuple[bytes, ReplyCallback]) -> None:
-        data, reply = request
-        try:
-            completion = self.host.propose(data)
-        except QuorumLogError as error:
-            reply(reply_for_error(error))
+    def on_request(self, request: wire.ClientRequest, reply: Replier) -> None:
+        """A client frame, inside this process (the frame network entered it)."""
+        handle = self.handle_request
+        if handle is not None:
+            handle(request, reply)
             return
-        if self.trace is not None:
-            core = self.host.core
-            self.record(f"{self.node_id} propose {core.log.last_index}@{core.term}")
-        completion.add_done_callback(lambda done: reply(reply_from(done)))
+        reply(
+            wire.ErrorResponse(
+                request_id=request.request_id,
+                code=wire.ErrorCode.UNKNOWN_GROUP,
+                message=f"{self.node_id} runs no service for clients",
+            )
+        )
 
-    def submit_read(self, request: tuple[str, ReplyCallback]) -> None:
-        """A linearizable read through ReadIndex, served from the local state machine."""
-        self.process.enter("client", self.read_for_client, request)
+    def leader_address(self) -> str | None:
+        leader_id = self.host.leader_id
+        return client_address(leader_id) if leader_id is not None else None
 
-    def read_for_client(self, request: tuple[str, ReplyCallback]) -> None:
-        key, reply = request
-        try:
-            completion = self.host.linearizable_read()
-        except QuorumLogError as error:
-            reply(reply_for_error(error))
-            return
-
-        def answer(done: Completion[int]) -> None:
-            error = done.exception()
-            if error is not None:
-                reply(REPLY_READ_FAILED if isinstance(error, NotLeaderError) else REPLY_UNKNOWN)
-            else:
-                reply(ClientReply("ok", value=self.machine.get(key)))
-
-        completion.add_done_callback(answer)
+    def propose(self, data: bytes) -> tuple[int, int]:
+        """Propose one entry here for a scenario test: its (index, term). Raises the
+        group's typed refusal (NotLeaderError with the leader's id as hint, ...)."""
+        require(self.process.running, f"{self.node_id} is down or paused: it takes nothing")
+        self.host.propose(data)
+        self.after_event()
+        return self.host.core.log.last_index, self.host.core.term
 
     def change_membership(self, change: MembershipChange) -> int | None:
         """Propose a membership change here; None if this node cannot take it now."""
@@ -334,15 +290,6 @@ class SimNode:
         if self.process.running:
             self.host.campaign()
             self.after_event()
-
-    def propose_raw(self, data: bytes) -> tuple[int, int] | ClientReply:
-        """Propose for a scenario test: (index, term), or the refusal as a reply."""
-        try:
-            self.host.propose(data)
-        except QuorumLogError as error:
-            return reply_for_error(error)
-        self.after_event()
-        return self.host.core.log.last_index, self.host.core.term
 
     # --- views --------------------------------------------------------------------------
 
@@ -386,13 +333,6 @@ class SimNode:
             f"log=[{core.log.first_index}, {core.log.last_index}] "
             f"voters={','.join(core.configuration.voters)}{paused}{failed}"
         )
-
-
-def reply_from(done: Completion[Any]) -> ClientReply:
-    error = done.exception()
-    if error is None:
-        return ClientReply("ok", value=done.result())
-    return reply_for_error(error)
 
 
 def describe(ready: Ready) -> str:

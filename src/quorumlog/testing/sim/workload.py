@@ -1,13 +1,16 @@
 """Clients of the simulated KV store, recording every operation in a History.
 
-A client has one operation in flight. It sends it to the node it believes leads, follows
-redirects, backs off when the leader is busy, and on a timeout tries the next node, always
-with the same (client id, sequence), so a write retried after a lost reply is applied once.
-An operation still unanswered after `operation_timeout_ms` is given up as unknown (it may
-yet take effect), and the client goes on with a new sequence number.
+Each client runs the shipped client logic: a `ClientSession` numbers its writes
+(`kv.requests.SessionCommand`), `RequestAttempts` decides whom to ask, when to back off and
+when to give up, and `EndpointSelector` follows NOT_LEADER hints, all driven on virtual
+time by `kv.attempt_loop.AttemptLoop`. Requests and answers are wire frames on the
+`SimFrameNetwork`, with the seed's delays, drops and duplicates; the nemesis partitions
+nodes from nodes, not clients from nodes, but a crashed or paused node answers nothing.
 
-Requests and replies cross a client network with its own seeded latency; it is not
-partitioned (the nemesis partitions the Raft nodes), but a crashed node never answers.
+A client has one operation in flight. The outcome goes into the history as the client
+learns it: an answer (ok), UnknownOutcomeError (unknown: a write that may yet take
+effect), UnavailableError or SessionExpiredError (failed: certainly not applied). Any
+other refusal is a defect of the system under test and stops the run.
 """
 
 from __future__ import annotations
@@ -15,14 +18,33 @@ from __future__ import annotations
 import bisect
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
-from quorumlog.testing.history import History
+from quorumlog.codec.wire import ClientRequest, Frame, KVReadResult, KVWriteResult
+from quorumlog.errors import (
+    ClientError,
+    SessionExpiredError,
+    UnavailableError,
+    UnknownOutcomeError,
+)
+from quorumlog.kv.attempt_loop import AttemptLoop
+from quorumlog.kv.connection import (
+    ClientSession,
+    CommandIdentity,
+    EndpointSelector,
+    RequestAttempts,
+    SessionHolder,
+)
+from quorumlog.kv.requests import SessionCommand, read_request, read_value
+from quorumlog.testing.history import History, Operation
+from quorumlog.testing.sim.checks import InvariantViolation
 from quorumlog.testing.sim.events import EventQueue, draw_int
-from quorumlog.testing.sim.kv_machine import KvCommand, encode_command
-from quorumlog.testing.sim.node import ClientReply, SimNode
+from quorumlog.testing.sim.frame_network import SimFrameNetwork
+from quorumlog.testing.sim.process import SimTimer, milliseconds
+
+ResponseType = TypeVar("ResponseType")
 
 
 class WorkloadOptions(msgspec.Struct, frozen=True):
@@ -30,197 +52,272 @@ class WorkloadOptions(msgspec.Struct, frozen=True):
     key_count: int = 3
     think_ms_min: int = 0
     think_ms_max: int = 150
-    latency_ms_min: int = 1
-    latency_ms_max: int = 5
     request_timeout_ms: int = 800
-    """Without an answer this long, the client tries the next node."""
+    """One attempt waits this long for its answer (`attempt_timeout_seconds`), then the
+    client tries the next node."""
     operation_timeout_ms: int = 6000
-    """Without an answer this long, the client gives up: the outcome is unknown."""
-    backoff_ms_min: int = 10
-    backoff_ms_max: int = 80
+    """Without an answer this long, the client gives up (the client's `timeout`): a write's
+    outcome is then unknown."""
     read_fraction: float = 0.3
     append_fraction: float = 0.35
     cas_fraction: float = 0.05
     """The rest are puts."""
     reconnect_fraction: float = 0.0
-    """Chance that a client sends an operation first to a node drawn at random, as one that
-    reconnected does (it follows redirects from there). Without it every client soon sticks
-    to the leader, and no client sees a new leader while an old one still answers."""
+    """Chance that a client starts an operation afresh, as a new client that was given the
+    nodes in a seeded order: it asks a random node first (and follows hints from there).
+    Without it every client soon sticks to the leader, and no client sees a new leader
+    while an old one still answers."""
+
+
+class QueueTimers:
+    """`kv.attempt_loop.Timers` on the event queue itself: a client never crashes or
+    pauses, so it needs no `SimProcess`."""
+
+    __slots__ = ("events",)
+
+    def __init__(self, events: EventQueue) -> None:
+        self.events = events
+
+    def call_later(self, delay_seconds: float, callback: Callable[[], None]) -> SimTimer:
+        timer = SimTimer()
+
+        def fire(_: Any) -> None:
+            if not timer.cancelled:
+                callback()
+
+        self.events.schedule(milliseconds(delay_seconds), fire)
+        return timer
+
+    def monotonic_seconds(self) -> float:
+        return self.events.now_ms / 1000
+
+
+class FrameClientTransport:
+    """`kv.attempt_loop.FrameTransport` over the frame network, from one client: it maps a
+    node's client address back to the node id the network knows it by."""
+
+    __slots__ = ("frames", "name", "node_ids")
+
+    def __init__(self, name: str, frames: SimFrameNetwork, node_ids: dict[str, str]) -> None:
+        self.name = name
+        self.frames = frames
+        self.node_ids = node_ids
+
+    def send(
+        self, endpoint: str, request: ClientRequest, on_answer: Callable[[Frame], None]
+    ) -> None:
+        node_id = self.node_ids.get(endpoint)
+        if node_id is None:
+            raise ConnectionRefusedError(f"nothing listens at {endpoint}")
+        self.frames.call(self.name, node_id, request, on_answer)
+
+
+def write_identity(kind: str, key: str, argument: Any) -> CommandIdentity:
+    """The KV client call (op, key, value, expected) of a history operation."""
+    if kind == "cas":
+        expected, new = argument
+        return ("cas", key, new, expected)
+    if kind == "delete":
+        return ("delete", key, None, None)
+    return (kind, key, argument, None)
 
 
 class _Operation:
-    __slots__ = ("argument", "attempt", "call_ms", "data", "key", "kind", "operation_id")
+    __slots__ = ("argument", "call_ms", "command", "key", "kind", "loop", "operation_id")
 
-    def __init__(self, operation_id: int, kind: str, key: str, argument: Any, call_ms: int):
+    def __init__(
+        self,
+        operation_id: int,
+        kind: str,
+        key: str,
+        argument: Any,
+        call_ms: int,
+        command: SessionCommand | None,
+    ) -> None:
         self.operation_id = operation_id
         self.kind = kind
         self.key = key
         self.argument = argument
         self.call_ms = call_ms
-        self.attempt = 0
-        self.data = b""
+        self.command = command
+        """The write's place in the session; None for a read."""
+        self.loop: AttemptLoop[Any] | None = None
 
 
 OnFinish = Callable[[str, Any], None]
-"""Called with ("ok", output) or ("unknown", None) when an operation ends."""
+"""Called with ("ok", output), ("unknown", None) or ("failed", None) when an operation ends."""
 
 
-class SimClient:
+class SimClient(SessionHolder):
     def __init__(
         self,
-        client_id: int,
+        name: str,
         *,
         events: EventQueue,
-        nodes: dict[str, SimNode],
+        frames: SimFrameNetwork,
+        endpoints: dict[str, str],
         history: History,
         options: WorkloadOptions,
         rng: random.Random,
         stats: WorkloadStats,
     ) -> None:
-        self.client_id = client_id
+        """`endpoints`: each node's client address → its node id."""
+        self.name = name
         self.events = events
-        self.nodes = nodes
-        self.node_ids = sorted(nodes)
         self.history = history
         self.options = options
         self.rng = rng
         self.stats = stats
-        self.sequence = 0
-        self.target = self.node_ids[rng.randrange(len(self.node_ids))]
+        self.endpoints = sorted(endpoints)
+        self.timers = QueueTimers(events)
+        self.transport = FrameClientTransport(name, frames, endpoints)
+        frames.register(name, None)
+        self.timeout_seconds = options.operation_timeout_ms / 1000
+        self.attempt_timeout_seconds = options.request_timeout_ms / 1000
+        self.sessions_started = 0
+        self.session = ClientSession(
+            self.new_session_id(), self.timeout_seconds, self.new_session_id
+        )
+        self.selector = self.new_selector()
+        self.request_ids = 0
+        self.operations_begun = 0
         self.operation: _Operation | None = None
         self.on_finish: OnFinish | None = None
         self.last_seen: dict[str, str | None] = {}
+
+    def new_session_id(self) -> str:
+        """Session ids numbered per client, so a seed replays the same ids."""
+        self.sessions_started += 1
+        return f"{self.name}.s{self.sessions_started}"
+
+    def new_selector(self) -> EndpointSelector:
+        """The nodes in a seeded rotation: a new client given them in that order."""
+        start = self.rng.randrange(len(self.endpoints))
+        return EndpointSelector(self.endpoints[start:] + self.endpoints[:start])
+
+    def next_request_id(self) -> int:
+        self.request_ids += 1
+        return self.request_ids
 
     @property
     def busy(self) -> bool:
         return self.operation is not None
 
+    # --- one operation ------------------------------------------------------------------
+
     def begin(self, kind: str, key: str, argument: Any, on_finish: OnFinish | None) -> None:
         """Invoke one operation: "put"/"append" (argument: str), "get", "delete", or "cas"
         (argument: (expected, new))."""
-        now = self.events.now_ms
-        operation_id = self.history.invoke(self.client_id, kind, key, argument, now)
-        operation = _Operation(operation_id, kind, key, argument, now)
-        if kind != "get":
-            self.sequence += 1
-            expected: str | None = None
-            value = ""
-            if kind == "cas":
-                expected, value = argument
-            elif kind in ("put", "append"):
-                value = argument
-            command = KvCommand(self.client_id, self.sequence, kind, key, value, expected)
-            operation.data = encode_command(command)
-        self.operation = operation
-        self.on_finish = on_finish
+        now_ms = self.events.now_ms
+        operation_id = self.history.invoke(self.name, kind, key, argument, now_ms)
+        self.operations_begun += 1
         reconnect = self.options.reconnect_fraction
         if reconnect and self.rng.random() < reconnect:
-            self.target = self.node_ids[self.rng.randrange(len(self.node_ids))]
-        self._send(operation)
+            self.selector = self.new_selector()
+        is_read = kind == "get"
+        command = (
+            None
+            if is_read
+            else SessionCommand(self.session, write_identity(kind, key, argument), now_ms / 1000)
+        )
+        operation = _Operation(operation_id, kind, key, argument, now_ms, command)
+        attempts = RequestAttempts(
+            f"{kind} {key!r}",
+            self.selector,
+            self.timers.monotonic_seconds,
+            self.timeout_seconds,
+            self.attempt_timeout_seconds,
+            side_effects=not is_read,
+        )
+        loop: AttemptLoop[Any]
+        if command is None:
+            loop = self.attempt_loop(
+                attempts, KVReadResult, lambda request_id: read_request(key, request_id)
+            )
+        else:
+            loop = self.attempt_loop(attempts, KVWriteResult, command.request)
+        operation.loop = loop
+        self.operation = operation
+        self.on_finish = on_finish
+        loop.start()
+
+    def attempt_loop(
+        self,
+        attempts: RequestAttempts,
+        expected: type[ResponseType],
+        make_request: Callable[[int], ClientRequest],
+    ) -> AttemptLoop[ResponseType]:
+        return AttemptLoop(
+            attempts,
+            expected,
+            make_request,
+            timers=self.timers,
+            transport=self.transport,
+            next_request_id=self.next_request_id,
+            on_answer=self.answered,
+            on_error=self.failed,
+        )
 
     def abandon(self) -> None:
         """Give up the operation in flight, if any: its outcome is unknown."""
         operation = self.operation
-        if operation is not None:
+        if operation is None:
+            return
+        if operation.loop is not None:
+            operation.loop.cancel()
+        self.failed(UnknownOutcomeError(f"{operation.kind} {operation.key!r} abandoned"))
+
+    def answered(self, response: Any, endpoint: str) -> None:
+        operation = self.operation
+        if operation is None:
+            return
+        command = operation.command
+        output: Any = None
+        try:
+            if command is None:
+                output = read_value(response)
+                self.last_seen[operation.key] = output
+            else:
+                result = command.answered(response, endpoint)
+                output = result.ok if operation.kind == "cas" else None
+        except ClientError as error:  # a refusal in the answer (sequence acknowledged)
+            self.ended_unanswered(operation, error)
+            return
+        now_ms = self.events.now_ms
+        self.history.complete(operation.operation_id, output, now_ms)
+        self.stats.record_ok(operation.kind, operation.call_ms, now_ms)
+        self.end("ok", output)
+
+    def failed(self, error: BaseException) -> None:
+        operation = self.operation
+        if operation is None:
+            return
+        if operation.command is not None:
+            operation.command.failed(error, self.events.now_ms / 1000)
+        self.ended_unanswered(operation, error)
+
+    def ended_unanswered(self, operation: _Operation, error: BaseException) -> None:
+        if isinstance(error, UnknownOutcomeError):
             self.history.unknown(operation.operation_id)
             self.stats.unknown += 1
-            self._end("unknown", None)
+            self.end("unknown", None)
+            return
+        if isinstance(error, SessionExpiredError):
+            self.renew_session(operation.command.session if operation.command else self.session)
+            self.stats.sessions_expired += 1
+        elif not isinstance(error, UnavailableError):
+            raise InvariantViolation(
+                f"client {self.name}: {operation.kind} {operation.key!r} was refused: {error!r}"
+            ) from error
+        self.history.fail(operation.operation_id, self.events.now_ms)
+        self.stats.failed += 1
+        self.end("failed", None)
 
-    def _latency_ms(self) -> int:
-        return draw_int(self.rng, self.options.latency_ms_min, self.options.latency_ms_max)
-
-    def _send(self, operation: _Operation) -> None:
-        operation.attempt += 1
-        self.stats.requests += 1
-        token = (operation.operation_id, operation.attempt)
-        self.events.schedule(self._latency_ms(), self._arrive, token)
-        self.events.schedule(self.options.request_timeout_ms, self._timeout, token)
-
-    def _arrive(self, token: tuple[int, int]) -> None:
+    def end(self, status: str, output: Any) -> None:
         operation = self.operation
-        if operation is None or operation.operation_id != token[0]:
-            return
-        node = self.nodes[self.target]
-
-        def reply(answer: ClientReply) -> None:
-            self.events.schedule(self._latency_ms(), self._on_reply, (token, answer))
-
-        if operation.kind == "get":
-            node.submit_read((operation.key, reply))
-        else:
-            node.submit_write((operation.data, reply))
-
-    def _on_reply(self, packet: tuple[tuple[int, int], ClientReply]) -> None:
-        (operation_id, attempt), answer = packet
-        operation = self.operation
-        if operation is None or operation.operation_id != operation_id:
-            return
-        if answer.status == "ok":
-            # Even an answer to an earlier attempt is true: the write took effect, or the
-            # read saw a state, within this operation's interval.
-            self._finish_ok(operation, answer.value)
-            return
-        if attempt != operation.attempt:
-            return  # a refusal from an older attempt says nothing about the current one
-        if answer.status == "redirect":
-            self.stats.redirects += 1
-            if answer.leader_hint is not None and answer.leader_hint in self.nodes:
-                self.target = answer.leader_hint
-                delay_ms = self._latency_ms()
-            else:
-                self.target = self._next_node()
-                delay_ms = self._backoff_ms()
-        else:
-            self.stats.retries += 1
-            delay_ms = self._backoff_ms()
-        self.events.schedule(delay_ms, self._resend, (operation_id, attempt))
-
-    def _backoff_ms(self) -> int:
-        return draw_int(self.rng, self.options.backoff_ms_min, self.options.backoff_ms_max)
-
-    def _next_node(self) -> str:
-        position = self.node_ids.index(self.target)
-        return self.node_ids[(position + 1) % len(self.node_ids)]
-
-    def _resend(self, token: tuple[int, int]) -> None:
-        operation = self.operation
-        if operation is None or (operation.operation_id, operation.attempt) != token:
-            return
-        if self._expired(operation):
-            return
-        self._send(operation)
-
-    def _timeout(self, token: tuple[int, int]) -> None:
-        operation = self.operation
-        if operation is None or (operation.operation_id, operation.attempt) != token:
-            return
-        self.stats.timeouts += 1
-        if self._expired(operation):
-            return
-        self.target = self._next_node()
-        self._send(operation)
-
-    def _expired(self, operation: _Operation) -> bool:
-        if self.events.now_ms - operation.call_ms < self.options.operation_timeout_ms:
-            return False
-        self.history.unknown(operation.operation_id)
-        self.stats.unknown += 1
-        self._end("unknown", None)
-        return True
-
-    def _finish_ok(self, operation: _Operation, value: Any) -> None:
-        now = self.events.now_ms
-        output: Any = None
-        if operation.kind == "get":
-            output = value
-            self.last_seen[operation.key] = value
-        elif operation.kind == "cas":
-            output = value
-        self.history.complete(operation.operation_id, output, now)
-        self.stats.record_ok(operation.kind, operation.call_ms, now)
-        self._end("ok", output)
-
-    def _end(self, status: str, output: Any) -> None:
+        if operation is not None and operation.loop is not None:
+            self.stats.requests += operation.loop.attempts_sent
+            self.stats.timeouts += operation.loop.attempts_lost
         on_finish = self.on_finish
         self.operation = None
         self.on_finish = None
@@ -231,13 +328,15 @@ class SimClient:
 class WorkloadStats:
     def __init__(self) -> None:
         self.requests = 0
-        self.redirects = 0
-        self.retries = 0
+        """Attempts sent."""
         self.timeouts = 0
+        """Attempts that got no answer in time."""
         self.unknown = 0
+        self.failed = 0
+        self.sessions_expired = 0
         self.ok = 0
         self.write_completions: list[tuple[int, int]] = []
-        """(call ms, return ms) of acknowledged writes, in return order."""
+        """(return ms, call ms) of acknowledged writes, in return order."""
 
     def record_ok(self, kind: str, call_ms: int, return_ms: int) -> None:
         self.ok += 1
@@ -262,7 +361,8 @@ class Workload:
         self,
         *,
         events: EventQueue,
-        nodes: dict[str, SimNode],
+        frames: SimFrameNetwork,
+        endpoints: dict[str, str],
         options: WorkloadOptions,
         rng: random.Random,
         history: History | None = None,
@@ -276,15 +376,16 @@ class Workload:
         self.running = False
         self.clients = [
             SimClient(
-                client_id,
+                f"c{number}",
                 events=events,
-                nodes=nodes,
+                frames=frames,
+                endpoints=endpoints,
                 history=self.history,
                 options=options,
                 rng=random.Random(rng.getrandbits(64)),
                 stats=self.stats,
             )
-            for client_id in range(1, options.client_count + 1)
+            for number in range(1, options.client_count + 1)
         ]
 
     def start(self) -> None:
@@ -313,8 +414,9 @@ class Workload:
         rng = self.rng
         key = self.keys[rng.randrange(len(self.keys))]
         draw = rng.random()
-        # Values are unique per (client, sequence), so a wrong read points at one write.
-        value = f"{client.client_id}.{client.sequence + 1}"
+        # Values are unique per client operation, so a wrong read points at one write, and
+        # an append applied twice shows as its value twice (`appends_applied_twice`).
+        value = f"{client.name}.{client.operations_begun + 1}"
         if draw < options.read_fraction:
             return "get", key, None
         draw -= options.read_fraction
@@ -324,3 +426,17 @@ class Workload:
         if draw < options.cas_fraction:
             return "cas", key, (client.last_seen.get(key), value)
         return "put", key, value
+
+
+def appends_applied_twice(operations: list[Operation], data: dict[str, str]) -> list[str]:
+    """The values of append operations that occur more than once in their key's value in
+    `data`. Each append carries a value unique to its call ("c2.7;": only its own call's
+    value starts at that "c" and ends at that ";"), so one found twice was applied twice:
+    a retry the sessions did not deduplicate."""
+    twice: list[str] = []
+    for operation in operations:
+        if operation.kind == "append":
+            value = data.get(operation.key)
+            if value is not None and value.count(operation.argument) > 1:
+                twice.append(f"{operation.key}: {operation.argument!r}")
+    return twice

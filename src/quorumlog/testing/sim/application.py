@@ -1,0 +1,101 @@
+"""What every simulated node runs on its Raft group: a state machine and, if clients are to
+reach it, the service that answers their frames.
+
+The default is what ships: `kv.machine.KVStateMachine` behind `node.kv_service.KVService`,
+routed as the real node routes the "kv" group's requests (`node/server.py`). Users
+simulate their own machine the same way:
+
+    application = SimApplication(MyMachine)            # any runtime StateMachine
+    cluster = SimCluster(seed=1, application=application)
+    cluster.wait_for_leader()
+    index, term = cluster.propose(b"my command")
+    cluster.run(ticks=20)
+    cluster.check_converged()
+
+A service, if given, is built on each (re)start of a node from its `RaftHost` (a
+`GroupHandle`), its machine and a function naming where the leader listens; it returns
+the handler of the client frames that reach the node over the simulated frame network.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from quorumlog.codec import wire
+from quorumlog.kv.commands import KVEntry, encode_entry
+from quorumlog.kv.machine import KVStateMachine
+from quorumlog.kv.requests import KV_GROUP
+from quorumlog.node.kv_service import KVLimits, KVService
+from quorumlog.runtime.handle import GroupHandle
+from quorumlog.runtime.resources import StateMachine
+from quorumlog.testing.sim.frame_network import Replier, RequestHandler
+
+MachineType = TypeVar("MachineType", bound=StateMachine)
+
+LeaderAddress = Callable[[], str | None]
+"""Where the group's leader listens as this node knows it ("host:port"), if it knows."""
+
+ServiceFactory = Callable[[GroupHandle, MachineType, LeaderAddress], RequestHandler]
+
+
+class SimApplication(Generic[MachineType]):
+    def __init__(
+        self,
+        machine_factory: Callable[[], MachineType],
+        service_factory: ServiceFactory[MachineType] | None = None,
+        marker_entry: bytes | None = None,
+    ) -> None:
+        self.machine_factory = machine_factory
+        """A fresh, empty machine: at the start of each node and after each crash."""
+        self.service_factory = service_factory
+        self.marker_entry = marker_entry
+        """An entry the machine takes that changes nothing, for `SimCluster.propose()`
+        without an entry (scenario tests mark the log with it); None if there is none."""
+
+
+def kv_service(
+    group: GroupHandle, machine: KVStateMachine, leader_address: LeaderAddress
+) -> RequestHandler:
+    """The shipped KV service on `group`, answering the "kv" group's requests as the real
+    node's `on_client_request` does."""
+    service = KVService(group, machine, leader_address, KVLimits())
+
+    def handle(request: wire.ClientRequest, reply: Replier) -> None:
+        if isinstance(request, wire.KVWrite | wire.KVRead | wire.KVScan):
+            if request.group != KV_GROUP:
+                reply(unknown_group(request.request_id, request.group, group.node_id))
+            elif isinstance(request, wire.KVWrite):
+                service.write(request, reply)
+            else:
+                service.read(request, reply)
+            return
+        reply(
+            wire.ErrorResponse(
+                request_id=request.request_id,
+                code=wire.ErrorCode.BAD_REQUEST,
+                message=f"the simulated KV node serves no {type(request).__name__}",
+            )
+        )
+
+    return handle
+
+
+def unknown_group(request_id: int, name: str, node_id: str) -> wire.ErrorResponse:
+    return wire.ErrorResponse(
+        request_id=request_id,
+        code=wire.ErrorCode.UNKNOWN_GROUP,
+        message=f"no group {name!r} on {node_id}",
+    )
+
+
+KV_MARKER_ENTRY = encode_entry(KVEntry(timestamp_ms=0, batches=[]))
+"""A KV entry with no client batches: it changes no key and no session."""
+
+KV_APPLICATION: SimApplication[KVStateMachine] = SimApplication(
+    KVStateMachine, kv_service, KV_MARKER_ENTRY
+)
+"""The default: the shipped KV machine and service."""
+
+
+__all__ = ["KV_APPLICATION", "KV_MARKER_ENTRY", "SimApplication", "kv_service"]
