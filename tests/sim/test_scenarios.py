@@ -9,6 +9,7 @@ from quorumlog.errors import NotLeaderError
 from quorumlog.kv.machine import KVStateMachine
 from quorumlog.raft.configuration import ChangeKind, MembershipChange
 from quorumlog.raft.core import Role
+from quorumlog.testing.history import OperationStatus
 from quorumlog.testing.sim.cluster import (
     SCRIPT_CLIENT,
     OperationTimeoutError,
@@ -252,3 +253,24 @@ def test_clients_reach_the_shipped_service_as_wire_frames() -> None:
     for node in cluster.nodes.values():
         assert isinstance(node.machine, KVStateMachine)
     assert cluster.script_client.session.answered
+
+
+def test_writes_of_unknown_outcome_that_no_machine_was_given_resolve_as_failed() -> None:
+    """The simulator sees what no client can: a write whose command no state machine was
+    ever given did not happen, so the history check need not consider it; one that some
+    machine was given stays unknown (it may have taken effect)."""
+    cluster = SimCluster(seed=11)
+    cluster.wait_for_leader()
+    cluster.put("k", "v")  # its (client id, sequence) reached every machine
+    history = cluster.history
+    applied_id = history.invoke("c9", "append", "k", "a;", cluster.now_ms)
+    history.unknown(applied_id)
+    lost_id = history.invoke("c9", "append", "k", "b;", cluster.now_ms)
+    history.unknown(lost_id)
+    identities = cluster.workload.stats.write_identities
+    identities[applied_id] = next(iter(sorted(cluster.applied_commands)))
+    identities[lost_id] = ("never-sent", 1)
+    resolved = {op.operation_id: op.status for op in cluster.resolved_operations()}
+    assert resolved[applied_id] is OperationStatus.UNKNOWN
+    assert resolved[lost_id] is OperationStatus.FAILED
+    assert cluster.applied_commands  # the put was recorded from the applied entries

@@ -19,11 +19,11 @@ the handler of the client frames that reach the node over the simulated frame ne
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 from quorumlog.codec import wire
-from quorumlog.kv.commands import KVEntry, encode_entry
+from quorumlog.kv.commands import KVEntry, decode_entry, encode_entry
 from quorumlog.kv.machine import KVStateMachine
 from quorumlog.kv.requests import KV_GROUP
 from quorumlog.node.kv_service import KVLimits, KVService
@@ -45,6 +45,7 @@ class SimApplication(Generic[MachineType]):
         machine_factory: Callable[[], MachineType],
         service_factory: ServiceFactory[MachineType] | None = None,
         marker_entry: bytes | None = None,
+        command_identities: Callable[[bytes], Iterable[tuple[str, int]]] | None = None,
     ) -> None:
         self.machine_factory = machine_factory
         """A fresh, empty machine: at the start of each node and after each crash."""
@@ -52,6 +53,10 @@ class SimApplication(Generic[MachineType]):
         self.marker_entry = marker_entry
         """An entry the machine takes that changes nothing, for `SimCluster.propose()`
         without an entry (scenario tests mark the log with it); None if there is none."""
+        self.command_identities = command_identities
+        """The (client id, sequence) of every client command an entry carries, if the
+        application numbers them: the simulator then knows which writes of unknown outcome
+        never reached any state machine, so never happened (runner.py)."""
 
 
 def kv_service(
@@ -92,8 +97,15 @@ def unknown_group(request_id: int, name: str, node_id: str) -> wire.ErrorRespons
 KV_MARKER_ENTRY = encode_entry(KVEntry(timestamp_ms=0, batches=[]))
 """A KV entry with no client batches: it changes no key and no session."""
 
+
+def kv_command_identities(data: bytes) -> Iterable[tuple[str, int]]:
+    for batch in decode_entry(data).batches:
+        for command in batch.commands:
+            yield batch.client_id, command.sequence
+
+
 KV_APPLICATION: SimApplication[KVStateMachine] = SimApplication(
-    KVStateMachine, kv_service, KV_MARKER_ENTRY
+    KVStateMachine, kv_service, KV_MARKER_ENTRY, kv_command_identities
 )
 """The default: the shipped KV machine and service."""
 

@@ -14,6 +14,7 @@ every request in flight: its client times out, as a real one does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -98,6 +99,9 @@ class CheckedHooks(HostHooks):
 
     def on_apply(self, entry: LogEntry) -> None:
         self.node.checker.on_apply(self.node, entry)
+        observer = self.node.apply_observer
+        if observer is not None:
+            observer(entry)
 
     def on_acknowledged(self, entry: LogEntry) -> None:
         self.node.checker.on_acknowledged(self.node, entry)
@@ -127,6 +131,8 @@ class SimNode:
         self.events = events
         self.network = network
         self.application = application
+        self.apply_observer: Callable[[LogEntry], None] | None = None
+        """Told of every entry this node applies (the cluster records client commands)."""
         self.checker = checker
         self.trace = trace
         self.rng = derive_random(seed, f"node:{node_id}")

@@ -220,6 +220,11 @@ class SimClient(SessionHolder):
             if is_read
             else SessionCommand(self.session, write_identity(kind, key, argument), now_ms / 1000)
         )
+        if command is not None:
+            self.stats.write_identities[operation_id] = (
+                command.session.client_id,
+                command.command.sequence,
+            )
         operation = _Operation(operation_id, kind, key, argument, now_ms, command)
         attempts = RequestAttempts(
             f"{kind} {key!r}",
@@ -337,6 +342,8 @@ class WorkloadStats:
         self.ok = 0
         self.write_completions: list[tuple[int, int]] = []
         """(return ms, call ms) of acknowledged writes, in return order."""
+        self.write_identities: dict[int, tuple[str, int]] = {}
+        """Operation id of each write → the (client id, sequence) it was sent as."""
 
     def record_ok(self, kind: str, call_ms: int, return_ms: int) -> None:
         self.ok += 1
