@@ -32,7 +32,7 @@ from quorumlog.node.addresses import AddressBook, AddressSource
 from quorumlog.node.controller_service import ControllerService
 from quorumlog.node.errors_to_wire import error_response
 from quorumlog.node.kv_service import KVLimits, KVService
-from quorumlog.node.peer_requests import PeerRequester
+from quorumlog.node.peer_requests import AsyncioPeerRequests, PeerRequester
 from quorumlog.node.preferred_leaders import PreferredLeaders, preferred_leader
 from quorumlog.node.shard_migration import (
     MIGRATION_BYTES_PER_SECOND_DEFAULT,
@@ -46,7 +46,8 @@ from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import ChangeKind, Configuration, MembershipChange
 from quorumlog.raft.messages import Message
 from quorumlog.runtime.completion import Completion
-from quorumlog.runtime.group import GroupRunner, GroupSettings, StateMachine
+from quorumlog.runtime.group import AsyncioScheduler, GroupRunner, GroupSettings, StateMachine
+from quorumlog.runtime.host import RaftHost
 from quorumlog.runtime.transport import Endpoint, Replier, format_address, parse_address
 from quorumlog.shard.config import SHARD_COUNT_DEFAULT
 from quorumlog.shard.controller import ControllerMachine
@@ -110,6 +111,7 @@ class Node:
         self.requester = PeerRequester(
             settings.cluster_id, f"node-{settings.node_id}", resolve=self.resolve
         )
+        self.peers: AsyncioPeerRequests | None = None
         self.migration_pacer = ByteRatePacer(settings.shard_migration_bytes_per_second)
         self.port = 0
         self.unknown_group_messages = 0
@@ -180,7 +182,10 @@ class Node:
             self.controller = ControllerService(
                 group.host, machine, self.leader_address_function(group)
             )
-        preferred: list[tuple[GroupRunner, str]] = []
+        preferred: list[tuple[RaftHost, str]] = []
+        self.peers = AsyncioPeerRequests(
+            self.requester, AsyncioScheduler(asyncio.get_running_loop())
+        )
         for gid, members in sorted(settings.shard_groups.items()):
             if self.node_id not in members:
                 continue
@@ -192,12 +197,12 @@ class Node:
                 gid, group.host, shard_machine, self.leader_address_function(group), KVLimits()
             )
             self.shard_services[gid] = service
-            preferred.append((group, preferred_leader(gid, members)))
+            preferred.append((group.host, preferred_leader(gid, members)))
             self.migrators.append(
                 ShardMigrator(
                     service,
                     self.controller_addresses,
-                    self.requester,
+                    self.peers,
                     interval_seconds=settings.shard_monitor_ms / 1000,
                     pull_bytes_max=settings.shard_pull_bytes_max,
                     pacer=self.migration_pacer,
@@ -214,9 +219,11 @@ class Node:
         return [addresses[member] for member in self.settings.controller if member in addresses]
 
     async def stop(self) -> None:
-        await self.preferred_leaders.stop()
+        self.preferred_leaders.stop()
         for migrator in self.migrators:
-            await migrator.stop()
+            migrator.stop()
+        if self.peers is not None:
+            await self.peers.close()
         await self.requester.close()
         await self.endpoint.close()
         await self.streams.stop()
