@@ -45,10 +45,10 @@ class ShardChecker:
 
     def check_serving(self) -> None:
         """At most one group can serve a shard in any one configuration number."""
-        state = self.serving_state()
-        if state == self.serving_checked:
+        members_now = self.serving_state()
+        if members_now == self.serving_checked:
             return
-        self.serving_checked = state
+        self.serving_checked = members_now
         self.checks += 1
         servers: dict[tuple[int, int], int] = {}
         for gid, members in self.cluster.members.items():
