@@ -9,7 +9,8 @@ numbers, `first_unacknowledged`, a sequence held after an unknown outcome). This
 replaces the blocking loops by callbacks on virtual time: `SimAttempts.call` is
 `BlockingTransport.call`, `RoutedOperation` is `ShardedKVClient.routed`, `ControllerDriver`
 is `ControllerChannel`, `SimShardedClient.write` is `KVOperations.session_write` and
-`SimAdmin.change` is `ShardAdmin.change`.
+`SimAdmin.change` is `ShardAdmin.change`. The shipped functions are called through their
+module (`shipped.route`, ...), so a test that breaks one in `shard.client` breaks it here.
 
 An operation ends as the blocking call would return or raise: "ok" with its output,
 "unknown" (`UnknownOutcomeError`: a write may or may not have happened) or "unavailable"
@@ -50,23 +51,12 @@ from quorumlog.kv.connection import (
     describe,
     write_results,
 )
+from quorumlog.shard import client as shipped
 from quorumlog.shard.client import (
     QUERY_LATEST,
     RoutedCall,
     ShardRouter,
     WrongGroupAnswer,
-    attempt_answer,
-    controller_request,
-    controller_result,
-    group_unreachable,
-    names_node_ids,
-    never,
-    queried_configuration,
-    read_request,
-    read_value,
-    route,
-    shard_group_name_of,
-    write_request,
 )
 from quorumlog.shard.config import ShardConfiguration
 from quorumlog.shard.controller_commands import ControllerCommand, ControllerResult, Query
@@ -104,7 +94,7 @@ class SimAttempts:
         done: Callable[[ResponseType | None], None],
         failed: Failed,
         at_leader: bool = True,
-        end_round: Callable[[RequestAttempts], bool] = never,
+        end_round: Callable[[RequestAttempts], bool] = shipped.never,
     ) -> None:
         """`done(answer)`, or `done(None)` when `attempts` gives up or `end_round` says to
         stop; `failed(error)` on WRONG_GROUP (`WrongGroupAnswer`) or a refusal."""
@@ -136,7 +126,7 @@ class SimAttempts:
                 attempts.lost(endpoint, TimeoutError("no answer before the deadline"))
             else:
                 try:
-                    answer = attempt_answer(attempts, endpoint, frame, expected, at_leader)
+                    answer = shipped.attempt_answer(attempts, endpoint, frame, expected, at_leader)
                 except ClientError as error:
                     failed(error)
                     return
@@ -191,7 +181,7 @@ class ControllerDriver:
                 failed(attempts.give_up_error())
                 return
             try:
-                result = controller_result(response.results, what)
+                result = shipped.controller_result(response.results, what)
             except ClientError as error:
                 failed(error)
                 return
@@ -199,7 +189,7 @@ class ControllerDriver:
 
         self.driver.call(
             attempts,
-            controller_request(self.client_id, command, first_unacknowledged),
+            shipped.controller_request(self.client_id, command, first_unacknowledged),
             ControllerResponse,
             done=answered,
             failed=failed,
@@ -216,7 +206,7 @@ class ControllerDriver:
 
         def answered(result: ControllerResult) -> None:
             try:
-                configuration = queried_configuration(result, number)
+                configuration = shipped.queried_configuration(result, number)
             except ClientError as error:
                 failed(error)
                 return
@@ -273,7 +263,7 @@ class RoutedOperation:
         if call.remaining_seconds() <= 0:
             self.failed(call.give_up_error())
             return
-        gid = route(self.client.router, self.key, call)
+        gid = shipped.route(self.client.router, self.key, call)
         if gid is None:
             self.pause_and_refresh()
             return
@@ -309,7 +299,7 @@ class RoutedOperation:
             done=round_done,
             failed=round_failed,
             at_leader=self.at_leader,
-            end_round=group_unreachable,
+            end_round=shipped.group_unreachable,
         )
 
     def pause_and_refresh(self) -> None:
@@ -333,7 +323,7 @@ class RoutedOperation:
         router = self.client.router
 
         def learned(configuration: ShardConfiguration) -> None:
-            if names_node_ids(configuration):
+            if shipped.names_node_ids(configuration):
                 # The simulated nodes host no "kv" group to answer where node ids listen.
                 raise SimulationError("simulated configurations must name servers by address")
             then(router.learn(configuration))
@@ -430,7 +420,7 @@ class SimShardedClient:
                 self,
                 f"get {key!r}",
                 key,
-                read_request(key, stale=False),
+                shipped.read_request(key, stale=False),
                 KVReadResult,
                 side_effects=False,
                 done=lambda response: self.answered_read(response, done, failed),
@@ -441,7 +431,7 @@ class SimShardedClient:
 
     def answered_read(self, response: KVReadResult, done: Done, failed: Failed) -> None:
         try:
-            value = read_value(response)
+            value = shipped.read_value(response)
         except ClientError as error:
             failed(error)
             return
@@ -460,7 +450,7 @@ class SimShardedClient:
         def answered(response: KVWriteResult) -> None:
             sequences.acknowledge(sequence)
             try:
-                [result] = write_results(response, 1, shard_group_name_of(self.router, key))
+                [result] = write_results(response, 1, shipped.shard_group_name_of(self.router, key))
                 session.answered = True
                 check_command_result(command, result)
             except ClientError as error:
@@ -481,7 +471,7 @@ class SimShardedClient:
             self,
             f"{op} {key!r}",
             key,
-            write_request(session, command),
+            shipped.write_request(session, command),
             KVWriteResult,
             side_effects=True,
             done=answered,

@@ -197,12 +197,15 @@ class GroupMember:
         self.stats = stats
         self.is_shard_group = group != wire.CONTROLLER_GROUP
         self.disk = SimDisk()
-        self.host: RaftHost | None = None
+        self.host: RaftHost
+        """Set by the node's composition (`ShardNode.add_group`) at every start, before
+        anything reads it."""
         self.raw_machine: Any = None
         self.snapshots_taken = 0
         self.snapshots_restored = 0
         self.led_term = 0
-        checker.register(self.as_checked_node())
+        self.checked = self.as_checked_node()
+        checker.register(self.checked)
 
     def as_checked_node(self) -> SimNode:
         """This member seen as the node type the Raft checker is annotated with: it reads
@@ -210,20 +213,15 @@ class GroupMember:
         meaning."""
         return cast("SimNode", self)
 
-    def running_host(self) -> RaftHost:
-        if self.host is None:
-            raise InvariantViolation(f"{self.name} has no host: the node never started")
-        return self.host
-
     # --- what the checks read -------------------------------------------------------------
 
     @property
     def core(self) -> RaftCore:
-        return self.running_host().core
+        return self.host.core
 
     @property
     def applied_index(self) -> int:
-        return self.running_host().core.applied_index
+        return self.host.core.applied_index
 
     @property
     def up(self) -> bool:
@@ -243,7 +241,7 @@ class GroupMember:
 
     @property
     def is_leader(self) -> bool:
-        return self.node.process.up and self.running_host().core.role is Role.LEADER
+        return self.node.process.up and self.host.core.role is Role.LEADER
 
     @property
     def machine(self) -> Any:
@@ -265,18 +263,15 @@ class GroupMember:
         self.node.resume()
 
     def after_event(self) -> None:
-        host = self.host
-        if host is None:
-            return
-        self.checker.check_node(self.as_checked_node())
-        core = host.core
+        self.checker.check_node(self.checked)
+        core = self.host.core
         if core.role is Role.LEADER and core.term != self.led_term:
             self.led_term = core.term
             if self.is_shard_group and core.applied_index < core.commit_index:
                 self.stats.lagging_leaderships += 1
 
     def describe(self) -> str:
-        if not self.node.process.up or self.host is None:
+        if not self.node.process.up:
             return f"{self.node_id}: down"
         core = self.host.core
         paused = f" paused({len(self.node.process.inbox)} held)" if self.paused else ""
@@ -396,7 +391,7 @@ class ShardNode:
 
     def start_groups(self, phases_ms: dict[str, int]) -> None:
         for group, member in self.members.items():
-            member.running_host().start(phases_ms[group] / 1000)
+            member.host.start(phases_ms[group] / 1000)
         self.parts.start()
 
     def crash(self) -> None:
@@ -456,12 +451,9 @@ class ShardNode:
         enter = self.process.enter
 
         def deliver(message: Message) -> None:
-            host = member.host
-            if host is None:
-                return
             if self.trace is not None:
                 self.record(f"{member.name} <- {message!r}")
-            host.step(message)
+            member.host.step(message)
 
         def receive(message: Message) -> None:
             enter(message.source, deliver, message)
@@ -480,7 +472,7 @@ class ShardNode:
     def note_delete(self, request: wire.ShardGroupRequest) -> None:
         """Count a delete that reaches a leader ahead of its applied configuration."""
         member = self.members.get(wire.shard_group_name(request.gid))
-        if member is None or member.host is None or not member.host.is_leader:
+        if member is None or not member.host.is_leader:
             return
         try:
             message = decode_message(request.message)
