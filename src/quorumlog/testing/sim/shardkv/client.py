@@ -496,24 +496,27 @@ class SimAdmin:
         calls: FrameCalls,
         controller_endpoints: list[str],
         options: ClientOptions,
+        timeout_seconds: float,
     ) -> None:
         self.client_id = client_id
         self.driver = SimAttempts(calls)
         self.controller = ControllerDriver(
             controller_endpoints, self.driver, client_id, options.attempt_timeout_ms / 1000
         )
-        self.sequences = SequenceTracker(hold_seconds=options.operation_timeout_ms / 1000)
+        self.timeout_seconds = timeout_seconds
+        """The admin's `timeout`: each change's deadline, and how long a change whose
+        outcome was unknown keeps its sequence for a repeat."""
+        self.sequences = SequenceTracker(hold_seconds=timeout_seconds)
 
     def change(
         self,
         identity: CommandIdentity,
         make_command: Callable[[int], ControllerCommand],
-        timeout_seconds: float,
         done: Callable[[int], None],
         failed: Failed,
-    ) -> ControllerCommand:
-        """Send one change; `done(configuration number)` or `failed(error)`. Returns the
-        command sent (for the trace)."""
+    ) -> None:
+        """Send one change; `done(configuration number)` or `failed(error)`."""
+        timeout_seconds = self.timeout_seconds
         sequences = self.sequences
         scheduler = self.driver.scheduler
         sequence = sequences.allocate(identity, scheduler.monotonic_seconds())
@@ -548,7 +551,6 @@ class SimAdmin:
             failed=not_answered,
             first_unacknowledged=sequences.first_unacknowledged(),
         )
-        return command
 
 
 __all__ = [

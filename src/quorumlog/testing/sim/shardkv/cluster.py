@@ -173,6 +173,7 @@ class ShardCluster:
             calls=self.calls_for("admin"),
             controller_endpoints=self.controller_endpoints(),
             options=options.client,
+            timeout_seconds=ADMIN_TIMEOUT_MS / 1000,
         )
         self.shard_checker = ShardChecker(self)
         self.events.schedule(options.check_interval_ms, self.periodic_check)
@@ -336,14 +337,14 @@ class ShardCluster:
         self,
         identity: tuple[str, str, str | None, str | None],
         make_command: Callable[[int], ControllerCommand],
-        ms_max: int = ADMIN_TIMEOUT_MS,
     ) -> int:
         """Run one join/leave/move to its end; the configuration number it created."""
         outcome: list[int | BaseException] = []
+        ms_max = ADMIN_TIMEOUT_MS
         self.note(f"admin {identity[0]} {identity[1]}")
 
         def change(_: object) -> None:
-            self.admin.change(identity, make_command, ms_max / 1000, outcome.append, outcome.append)
+            self.admin.change(identity, make_command, outcome.append, outcome.append)
 
         self.admin.driver.calls.process.enter("local", change)
         if not self.run_until(lambda: bool(outcome), ms_max + 1_000):

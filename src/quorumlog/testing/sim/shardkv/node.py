@@ -41,7 +41,6 @@ from quorumlog.raft.core import RaftCore, Role
 from quorumlog.raft.messages import Message, SnapshotMeta
 from quorumlog.runtime.host import HostHooks, HostSettings, RaftHost
 from quorumlog.runtime.resources import StateMachine
-from quorumlog.shard.controller import ControllerMachine
 from quorumlog.shard.group_commands import (
     ControlApplied,
     DeleteRequest,
@@ -200,7 +199,9 @@ class GroupMember:
         self.host: RaftHost
         """Set by the node's composition (`ShardNode.add_group`) at every start, before
         anything reads it."""
-        self.raw_machine: Any = None
+        self.machine: Any = None
+        """The group's state machine in the node's current incarnation (a
+        `ControllerMachine` or a `ShardGroupMachine`)."""
         self.snapshots_taken = 0
         self.snapshots_restored = 0
         self.led_term = 0
@@ -242,11 +243,6 @@ class GroupMember:
     @property
     def is_leader(self) -> bool:
         return self.node.process.up and self.host.core.role is Role.LEADER
-
-    @property
-    def machine(self) -> Any:
-        """The group's state machine in the node's current incarnation."""
-        return self.raw_machine
 
     # --- faults (the whole node: a group member is its node's process) ---------------------
 
@@ -362,7 +358,7 @@ class ShardNode:
     def add_group(self, group: str, machine: StateMachine, voters: tuple[str, ...]) -> RaftHost:
         member = self.members[group]
         options = self.options
-        member.raw_machine = machine
+        member.machine = machine
         host = RaftHost(
             group,
             self.raft_config,
@@ -489,12 +485,6 @@ class ShardNode:
     def host_of(self, group: str) -> RaftHost | None:
         member = self.members.get(group)
         return member.host if member is not None else None
-
-    # --- views ----------------------------------------------------------------------------
-
-    @property
-    def controller_machine(self) -> ControllerMachine | None:
-        return self.parts.controller_machine
 
 
 def address_or_none(node_id: str | None) -> str | None:
