@@ -14,7 +14,7 @@ from quorumlog.kv.connection import ClientSession
 from quorumlog.node.preferred_leaders import preferred_leader
 from quorumlog.node.shard_migration import ShardMigrator
 from quorumlog.shard.group_driver import SendDeleteRequest
-from quorumlog.testing.sim.shardkv.cluster import ShardCluster, member_ids
+from quorumlog.testing.sim.shardkv.cluster import ShardCluster, ShardSimOptions, member_ids
 from quorumlog.testing.sim.shardkv.runner import run_shardkv_seed
 
 
@@ -100,3 +100,23 @@ def test_shard_group_leaders_move_to_their_preferred_members() -> None:
     assert {target for _, target in transfers} <= set(wanted.values())
     cluster.put("k", "v")
     assert cluster.get("k") == "v"
+
+
+def test_a_node_hosts_the_controller_and_a_shard_group_in_one_process() -> None:
+    """As a real node may: both groups on one process, crashed and restarted together."""
+    cluster = ShardCluster(12, ShardSimOptions(gids=(100, 101), colocate_controller=True))
+    node = cluster.nodes["g100-1"]
+    assert sorted(node.members) == [wire.CONTROLLER_GROUP, wire.shard_group_name(100)]
+    assert "ctl-1" not in cluster.nodes
+    cluster.join(100, 101)
+    for index in range(10):
+        cluster.put(f"k{index}", f"v{index}")
+    node.crash()
+    cluster.run(500)
+    node.restart()
+    cluster.leave(101)
+    cluster.settle()
+    assert [cluster.get(f"k{index}") for index in range(10)] == [f"v{i}" for i in range(10)]
+    cluster.run(500)
+    cluster.shard_checker.check_replicas_agree()
+    cluster.shard_checker.check_storage_bounded()

@@ -1,8 +1,9 @@
 """A simulated sharded KV deployment with a scriptable API, for scenarios and the runner.
 
-One controller group on nodes "ctl-1".."ctl-3" and shard groups (gid g on "g{g}-1".."g{g}-3"),
-each node a `ShardNode` running the shipped hosts, services, migrators and preferred
-leaders; all on one event queue in virtual milliseconds. Each group's Raft traffic has its
+One controller group on nodes "ctl-1".."ctl-3" (or on the first shard group's nodes, with
+`colocate_controller`) and shard groups (gid g on "g{g}-1".."g{g}-3"), each node a
+`ShardNode` running the shipped hosts, services, migrators and preferred leaders; all on
+one event queue in virtual milliseconds. Each group's Raft traffic has its
 own `SimNetwork`, everything else travels as wire frames on one `SimFrameNetwork`, and all
 of them share one set of cut links (`network`), so one partition cuts every kind of
 traffic. Clients and the admin are the shipped client rules on events (`shardkv.client`).
@@ -66,6 +67,10 @@ class ShardSimOptions(msgspec.Struct, frozen=True):
     nemesis: ShardNemesisOptions = ShardNemesisOptions()
     """Partitions and pauses, for the scenarios that start a nemesis (the concurrent ones)."""
     check_interval_ms: int = 25
+    colocate_controller: bool = False
+    """Run the controller group on the first shard group's nodes (a node then hosts two
+    groups, as a real node may) instead of on nodes of its own. The nemesis assumes nodes
+    of one group each: leave it off where a nemesis runs."""
 
 
 class OperationTimeoutError(SimulationError):
@@ -112,8 +117,11 @@ class ShardCluster:
         self.trace = trace
         self.events = EventQueue()
         self.network = SharedLinks()
+        self.controller_ids = (
+            member_ids(options.gids[0]) if options.colocate_controller else list(CONTROLLER_IDS)
+        )
         self.layout = ShardedKVLayout(
-            controller=list(CONTROLLER_IDS),
+            controller=list(self.controller_ids),
             shard_groups={gid: member_ids(gid) for gid in options.gids},
             shard_count=options.shard_count,
             monitor_seconds=options.server.monitor_interval_ms / 1000,
@@ -143,7 +151,8 @@ class ShardCluster:
         )
         self.stats = SimStats()
         self.nodes: dict[str, ShardNode] = {}
-        for node_id in CONTROLLER_IDS + [n for gid in options.gids for n in member_ids(gid)]:
+        node_ids = self.controller_ids + [n for gid in options.gids for n in member_ids(gid)]
+        for node_id in dict.fromkeys(node_ids):
             self.nodes[node_id] = ShardNode(
                 node_id,
                 seed=seed,
@@ -159,7 +168,7 @@ class ShardCluster:
                 trace=trace,
             )
         self.controller_members = [
-            self.nodes[node_id].members[wire.CONTROLLER_GROUP] for node_id in CONTROLLER_IDS
+            self.nodes[node_id].members[wire.CONTROLLER_GROUP] for node_id in self.controller_ids
         ]
         self.members: dict[int, list[GroupMember]] = {
             gid: [self.nodes[n].members[wire.shard_group_name(gid)] for n in member_ids(gid)]
@@ -186,7 +195,7 @@ class ShardCluster:
         return FrameCalls(name, self.frames, process)
 
     def controller_endpoints(self) -> list[str]:
-        return [address_of(node_id) for node_id in CONTROLLER_IDS]
+        return [address_of(node_id) for node_id in self.controller_ids]
 
     def new_client(self, name: str) -> SimShardedClient:
         client_id = f"client-{name}"
