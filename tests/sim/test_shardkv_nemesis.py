@@ -3,22 +3,21 @@ seed plans that choose them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
+from quorumlog.codec import wire
+from quorumlog.errors import NotLeaderError
+from quorumlog.node.kv_service import Replier
+from quorumlog.node.shard_service import ShardGroupService
 from quorumlog.raft.core import Role
-from quorumlog.shard.group_commands import WrongGroup
 from quorumlog.testing.sim.events import derive_random
 from quorumlog.testing.sim.shardkv.cluster import ShardCluster, ShardSimOptions
-from quorumlog.testing.sim.shardkv.group_member import ShardGroupServer
 from quorumlog.testing.sim.shardkv.nemesis import (
     FAULT_KINDS,
     ShardNemesis,
     ShardNemesisOptions,
     weights_for,
 )
-from quorumlog.testing.sim.shardkv.rpc import NotLeader, RpcMessage, ShardRead, ShardReadReply
 from quorumlog.testing.sim.shardkv.runner import plan_options, run_shardkv_seed
 
 
@@ -39,11 +38,11 @@ def test_a_paused_leader_stops_then_resumes_with_its_state_and_steps_down() -> N
     cluster.run(1000)
     assert (leader.core.term, leader.applied_index) == (term, applied)
     assert leader.core.role is Role.LEADER  # it cannot know yet
-    assert leader.paused_inbox  # what reached it meanwhile waits
+    assert leader.node.process.inbox  # what reached it meanwhile waits
     new_leader = cluster.leader_of(100)
     assert new_leader is not None and new_leader is not leader
     leader.resume()
-    assert not leader.paused_inbox
+    assert not leader.node.process.inbox
     assert cluster.run_until(
         lambda: (
             leader.applied_index == new_leader.applied_index and leader.core.role is Role.FOLLOWER
@@ -58,9 +57,11 @@ def test_a_paused_leader_stops_then_resumes_with_its_state_and_steps_down() -> N
 def test_requests_to_a_paused_member_are_answered_after_it_resumes() -> None:
     cluster = one_group()
     member = cluster.group_members(100)[0]
-    answers: list[RpcMessage] = []
+    answers: list[wire.Frame] = []
     member.pause()
-    cluster.rpc.call("client-probe", member.node_id, ShardRead("k"), answers.append)
+    read = wire.KVRead(request_id=1, keys=["k"], group=wire.shard_group_name(100))
+    cluster.frames.register("client-probe", None)
+    cluster.frames.call("client-probe", member.node_id, read, answers.append)
     cluster.run(2000)
     assert answers == []
     member.resume()
@@ -73,9 +74,9 @@ def test_a_crash_ends_a_pause_and_drops_what_was_held() -> None:
     member = cluster.group_members(100)[1]
     member.pause()
     cluster.run(500)
-    assert member.paused_inbox
+    assert member.node.process.inbox
     member.crash()
-    assert not member.paused and not member.paused_inbox
+    assert not member.paused and not member.node.process.inbox
     member.resume()  # a no-op on a member that is down
     assert not member.up
     member.restart()
@@ -98,7 +99,7 @@ def test_the_nemesis_injects_every_kind_then_heals_everything() -> None:
     nemesis.stop()
     assert not cluster.network.blocked
     members = cluster.controller_members + [
-        member for gid in cluster.servers for member in cluster.group_members(gid)
+        member for gid in cluster.members for member in cluster.group_members(gid)
     ]
     assert not any(member.paused for member in members)
     cluster.settle()
@@ -132,7 +133,7 @@ def test_pauses_leave_every_group_a_running_majority() -> None:
     )
     nemesis = nemesis_for(cluster, options)
     nemesis.start()
-    groups = [cluster.controller_members] + [cluster.group_members(gid) for gid in cluster.servers]
+    groups = [cluster.controller_members] + [cluster.group_members(gid) for gid in cluster.members]
     most_paused = [0]
 
     def check() -> bool:
@@ -162,7 +163,7 @@ def test_a_resumed_member_interleaves_links_but_keeps_each_links_order() -> None
     member.pause()
     for number in range(20):
         for link in ("raft:a", "rpc:b", "local"):
-            member.hold(lambda item: handled.append(item), (link, number), link)
+            member.node.process.enter(link, handled.append, (link, number))
     member.resume()
     assert len(handled) == 60
     for link in ("raft:a", "rpc:b", "local"):
@@ -175,26 +176,22 @@ def test_a_queued_client_read_may_beat_the_new_leaders_messages() -> None:
     # after SIGCONT reads its sockets in any order; so answering reads from the applied
     # state without a ReadIndex round is caught.
     #
-    # Rarely, though: of concurrent_changes seeds 4..1000 only seed 256 hits the window
-    # (a read sent to the paused old leader after a write to its key completed at the new
-    # leader, answered within the client's timeout). The range below holds it. The runs
-    # are deterministic, so this cannot flake; but a change to the simulator's random
-    # streams moves the seed, and then the last assert fails: search seeds again for one
-    # that the broken read path fails (and widen the nemesis if none does).
-    concurrent = range(130, 257, 9)  # concurrent_changes: the scenario with the nemesis
+    # Rarely, though: of concurrent_changes seeds 4..1500 only seeds 400 and 562 hit the
+    # window (a read sent to a deposed leader that does not know it yet, after a write to
+    # its key completed at the new leader, answered within the client's attempt timeout).
+    # The range below holds 400. The runs are deterministic, so this cannot flake; but a
+    # change to the simulator's random streams moves the seed, and then the last assert
+    # fails: search seeds again for one that the broken read path fails (and widen the
+    # nemesis if none does).
+    concurrent = range(355, 401, 9)  # concurrent_changes: the scenario with the nemesis
 
     def read_without_read_index(
-        self: ShardGroupServer, request: ShardRead, reply: Callable[[RpcMessage], None]
+        self: ShardGroupService, request: wire.KVRead | wire.KVScan, reply: Replier
     ) -> None:
-        member = self.member
-        if not member.is_leader:
-            reply(NotLeader())
+        if not self.group.is_leader:
+            self.reject(reply, request.request_id, NotLeaderError(self.group.node_id, None))
             return
-        value = member.machine.get(request.key)
-        if isinstance(value, WrongGroup):
-            reply(ShardReadReply(None, wrong_group=True))
-        else:
-            reply(ShardReadReply(value))
+        self.answer_read(request, reply)
 
     def failures() -> list[int]:
         failed: list[int] = []
@@ -208,5 +205,5 @@ def test_a_queued_client_read_may_beat_the_new_leaders_messages() -> None:
 
     assert failures() == []
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ShardGroupServer, "read", read_without_read_index)
+        patch.setattr(ShardGroupService, "read", read_without_read_index)
         assert failures() != [], "no seed in range finds the broken read path: re-pick seeds"

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+import quorumlog.node.shard_service as shard_service
 import quorumlog.shard.group_driver as group_driver
 import quorumlog.shard.group_machine as group_machine
 from quorumlog.shard.group_commands import (
@@ -22,7 +23,6 @@ from quorumlog.shard.group_commands import (
 )
 from quorumlog.shard.group_driver import Propose, delete_response
 from quorumlog.shard.group_machine import ShardGroupMachine, ShardState
-from quorumlog.testing.sim.shardkv import group_member
 from quorumlog.testing.sim.shardkv.checks import ShardChecker
 from quorumlog.testing.sim.shardkv.runner import plan_options, run_shardkv_seed
 from quorumlog.testing.sim.shardkv.scenarios import SCENARIOS
@@ -157,7 +157,7 @@ def test_a_pull_that_loses_data_is_caught(monkeypatch: pytest.MonkeyPatch) -> No
             response.source_gid, response.configuration_number, response.status, insert
         )
 
-    monkeypatch.setattr(group_member, "handle_pull_request", lossy_pull)
+    monkeypatch.setattr(shard_service, "handle_pull_request", lossy_pull)
     failures = failures_over_seeds("join_then_leave", range(1, 3))
     assert len(failures) == 2
     assert all("expected" in failure for failure in failures)
@@ -165,8 +165,11 @@ def test_a_pull_that_loses_data_is_caught(monkeypatch: pytest.MonkeyPatch) -> No
 
 # --- apply lag: leaders serve while their applied state is behind their log -----------------
 
-LAG_SEEDS = range(1, 41)
-"""deleted_shards on these seeds: many moves, each a delete that may meet a lagging leader."""
+LAG_SEEDS = range(12, 41)
+"""deleted_shards on these seeds: many moves, each a delete that may meet a lagging leader.
+(Seeds 15, 25, 29 and 39 find the old delete bug; the range starts near the first so the
+sweeps below stay short. A change to the simulator's random streams moves them: search
+again, as the failure message says.)"""
 
 
 def test_plans_let_most_seeds_apply_behind_commit() -> None:
@@ -226,7 +229,7 @@ def test_the_old_delete_bug_is_found_by_seeds(monkeypatch: pytest.MonkeyPatch) -
     """The review found this bug; with apply lag the simulator finds it too: some seed
     never settles, a shard left BE_PULLING at its old owner."""
     monkeypatch.setattr(group_driver, "handle_delete_request", delete_before_the_fix)
-    monkeypatch.setattr(group_member, "handle_delete_request", delete_before_the_fix)
+    monkeypatch.setattr(shard_service, "handle_delete_request", delete_before_the_fix)
     found: tuple[int, str] | None = None
     for seed in LAG_SEEDS:
         result = run_shardkv_seed(seed, "deleted_shards", capture_trace=False).result

@@ -5,8 +5,19 @@ These go through the client protocol (not the peer links) because the other side
 group this node is not a member of, named only by the servers in a shard configuration:
 addresses, or node ids that `resolve` turns into their current addresses (so a request
 finds a node that restarted on a new port).
-One connection per address is kept and reused; a NOT_LEADER hint is followed, and the
-address that answered is remembered as the leader of that address set.
+
+Three parts:
+
+- `PeerRequests`: what the migrator asks of its world, without asyncio: send a request to a
+  group until one node answers acceptably, the answer (or `UnavailableError`) arriving as a
+  `runtime.completion.Completion`;
+- `PeerAttempts`: the rules of one such request, without I/O: whom to ask next (the KV
+  clients' `EndpointSelector`: the known leader, a NOT_LEADER hint, else the next address),
+  which answers count, when to back off, the error at the deadline. `PeerSelectors` keeps
+  one selector per address set, so the leader learned by one request serves the next;
+- `PeerRequester` (asyncio: one connection per address, kept and reused) and
+  `AsyncioPeerRequests`, which offers it as `PeerRequests`. The simulator has its own
+  transport over simulated frames and the same `PeerAttempts`.
 """
 
 from __future__ import annotations
@@ -15,18 +26,119 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from quorumlog.codec import wire
 from quorumlog.errors import UnavailableError
 from quorumlog.kv.async_client import StreamConnection
 from quorumlog.kv.connection import EndpointSelector
+from quorumlog.runtime.completion import Completion
+from quorumlog.runtime.resources import Scheduler
 
 ATTEMPT_TIMEOUT_SECONDS = 1.0
 """One attempt at one address: about an election, so a dead leader is soon given up on.
 Requests whose answers are large (shard pulls) pass a longer one."""
+REQUEST_TIMEOUT_SECONDS = 5.0
+BACKOFF_SECONDS = 0.05
+"""The pause after as many failed attempts in a row as there are addresses."""
+
+MakeRequest = Callable[[int], wire.ClientRequest]
+Accept = Callable[[wire.Frame], bool]
+
+
+class PeerRequests(Protocol):
+    def request(
+        self,
+        addresses: Sequence[str],
+        make_request: MakeRequest,
+        accept: Accept | None = None,
+        timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
+        attempt_timeout_seconds: float | None = None,
+    ) -> Completion[wire.Frame]:
+        """Send to the group at `addresses` (node ids or "host:port") until one node
+        answers with something other than an error response (and that `accept` takes,
+        if given); the completion fails with `UnavailableError` at the timeout."""
+        ...
+
+
+class PeerAttempts:
+    """The rules of one request to a group of peers; the caller does the I/O and reports
+    each attempt's outcome (`outcome`)."""
+
+    def __init__(
+        self,
+        selector: EndpointSelector,
+        addresses: list[str],
+        accept: Accept | None,
+        deadline_seconds: float,
+    ) -> None:
+        self.selector = selector
+        self.addresses = addresses
+        self.accept = accept
+        self.deadline_seconds = deadline_seconds
+        self.last_problem = "no attempt finished"
+        self.failures = 0
+
+    def choose(self) -> str:
+        return self.selector.choose()
+
+    def outcome(self, address: str, frame: wire.Frame | None) -> wire.Frame | None:
+        """The frame if it is the answer wanted; None (after noting why) to try again."""
+        selector = self.selector
+        if frame is None:
+            self.last_problem = f"{address} did not answer"
+            selector.failed(address)
+        elif isinstance(frame, wire.ErrorResponse):
+            self.last_problem = f"{address}: {frame.code.value}: {frame.message}"
+            if frame.code is wire.ErrorCode.NOT_LEADER:
+                selector.hinted(address, frame.leader_hint)
+            else:
+                selector.failed(address)
+        elif self.accept is not None and not self.accept(frame):
+            self.last_problem = f"{address} answered {type(frame).__name__}"
+            selector.failed(address)
+        else:
+            selector.succeeded_at_leader(address)
+            return frame
+        self.failures += 1
+        return None
+
+    def pause_seconds(self) -> float:
+        """How long to wait before the next attempt: a little after as many failures as
+        there are addresses (each was tried once), else none."""
+        return BACKOFF_SECONDS if self.failures % len(self.addresses) == 0 else 0.0
+
+    def give_up_error(self) -> UnavailableError:
+        return UnavailableError(f"no node of {self.addresses} answered: {self.last_problem}")
+
+
+class PeerSelectors:
+    """Per address set (a group): whom to ask next, its leader first once known."""
+
+    def __init__(self, resolve: Callable[[str], str] = str) -> None:
+        self.resolve = resolve
+        """A server name (node id or address) → the address to dial now."""
+        self.selectors: dict[tuple[str, ...], EndpointSelector] = {}
+
+    def attempts(
+        self, servers: Sequence[str], accept: Accept | None, deadline_seconds: float
+    ) -> PeerAttempts:
+        """The rules for one request to `servers`, resolved now (they may have moved)."""
+        if not servers:
+            raise UnavailableError("no address to send to")
+        addresses = [self.resolve(server) for server in servers]
+        key = tuple(sorted(addresses))
+        selector = self.selectors.get(key)
+        if selector is None:
+            selector = self.selectors[key] = EndpointSelector(list(addresses))
+        return PeerAttempts(selector, addresses, accept, deadline_seconds)
 
 
 class PeerRequester:
+    """The asyncio transport of peer requests: one connection per address, reused; a
+    NOT_LEADER hint is followed, and the address that answered is remembered as the leader
+    of its address set."""
+
     def __init__(
         self,
         cluster_id: str,
@@ -35,73 +147,44 @@ class PeerRequester:
         resolve: Callable[[str], str] = str,
     ) -> None:
         self.cluster_id = cluster_id
-        self.resolve = resolve
-        """A server name (node id or address) → the address to dial now."""
         self.client_name = client_name
         self.attempt_timeout_seconds = attempt_timeout_seconds
+        self.selectors = PeerSelectors(resolve)
         self.connections: dict[str, StreamConnection] = {}
         self.connecting: dict[str, asyncio.Lock] = {}
-        self.selectors: dict[tuple[str, ...], EndpointSelector] = {}
-        """Per address set (a group): whom to ask next, its leader first once known."""
         self.next_request_id = 1
         self.closed = False
 
     async def request(
         self,
         addresses: Sequence[str],
-        make_request: Callable[[int], wire.ClientRequest],
-        timeout_seconds: float = 5.0,
-        accept: Callable[[wire.Frame], bool] | None = None,
+        make_request: MakeRequest,
+        timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
+        accept: Accept | None = None,
         attempt_timeout_seconds: float | None = None,
     ) -> wire.Frame:
-        """Send to the group at `addresses` until one answers with something other than
-        an error response (or something `accept` takes); UnavailableError at the timeout.
-
-        Whom to ask is the KV clients' rule (`EndpointSelector`): the known leader, a
-        NOT_LEADER hint, else the next address in turn. `addresses` may name node ids,
-        resolved on every call (they may have moved since the last)."""
-        if not addresses:
-            raise UnavailableError("no address to send to")
-        addresses = [self.resolve(address) for address in addresses]
-        key = tuple(sorted(addresses))
-        selector = self.selectors.get(key)
-        if selector is None:
-            selector = self.selectors[key] = EndpointSelector(list(addresses))
-        deadline = time.monotonic() + timeout_seconds
-        last_problem = "no attempt finished"
-        failures = 0
-        while time.monotonic() < deadline and not self.closed:
-            address = selector.choose()
+        """See `PeerRequests.request`; raises UnavailableError at the timeout."""
+        attempts = self.selectors.attempts(addresses, accept, time.monotonic() + timeout_seconds)
+        while time.monotonic() < attempts.deadline_seconds and not self.closed:
+            address = attempts.choose()
             frame = await self.attempt(
                 address,
                 make_request,
-                deadline,
+                attempts.deadline_seconds,
                 attempt_timeout_seconds or self.attempt_timeout_seconds,
             )
-            if frame is None:
-                last_problem = f"{address} did not answer"
-                selector.failed(address)
-            elif isinstance(frame, wire.ErrorResponse):
-                last_problem = f"{address}: {frame.code.value}: {frame.message}"
-                if frame.code is wire.ErrorCode.NOT_LEADER:
-                    selector.hinted(address, frame.leader_hint)
-                else:
-                    selector.failed(address)
-            elif accept is not None and not accept(frame):
-                last_problem = f"{address} answered {type(frame).__name__}"
-                selector.failed(address)
-            else:
-                selector.succeeded_at_leader(address)
-                return frame
-            failures += 1
-            if failures % len(addresses) == 0:
-                await asyncio.sleep(0.05)  # as many failures as addresses: back off a little
-        raise UnavailableError(f"no node of {list(addresses)} answered: {last_problem}")
+            answer = attempts.outcome(address, frame)
+            if answer is not None:
+                return answer
+            pause = attempts.pause_seconds()
+            if pause > 0:
+                await asyncio.sleep(pause)  # every address failed once more: back off a little
+        raise attempts.give_up_error()
 
     async def attempt(
         self,
         address: str,
-        make_request: Callable[[int], wire.ClientRequest],
+        make_request: MakeRequest,
         deadline: float,
         attempt_timeout_seconds: float,
     ) -> wire.Frame | None:
@@ -149,3 +232,57 @@ class PeerRequester:
         self.closed = True
         for address in list(self.connections):
             await self.drop(address)
+
+
+class AsyncioPeerRequests:
+    """`PeerRequests` on a `PeerRequester`: each request runs as a task on the loop and
+    settles a completion on the host's scheduler."""
+
+    def __init__(self, requester: PeerRequester, scheduler: Scheduler) -> None:
+        self.requester = requester
+        self.scheduler = scheduler
+        self.tasks: set[asyncio.Task[wire.Frame]] = set()
+
+    def request(
+        self,
+        addresses: Sequence[str],
+        make_request: MakeRequest,
+        accept: Accept | None = None,
+        timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
+        attempt_timeout_seconds: float | None = None,
+    ) -> Completion[wire.Frame]:
+        completion: Completion[wire.Frame] = Completion(self.scheduler)
+        task = asyncio.get_running_loop().create_task(
+            self.requester.request(
+                addresses,
+                make_request,
+                timeout_seconds=timeout_seconds,
+                accept=accept,
+                attempt_timeout_seconds=attempt_timeout_seconds,
+            )
+        )
+        self.tasks.add(task)
+
+        def settle(done: asyncio.Task[wire.Frame]) -> None:
+            self.tasks.discard(done)
+            if done.cancelled():
+                completion.set_exception(UnavailableError("the node is stopping"))
+                return
+            error = done.exception()
+            if error is not None:
+                completion.set_exception(error)
+            else:
+                completion.set_result(done.result())
+
+        task.add_done_callback(settle)
+        return completion
+
+    async def close(self) -> None:
+        """Cancel the requests in flight, then close the connections."""
+        tasks = list(self.tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.requester.close()

@@ -7,18 +7,20 @@ leader (member (gid - 1) mod n of its sorted members, so groups 1, 2, 3 on n1..n
 n1, n2, n3); a leader that is not the preferred one hands leadership over, but only when the
 preferred member is nearly caught up and answered recently, so a transfer finishes at once
 (a transfer to a dead node would hold proposals until it timed out).
+
+The check runs on a timer of the groups' scheduler (the hosts of one node share one), so the
+simulator runs it on virtual time as the node runs it on asyncio.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections import deque
 
 from quorumlog.errors import QuorumLogError
 from quorumlog.raft.progress import ReplicationState
-from quorumlog.runtime.group import GroupRunner
+from quorumlog.runtime.host import RaftHost
+from quorumlog.runtime.resources import Timer
 
 log = logging.getLogger("quorumlog.node")
 
@@ -34,7 +36,7 @@ def preferred_leader(gid: int, members: list[str]) -> str:
     return ordered[(gid - 1) % len(ordered)]
 
 
-def ready_to_hand_over(group: GroupRunner, target: str) -> bool:
+def ready_to_hand_over(group: RaftHost, target: str) -> bool:
     """This node leads `group`, and `target` is a voter that is caught up and active."""
     core = group.core
     leader = core.leader
@@ -55,11 +57,12 @@ def ready_to_hand_over(group: GroupRunner, target: str) -> bool:
 
 
 class PreferredLeaders:
-    def __init__(self, groups: list[tuple[GroupRunner, str]], interval_seconds: float) -> None:
+    def __init__(self, groups: list[tuple[RaftHost, str]], interval_seconds: float) -> None:
         self.groups = groups
         """Each hosted group with its preferred leader's node id."""
         self.interval_seconds = interval_seconds
-        self.task: asyncio.Task[None] | None = None
+        self.timer: Timer | None = None
+        self.stopped = False
         self.checks = 0
         """Check periods run (tests wait on it instead of on the clock)."""
         self.transfers: deque[tuple[str, str]] = deque(maxlen=TRANSFERS_KEPT)
@@ -67,18 +70,23 @@ class PreferredLeaders:
 
     def start(self) -> None:
         if self.groups and self.interval_seconds > 0:
-            self.task = asyncio.get_running_loop().create_task(self.run())
+            self.schedule()
 
-    async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.task
+    def stop(self) -> None:
+        self.stopped = True
+        if self.timer is not None:
+            self.timer.cancel()
 
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_seconds)  # a periodic check, as Kafka's
-            self.check()
+    def schedule(self) -> None:
+        # A periodic check, as Kafka's.
+        scheduler = self.groups[0][0].scheduler
+        self.timer = scheduler.call_later(self.interval_seconds, self.on_timer)
+
+    def on_timer(self) -> None:
+        if self.stopped:
+            return
+        self.schedule()
+        self.check()
 
     def check(self) -> None:
         self.checks += 1

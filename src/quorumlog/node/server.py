@@ -9,6 +9,10 @@ Every group shares the one endpoint; messages carry their group's name.
   a `ShardMigrator` moving shards while it leads, and `PreferredLeaders` spreading their
   leaders over the nodes.
 
+Which service answers a client request is `node/dispatch.py`'s `RequestDispatcher`; the
+sharded KV's services, migrators and preferred leaders are put together by
+`node/composition.py` (the simulator composes its nodes with the same two).
+
 Where the other nodes listen is kept in an `AddressBook` (`node/addresses.py`, which says
 which source of an address wins): this node's own address, what peers announce in their
 handshakes, `--peers`, and — only to fill gaps — addresses stored in the logs.
@@ -18,22 +22,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
 from quorumlog.codec import wire
-from quorumlog.errors import QuorumLogError
 from quorumlog.kv.machine import KVStateMachine
 from quorumlog.node.addresses import AddressBook, AddressSource
+from quorumlog.node.composition import ShardedKVLayout, ShardedKVParts, compose_sharded_kv
 from quorumlog.node.controller_service import ControllerService
-from quorumlog.node.errors_to_wire import error_response
+from quorumlog.node.dispatch import KV_GROUP, RequestDispatcher
 from quorumlog.node.kv_service import KVLimits, KVService
-from quorumlog.node.peer_requests import PeerRequester
-from quorumlog.node.preferred_leaders import PreferredLeaders, preferred_leader
+from quorumlog.node.peer_requests import AsyncioPeerRequests, PeerRequester
+from quorumlog.node.preferred_leaders import PreferredLeaders
 from quorumlog.node.shard_migration import (
     MIGRATION_BYTES_PER_SECOND_DEFAULT,
     PULL_BYTES_MAX_DEFAULT,
@@ -43,18 +45,14 @@ from quorumlog.node.shard_migration import (
 from quorumlog.node.shard_service import ShardGroupService
 from quorumlog.node.stream_service import StreamService, TopicWatchingMachine
 from quorumlog.raft.config import RaftConfig
-from quorumlog.raft.configuration import ChangeKind, Configuration, MembershipChange
+from quorumlog.raft.configuration import Configuration
 from quorumlog.raft.messages import Message
-from quorumlog.runtime.completion import Completion
-from quorumlog.runtime.group import GroupRunner, GroupSettings, StateMachine
+from quorumlog.runtime.group import AsyncioScheduler, GroupRunner, GroupSettings, StateMachine
+from quorumlog.runtime.host import RaftHost
 from quorumlog.runtime.transport import Endpoint, Replier, format_address, parse_address
 from quorumlog.shard.config import SHARD_COUNT_DEFAULT
-from quorumlog.shard.controller import ControllerMachine
-from quorumlog.shard.group_machine import ShardGroupMachine
 
 log = logging.getLogger("quorumlog.node")
-
-KV_GROUP = "kv"
 
 
 class NodeSettings(msgspec.Struct, frozen=True):
@@ -103,13 +101,14 @@ class Node:
         self.endpoint = Endpoint(settings.node_id, settings.cluster_id, settings.peers, self)
         self.groups: dict[str, GroupRunner] = {}
         self.kv: KVService | None = None
-        self.controller: ControllerService | None = None
-        self.shard_services: dict[int, ShardGroupService] = {}
-        self.migrators: list[ShardMigrator] = []
-        self.preferred_leaders = PreferredLeaders([], 0)
+        self.sharded_kv = ShardedKVParts()
+        self.dispatcher = RequestDispatcher(
+            settings.node_id, self.host_of, self.address_of, lambda: self.addresses
+        )
         self.requester = PeerRequester(
             settings.cluster_id, f"node-{settings.node_id}", resolve=self.resolve
         )
+        self.peers: AsyncioPeerRequests | None = None
         self.migration_pacer = ByteRatePacer(settings.shard_migration_bytes_per_second)
         self.port = 0
         self.unknown_group_messages = 0
@@ -132,13 +131,13 @@ class Node:
         self.kv = KVService(
             group.host, machine, lambda: self.address_of(group.core.leader_id), KVLimits()
         )
+        self.dispatcher.kv = self.kv
+        self.dispatcher.streams = self.streams.handle
         self.start_sharded_kv()
         for hosted in self.groups.values():
             hosted.start()
         self.streams.start()
-        for migrator in self.migrators:
-            migrator.start()
-        self.preferred_leaders.start()
+        self.sharded_kv.start()
         log.info(
             "node %s listening on %s:%d (data in %s)",
             self.node_id,
@@ -172,51 +171,56 @@ class Node:
     def start_sharded_kv(self) -> None:
         """Host the controller group and the shard groups this node is a member of."""
         settings = self.settings
-        if self.node_id in settings.controller:
-            machine = ControllerMachine(settings.shard_count)
-            group = self.add_group(
-                wire.CONTROLLER_GROUP, machine, tuple(sorted(settings.controller))
-            )
-            self.controller = ControllerService(
-                group.host, machine, self.leader_address_function(group)
-            )
-        preferred: list[tuple[GroupRunner, str]] = []
-        for gid, members in sorted(settings.shard_groups.items()):
-            if self.node_id not in members:
-                continue
-            shard_machine = ShardGroupMachine(gid, settings.shard_count)
-            group = self.add_group(
-                wire.shard_group_name(gid), shard_machine, tuple(sorted(members))
-            )
-            service = ShardGroupService(
-                gid, group.host, shard_machine, self.leader_address_function(group), KVLimits()
-            )
-            self.shard_services[gid] = service
-            preferred.append((group, preferred_leader(gid, members)))
-            self.migrators.append(
-                ShardMigrator(
-                    service,
-                    self.controller_addresses,
-                    self.requester,
-                    interval_seconds=settings.shard_monitor_ms / 1000,
-                    pull_bytes_max=settings.shard_pull_bytes_max,
-                    pacer=self.migration_pacer,
-                )
-            )
+        self.peers = AsyncioPeerRequests(
+            self.requester, AsyncioScheduler(asyncio.get_running_loop())
+        )
+        self.sharded_kv = compose_sharded_kv(
+            self.node_id,
+            ShardedKVLayout(
+                controller=list(settings.controller),
+                shard_groups=dict(settings.shard_groups),
+                shard_count=settings.shard_count,
+                monitor_seconds=settings.shard_monitor_ms / 1000,
+                pull_bytes_max=settings.shard_pull_bytes_max,
+                preferred_leader_seconds=settings.preferred_leader_ms / 1000,
+            ),
+            lambda name, machine, voters: self.add_group(name, machine, voters).host,
+            peers=self.peers,
+            pacer=self.migration_pacer,
+            controller_addresses=self.controller_addresses,
+            leader_address=lambda host: lambda: self.address_of(host.leader_id),
+        )
+        self.dispatcher.controller = self.sharded_kv.controller
+        self.dispatcher.shard_services = self.sharded_kv.shard_services
 
-        self.preferred_leaders = PreferredLeaders(preferred, settings.preferred_leader_ms / 1000)
+    @property
+    def controller(self) -> ControllerService | None:
+        return self.sharded_kv.controller
 
-    def leader_address_function(self, group: GroupRunner) -> Callable[[], str | None]:
-        return lambda: self.address_of(group.core.leader_id)
+    @property
+    def shard_services(self) -> dict[int, ShardGroupService]:
+        return self.sharded_kv.shard_services
+
+    @property
+    def migrators(self) -> list[ShardMigrator]:
+        return self.sharded_kv.migrators
+
+    @property
+    def preferred_leaders(self) -> PreferredLeaders:
+        return self.sharded_kv.preferred_leaders
+
+    def host_of(self, group: str) -> RaftHost | None:
+        runner = self.groups.get(group)
+        return runner.host if runner is not None else None
 
     def controller_addresses(self) -> list[str]:
         addresses = self.addresses
         return [addresses[member] for member in self.settings.controller if member in addresses]
 
     async def stop(self) -> None:
-        await self.preferred_leaders.stop()
-        for migrator in self.migrators:
-            await migrator.stop()
+        self.sharded_kv.stop()
+        if self.peers is not None:
+            await self.peers.close()
         await self.requester.close()
         await self.endpoint.close()
         await self.streams.stop()
@@ -268,199 +272,7 @@ class Node:
             group.step(envelope.message)
 
     def on_client_request(self, request: wire.ClientRequest, reply: Replier) -> None:
-        if isinstance(
-            request,
-            wire.ControllerRequest
-            | wire.ShardGroupRequest
-            | wire.ShardStatusRequest
-            | wire.KVWrite
-            | wire.KVRead
-            | wire.KVScan,
-        ) and self.on_sharded_kv_request(request, reply):
-            return
-        if not isinstance(
-            request,
-            wire.KVWrite
-            | wire.KVRead
-            | wire.KVScan
-            | wire.StatusRequest
-            | wire.MemberChangeRequest
-            | wire.TransferLeaderRequest,
-        ):
-            self.on_stream_request(request, reply)
-            return
-        group = self.groups.get(request.group)
-        if group is None or self.kv is None:
-            reply(
-                wire.ErrorResponse(
-                    request_id=request.request_id,
-                    code=wire.ErrorCode.UNKNOWN_GROUP,
-                    message=f"no group {request.group!r} on {self.node_id}",
-                )
-            )
-            return
-        if isinstance(request, wire.KVWrite):
-            self.kv.write(request, reply)
-        elif isinstance(request, wire.KVRead | wire.KVScan):
-            self.kv.read(request, reply)
-        elif isinstance(request, wire.StatusRequest):
-            reply(self.status(group, request.request_id))
-        elif isinstance(request, wire.MemberChangeRequest):
-            self.change_membership(group, request, reply)
-        else:
-            self.transfer_leader(group, request, reply)
-
-    def on_sharded_kv_request(
-        self,
-        request: wire.ControllerRequest
-        | wire.ShardGroupRequest
-        | wire.ShardStatusRequest
-        | wire.KVWrite
-        | wire.KVRead
-        | wire.KVScan,
-        reply: Replier,
-    ) -> bool:
-        """Serve a request for the controller or a shard group; False if it is for another
-        group (the KV requests of the "kv" group go on to the KV service)."""
-        if isinstance(request, wire.KVWrite | wire.KVRead | wire.KVScan):
-            if request.group == KV_GROUP:
-                return False
-            if not request.group.startswith("shard-"):
-                # The controller or a stream partition: not a KV group. (Without this the
-                # request would go on to the KV service and be served by the "kv" group.)
-                self.unknown_group(reply, request.request_id, request.group)
-                return True
-            service = self.shard_services.get(shard_gid(request.group))
-            if service is None:
-                self.unknown_group(reply, request.request_id, request.group)
-            elif isinstance(request, wire.KVWrite):
-                service.write(request, reply)
-            else:
-                service.read(request, reply)
-            return True
-        if isinstance(request, wire.ControllerRequest):
-            if self.controller is None:
-                self.unknown_group(reply, request.request_id, wire.CONTROLLER_GROUP)
-            else:
-                self.controller.handle(request, reply)
-            return True
-        service = self.shard_services.get(request.gid)
-        if service is None:
-            self.unknown_group(reply, request.request_id, wire.shard_group_name(request.gid))
-        elif isinstance(request, wire.ShardGroupRequest):
-            service.handle_group_request(request, reply)
-        else:
-            reply(service.status(request.request_id, self.node_id))
-        return True
-
-    def unknown_group(self, reply: Replier, request_id: int, group: str) -> None:
-        reply(
-            wire.ErrorResponse(
-                request_id=request_id,
-                code=wire.ErrorCode.UNKNOWN_GROUP,
-                message=f"no group {group!r} on {self.node_id}",
-            )
-        )
-
-    def on_stream_request(self, request: wire.ClientRequest, reply: Replier) -> None:
-        self.streams.handle(request, reply)
-
-    def status(self, group: GroupRunner, request_id: int) -> wire.StatusResponse:
-        core = group.core
-        errors = [group.failure] if group.failure else []
-        return wire.StatusResponse(
-            request_id=request_id,
-            node_id=self.node_id,
-            group=group.group_id,
-            role=core.role.value,
-            is_leader=core.is_leader,
-            leader=core.leader_id,
-            term=core.term,
-            commit_index=core.commit_index,
-            applied_index=core.applied_index,
-            first_index=core.log.first_index,
-            last_index=core.log.last_index,
-            voters=list(core.configuration.voters),
-            learners=list(core.configuration.learners),
-            addresses=self.addresses,
-            errors=errors,
-        )
-
-    def change_membership(
-        self, group: GroupRunner, request: wire.MemberChangeRequest, reply: Replier
-    ) -> None:
-        try:
-            kind = ChangeKind(request.kind)
-        except ValueError:
-            reply(
-                wire.ErrorResponse(
-                    request_id=request.request_id,
-                    code=wire.ErrorCode.BAD_REQUEST,
-                    message=f"unknown membership change {request.kind!r}",
-                )
-            )
-            return
-        if request.address is not None:
-            try:
-                parse_address(request.address)
-            except ValueError as error:
-                reply(
-                    wire.ErrorResponse(
-                        request_id=request.request_id,
-                        code=wire.ErrorCode.BAD_REQUEST,
-                        message=str(error),
-                    )
-                )
-                return
-        try:
-            future = group.host.change_membership(
-                MembershipChange(kind=kind, node_id=request.node_id, address=request.address)
-            )
-        except QuorumLogError as error:
-            self.reply_error(reply, request.request_id, error, group)
-            return
-
-        def answer(done: Completion[Any]) -> None:
-            error = done.exception()
-            if error is not None:
-                self.reply_error(reply, request.request_id, error, group)
-            else:
-                reply(
-                    wire.Done(
-                        request_id=request.request_id,
-                        detail=f"{kind.value} {request.node_id} committed",
-                    )
-                )
-
-        future.add_done_callback(answer)
-
-    def transfer_leader(
-        self, group: GroupRunner, request: wire.TransferLeaderRequest, reply: Replier
-    ) -> None:
-        try:
-            group.transfer_leadership(request.target)
-        except (QuorumLogError, ValueError) as error:
-            self.reply_error(reply, request.request_id, error, group)
-            return
-        reply(
-            wire.Done(
-                request_id=request.request_id, detail=f"leadership is moving to {request.target}"
-            )
-        )
-
-    def reply_error(
-        self, reply: Replier, request_id: int, error: BaseException, group: GroupRunner
-    ) -> None:
-        reply(error_response(request_id, error, self.leader_address_function(group)))
-
-
-def shard_gid(group: str) -> int:
-    """The gid in a "shard-<gid>" group name; -1 (no such group) if malformed."""
-    number = group.removeprefix("shard-")
-    # isdigit alone takes "²" and digit strings too long for int(): ASCII, bounded.
-    if number.isascii() and number.isdigit() and len(number) <= 9:
-        return int(number)
-    return -1
+        self.dispatcher.on_client_request(request, reply)
 
 
 class NodeFailedError(QuorumLogError):

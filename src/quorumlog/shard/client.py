@@ -30,8 +30,10 @@ and whenever routing fails): a configuration is stored in the controller's log f
 and a node may have restarted on a new port since, so an id in a configuration keeps
 working where an address would go stale.
 
-The parts without I/O (`ShardRouter`, `RoutedCall`) are separate so they can be tested
-without a cluster; `BlockingTransport` is the I/O both this client and `ShardAdmin` use.
+The parts without I/O (`ShardRouter`, `RoutedCall`, `route`, `attempt_answer` and the
+request builders) are separate so they can be tested without a cluster, and so the
+simulator's event-driven driver (testing/sim/shardkv/client.py) runs the same rules;
+`BlockingTransport` is the I/O both this client and `ShardAdmin` use.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from quorumlog.codec.wire import (
     ControllerResponse,
     ErrorCode,
     ErrorResponse,
+    Frame,
     KVCommand,
     KVCommandResult,
     KVRead,
@@ -271,6 +274,82 @@ def controller_result(results: bytes, what: str) -> ControllerResult:
     return result
 
 
+def route(router: ShardRouter, key: str, call: RoutedCall) -> int | None:
+    """The group to ask for `key` now; None (the reason noted on `call`) if the cached
+    configuration names none with a known address: then refresh and route again."""
+    gid = router.gid_of_key(key)
+    if gid is None:
+        call.failed(f"no group owns the shard of {key!r}")
+        return None
+    if not router.endpoints_of(gid):
+        call.failed(f"no server of group {gid} has a known address")
+        return None
+    return gid
+
+
+def attempt_answer(
+    attempts: RequestAttempts,
+    endpoint: str,
+    frame: Frame,
+    expected: type[ResponseType],
+    at_leader: bool,
+) -> ResponseType | None:
+    """What one attempt's answer means: the answer wanted (its endpoint then cached as the
+    leader, if `at_leader`), None to try again, WrongGroupAnswer on WRONG_GROUP; raises a
+    refusal."""
+    if isinstance(frame, ErrorResponse) and frame.code is ErrorCode.WRONG_GROUP:
+        raise WrongGroupAnswer(endpoint, frame.message)
+    answer = attempts.answered(endpoint, frame, expected)
+    if answer is not None and at_leader and attempts.fixed_endpoint is None:
+        attempts.selector.succeeded_at_leader(endpoint)
+    return answer
+
+
+def read_request(key: str, stale: bool) -> Callable[[int, str], ClientRequest]:
+    """The read of `key` (request id, group) → KVRead."""
+    return lambda request_id, group: KVRead(
+        request_id=request_id, keys=[key], stale=stale, group=group
+    )
+
+
+def read_value(response: KVReadResult) -> str | None:
+    if len(response.values) != 1:
+        raise ClientError(f"asked for 1 key, got {len(response.values)} values")
+    return response.values[0]
+
+
+def write_request(
+    session: ClientSession, command: KVCommand
+) -> Callable[[int, str], ClientRequest]:
+    """The write of `command` in `session` (request id, group) → KVWrite; every routing
+    sends the same command with the same sequence."""
+    return lambda request_id, group: KVWrite(
+        request_id=request_id,
+        client_id=session.client_id,
+        commands=[command],
+        first_unacknowledged=session.first_unacknowledged(),
+        group=group,
+    )
+
+
+def controller_request(
+    client_id: str, command: ControllerCommand, first_unacknowledged: int
+) -> Callable[[int], ClientRequest]:
+    encoded = encode_commands([command])
+    return lambda request_id: ControllerRequest(
+        request_id=request_id,
+        client_id=client_id,
+        commands=encoded,
+        first_unacknowledged=first_unacknowledged,
+    )
+
+
+def queried_configuration(result: ControllerResult, number: int) -> ShardConfiguration:
+    if result.configuration is None:
+        raise ClientError(f"the controller answered query {number} without a configuration")
+    return result.configuration
+
+
 # --- transport ------------------------------------------------------------------------------
 
 
@@ -300,12 +379,8 @@ class BlockingTransport(AttemptSender):
                 time.sleep(attempt.delay_seconds)  # back-off between attempts
             frame = self.attempt(attempts, attempt.endpoint, attempt.deadline, make_request)
             if frame is not None:
-                if isinstance(frame, ErrorResponse) and frame.code is ErrorCode.WRONG_GROUP:
-                    raise WrongGroupAnswer(attempt.endpoint, frame.message)
-                answer = attempts.answered(attempt.endpoint, frame, expected)
+                answer = attempt_answer(attempts, attempt.endpoint, frame, expected, at_leader)
                 if answer is not None:
-                    if at_leader and attempts.fixed_endpoint is None:
-                        attempts.selector.succeeded_at_leader(attempt.endpoint)
                     return answer
             if end_round(attempts):
                 return None
@@ -356,15 +431,9 @@ class ControllerChannel:
             self.transport.attempt_timeout_seconds,
             side_effects=side_effects,
         )
-        encoded = encode_commands([command])
         response = self.transport.call(
             attempts,
-            lambda request_id: ControllerRequest(
-                request_id=request_id,
-                client_id=self.transport.client_id,
-                commands=encoded,
-                first_unacknowledged=first_unacknowledged,
-            ),
+            controller_request(self.transport.client_id, command, first_unacknowledged),
             ControllerResponse,
         )
         if response is None:
@@ -379,9 +448,7 @@ class ControllerChannel:
             side_effects=False,
             timeout_seconds=timeout_seconds,
         )
-        if result.configuration is None:
-            raise ClientError(f"the controller answered query {number} without a configuration")
-        return result.configuration
+        return queried_configuration(result, number)
 
     def addresses(self, timeout_seconds: float) -> dict[str, str]:
         """Where every node listens, as one of the controller's nodes knows it now."""
@@ -474,16 +541,12 @@ class ShardedKVClient(KVOperations, ControllerClient):
         response = self.routed(
             f"get {key!r}",
             key,
-            lambda request_id, group: KVRead(
-                request_id=request_id, keys=[key], stale=stale, group=group
-            ),
+            read_request(key, stale),
             KVReadResult,
             side_effects=False,
             at_leader=not stale,
         )
-        if len(response.values) != 1:
-            raise ClientError(f"asked for 1 key, got {len(response.values)} values")
-        return response.values[0]
+        return read_value(response)
 
     def write(self, op: str, key: str, value: str | None, expected: str | None) -> KVCommandResult:
         with self.lock:
@@ -492,13 +555,7 @@ class ShardedKVClient(KVOperations, ControllerClient):
                 return self.routed(
                     f"{op} {key!r}",
                     key,
-                    lambda request_id, group: KVWrite(
-                        request_id=request_id,
-                        client_id=session.client_id,
-                        commands=[command],
-                        first_unacknowledged=session.first_unacknowledged(),
-                        group=group,
-                    ),
+                    write_request(session, command),
                     KVWriteResult,
                     side_effects=True,
                 )
@@ -537,13 +594,8 @@ class ShardedKVClient(KVOperations, ControllerClient):
             if self.router.configuration is None:
                 self.refresh(call)
             while call.remaining_seconds() > 0:
-                gid = self.router.gid_of_key(key)
+                gid = route(self.router, key, call)
                 if gid is None:
-                    call.failed(f"no group owns the shard of {key!r}")
-                    self.pause_and_refresh(call)
-                    continue
-                if not self.router.endpoints_of(gid):
-                    call.failed(f"no server of group {gid} has a known address")
                     self.pause_and_refresh(call)
                     continue
                 answer = self.ask_group(call, gid, make_request, expected, at_leader)
@@ -621,6 +673,15 @@ __all__ = [
     "RoutedCall",
     "ShardRouter",
     "ShardedKVClient",
+    "WrongGroupAnswer",
+    "attempt_answer",
+    "controller_request",
+    "group_unreachable",
     "names_node_ids",
+    "queried_configuration",
+    "read_request",
+    "read_value",
     "resolve_servers",
+    "route",
+    "write_request",
 ]

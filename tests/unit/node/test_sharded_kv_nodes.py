@@ -5,6 +5,7 @@ drops what moved away, and a key sent to the wrong group gets WRONG_GROUP."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 
 from quorumlog.codec import wire
@@ -264,23 +265,55 @@ def test_shard_group_leaders_spread_to_their_preferred_members(tmp_path: Path) -
     asyncio.run(scenario())
 
 
+class NoTimer:
+    def cancel(self) -> None:
+        pass
+
+
+class ManualClock:
+    """A scheduler whose time moves only when a test says so (no real waiting)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.timers: list[tuple[float, Callable[[], None]]] = []
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        callback()
+
+    def call_later(self, delay_seconds: float, callback: Callable[[], None]) -> NoTimer:
+        self.timers.append((self.now + delay_seconds, callback))
+        return NoTimer()
+
+    def monotonic_seconds(self) -> float:
+        return self.now
+
+    def wall_time_ms(self) -> int:
+        return int(self.now * 1000)
+
+    def run_due(self) -> None:
+        """Move the clock to the earliest timer and run it."""
+        self.timers.sort(key=lambda timer: timer[0])
+        due, callback = self.timers.pop(0)
+        self.now = max(self.now, due)
+        callback()
+
+
 def test_the_migration_pacer_holds_pulls_to_its_rate() -> None:
     from quorumlog.node.shard_migration import ByteRatePacer
 
-    async def scenario() -> tuple[float, float]:
-        pacer = ByteRatePacer(bytes_per_second=20_000)
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        await pacer.pace(1_000)  # the first chunk goes at once
-        first = loop.time() - start
-        for _ in range(4):
-            await pacer.pace(1_000)
-        # Four more chunks wait for the four booked before them: 4 * 1,000 / 20,000 s.
-        return first, loop.time() - start
-
-    first_seconds, total_seconds = asyncio.run(scenario())
-    assert first_seconds < 0.05
-    assert total_seconds >= 0.2 - 0.005
+    clock = ManualClock()
+    pacer = ByteRatePacer(bytes_per_second=20_000)
+    passed: list[float] = []
+    pacer.pace(clock, 1_000, lambda: passed.append(clock.now))
+    assert passed == [100.0]  # the first chunk goes at once
+    for _ in range(4):
+        pacer.pace(clock, 1_000, lambda: passed.append(clock.now))
+    while clock.timers:
+        clock.run_due()
+    # Four more chunks wait for the four booked before them: 1,000 / 20,000 s each.
+    assert [round(at - 100.0, 6) for at in passed] == [0.0, 0.05, 0.1, 0.15, 0.2]
+    assert round(pacer.paced_seconds, 6) == 0.5
     unlimited = ByteRatePacer(0)
-    asyncio.run(unlimited.pace(10**9))
+    unlimited.pace(clock, 10**9, lambda: passed.append(-1.0))
+    assert passed[-1] == -1.0
     assert unlimited.paced_seconds == 0

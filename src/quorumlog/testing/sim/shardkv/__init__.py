@@ -1,6 +1,8 @@
 """Deterministic simulation of the sharded KV: a controller Raft group and shard Raft
-groups on virtual time with seeded faults, running the shard machines and the group driver
-as a real deployment would, with clients whose history is checked for linearizability.
+groups on virtual time with seeded faults, running what ships — the Ready-loop host, the
+controller and shard group services, the migrators and preferred leaders, composed as a
+node composes them, and the sharded client's rules — with clients whose history is checked
+for linearizability.
 
 One seed reproduces a run exactly: `quorumlog sim shardkv --seeds N-N`.
 

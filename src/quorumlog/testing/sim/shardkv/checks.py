@@ -8,7 +8,8 @@
   (the garbage collection of moved shards happened);
 * no acknowledged write lost or applied twice: every workload append carries a unique
   token, and in the final value of its key each acknowledged token appears exactly once,
-  each unknown one at most once, and nothing else appears.
+  each unknown one at most once, and nothing else appears (in particular no token of an
+  append the client was told certainly did not happen).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from quorumlog.shard.group_machine import ShardState
+from quorumlog.shard.group_machine import ShardGroupMachine, ShardState
 from quorumlog.testing.history import Operation, OperationStatus
 from quorumlog.testing.sim.checks import check_invariant
 
@@ -30,17 +31,31 @@ class ShardChecker:
     def __init__(self, cluster: ShardCluster) -> None:
         self.cluster = cluster
         self.checks = 0
+        self.serving_checked: tuple[tuple[bool, int, int], ...] = ()
+        """What every shard member was when `check_serving` last looked: (up, incarnation,
+        applied index). A machine changes only by applying (or restoring, which moves
+        the index too), so the same again means the same answer."""
+
+    def serving_state(self) -> tuple[tuple[bool, int, int], ...]:
+        return tuple(
+            (member.up, member.incarnation, member.machine.applied_index if member.up else 0)
+            for members in self.cluster.members.values()
+            for member in members
+        )
 
     def check_serving(self) -> None:
         """At most one group can serve a shard in any one configuration number."""
+        members_now = self.serving_state()
+        if members_now == self.serving_checked:
+            return
+        self.serving_checked = members_now
         self.checks += 1
         servers: dict[tuple[int, int], int] = {}
-        for gid, group_servers in self.cluster.servers.items():
-            for server in group_servers:
-                member = server.member
+        for gid, members in self.cluster.members.items():
+            for member in members:
                 if not member.up:
                     continue
-                machine = member.machine
+                machine: ShardGroupMachine = member.machine
                 number = machine.current_configuration.number
                 for shard in range(machine.shard_count):
                     if not machine.can_serve(shard):
@@ -60,10 +75,9 @@ class ShardChecker:
                     )
 
     def check_replicas_agree(self) -> None:
-        for gid, group_servers in self.cluster.servers.items():
+        for gid, members in self.cluster.members.items():
             seen: dict[int, tuple[str, bytes]] = {}
-            for server in group_servers:
-                member = server.member
+            for member in members:
                 if not member.up:
                     continue
                 state = member.machine.snapshot()
@@ -76,12 +90,11 @@ class ShardChecker:
 
     def check_storage_bounded(self) -> None:
         """Once settled: only owned shards hold keys, on every live member."""
-        for gid, group_servers in self.cluster.servers.items():
-            for server in group_servers:
-                member = server.member
+        for gid, members in self.cluster.members.items():
+            for member in members:
                 if not member.up:
                     continue
-                machine = member.machine
+                machine: ShardGroupMachine = member.machine
                 for shard in range(machine.shard_count):
                     if machine.owns(shard):
                         continue
@@ -98,13 +111,16 @@ def check_append_tokens(
     operations: Sequence[Operation], final_values: Mapping[str, str | None]
 ) -> None:
     """Each acknowledged append's token is in its key's final value exactly once; unknown
-    ones at most once; no other token. Appends must carry `token + TOKEN_SEPARATOR`."""
+    ones at most once; no other token (failed ones: none). Appends must carry
+    `token + TOKEN_SEPARATOR`."""
     acknowledged: dict[str, set[str]] = {}
     possible: dict[str, set[str]] = {}
     for operation in operations:
         if operation.kind != "append":
             continue
         token = str(operation.argument).rstrip(TOKEN_SEPARATOR)
+        if operation.status is OperationStatus.FAILED:
+            continue  # the client was told it certainly did not happen
         possible.setdefault(operation.key, set()).add(token)
         if operation.status is OperationStatus.OK:
             acknowledged.setdefault(operation.key, set()).add(token)
@@ -122,6 +138,6 @@ def check_append_tokens(
         for token, count in sorted(counts.items()):
             check_invariant(
                 token in possible.get(key, set()),
-                f"key {key!r}: {token!r} was never appended",
+                f"key {key!r}: {token!r} was never appended (or its append failed)",
             )
             check_invariant(count == 1, f"key {key!r}: {token!r} applied {count} times")

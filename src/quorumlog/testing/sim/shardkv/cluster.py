@@ -1,11 +1,14 @@
 """A simulated sharded KV deployment with a scriptable API, for scenarios and the runner.
 
-One controller group ("ctl-1".."ctl-3", RaftCore + ControllerMachine) and shard groups
-(gid g: "g{g}-1".."g{g}-3", RaftCore + ShardGroupMachine), all on one event queue in
-virtual milliseconds, with Raft traffic on a `SimNetwork` and everything else on an
-`RpcNetwork` that shares its cut links. Raft safety is checked per group after every
-event (`InvariantChecker`); the shard checks (`shardkv.checks`) run every
-`check_interval_ms` and at the end.
+One controller group on nodes "ctl-1".."ctl-3" (or on the first shard group's nodes, with
+`colocate_controller`) and shard groups (gid g on "g{g}-1".."g{g}-3"), each node a
+`ShardNode` running the shipped hosts, services, migrators and preferred leaders; all on
+one event queue in virtual milliseconds. Each group's Raft traffic has its
+own `SimNetwork`, everything else travels as wire frames on one `SimFrameNetwork`, and all
+of them share one set of cut links (`network`), so one partition cuts every kind of
+traffic. Clients and the admin are the shipped client rules on events (`shardkv.client`).
+Raft safety is checked per group after every event; the shard checks (`shardkv.checks`) run
+every `check_interval_ms` and at the end.
 
     cluster = ShardCluster(seed=3, options=ShardSimOptions(gids=(100, 101)))
     cluster.join(100, 101)
@@ -20,35 +23,36 @@ from collections.abc import Callable
 
 import msgspec
 
+from quorumlog.codec import wire
+from quorumlog.errors import RequestRejectedError
+from quorumlog.node.composition import ShardedKVLayout
 from quorumlog.raft.config import RaftConfig
-from quorumlog.raft.configuration import Configuration
 from quorumlog.shard.config import ShardConfiguration, shard_for_key
-from quorumlog.shard.controller import ControllerMachine
-from quorumlog.shard.controller_commands import (
-    ControllerCommand,
-    ControllerResult,
-    Join,
-    Leave,
-    Move,
-)
+from quorumlog.shard.controller_commands import ControllerCommand, Join, Leave, Move
 from quorumlog.shard.group_machine import ShardGroupMachine, ShardState
 from quorumlog.testing.history import History
 from quorumlog.testing.linearizability import LinearizabilityResult, check_linearizable
 from quorumlog.testing.sim.checks import SimulationError, check_invariant
 from quorumlog.testing.sim.events import EventQueue, derive_random
+from quorumlog.testing.sim.frame_network import SimFrameNetwork
 from quorumlog.testing.sim.invariants import InvariantChecker
-from quorumlog.testing.sim.network import NetworkFaults, Receiver, SimNetwork
+from quorumlog.testing.sim.network import NetworkFaults, SimNetwork
+from quorumlog.testing.sim.process import SimProcess
 from quorumlog.testing.sim.shardkv.checks import ShardChecker
-from quorumlog.testing.sim.shardkv.client import AdminClient, ClientOptions, ShardClient
-from quorumlog.testing.sim.shardkv.controller_server import ControllerServer
-from quorumlog.testing.sim.shardkv.group_member import ServerOptions, ShardGroupServer
-from quorumlog.testing.sim.shardkv.member import MemberOptions, RaftMember
+from quorumlog.testing.sim.shardkv.client import ClientOptions, SimAdmin, SimShardedClient
 from quorumlog.testing.sim.shardkv.nemesis import ShardNemesisOptions
-from quorumlog.testing.sim.shardkv.rpc import RpcNetwork
+from quorumlog.testing.sim.shardkv.node import (
+    GroupMember,
+    MemberOptions,
+    ServerOptions,
+    ShardNode,
+    SimStats,
+)
+from quorumlog.testing.sim.shardkv.transport import FrameCalls, address_of
 from quorumlog.testing.sim.trace import TraceRecorder
 
-CONTROLLER = "controller"
 REPLICAS_PER_GROUP = 3
+ADMIN_TIMEOUT_MS = 20_000
 
 
 class ShardSimOptions(msgspec.Struct, frozen=True):
@@ -63,6 +67,10 @@ class ShardSimOptions(msgspec.Struct, frozen=True):
     nemesis: ShardNemesisOptions = ShardNemesisOptions()
     """Partitions and pauses, for the scenarios that start a nemesis (the concurrent ones)."""
     check_interval_ms: int = 25
+    colocate_controller: bool = False
+    """Run the controller group on the first shard group's nodes (a node then hosts two
+    groups, as a real node may) instead of on nodes of its own. The nemesis assumes nodes
+    of one group each: leave it off where a nemesis runs."""
 
 
 class OperationTimeoutError(SimulationError):
@@ -76,117 +84,129 @@ def member_ids(gid: int) -> list[str]:
 CONTROLLER_IDS = [f"ctl-{replica}" for replica in range(1, REPLICAS_PER_GROUP + 1)]
 
 
+class SharedLinks:
+    """The cut links every network of the deployment shares: (source, target) pairs that
+    drop everything, Raft messages and frames alike."""
+
+    def __init__(self) -> None:
+        self.blocked: set[tuple[str, str]] = set()
+
+    def partition(self, groups: list[list[str]]) -> None:
+        """Block every link between different groups, both ways (adds to current cuts)."""
+        for group_index, group in enumerate(groups):
+            for other_index, other in enumerate(groups):
+                if group_index != other_index:
+                    for source in group:
+                        for target in other:
+                            self.blocked.add((source, target))
+
+    def cut(self, source: str, target: str) -> None:
+        """Drop what goes from `source` to `target` only (a one-way fault)."""
+        self.blocked.add((source, target))
+
+    def heal(self) -> None:
+        self.blocked.clear()
+
+
 class ShardCluster:
     def __init__(
         self, seed: int, options: ShardSimOptions | None = None, trace: TraceRecorder | None = None
     ) -> None:
         self.seed = seed
-        self.options = options or ShardSimOptions()
+        self.options = options = options or ShardSimOptions()
         self.trace = trace
         self.events = EventQueue()
-        receivers: dict[str, Receiver] = {}
-        self.network = SimNetwork(
-            self.events,
-            derive_random(seed, "raft-network"),
-            self.options.network,
-            receivers,
-            trace,
+        self.network = SharedLinks()
+        self.controller_ids = (
+            member_ids(options.gids[0]) if options.colocate_controller else list(CONTROLLER_IDS)
         )
-        self.rpc = RpcNetwork(
+        self.layout = ShardedKVLayout(
+            controller=list(self.controller_ids),
+            shard_groups={gid: member_ids(gid) for gid in options.gids},
+            shard_count=options.shard_count,
+            monitor_seconds=options.server.monitor_interval_ms / 1000,
+            pull_bytes_max=options.server.pull_bytes_max,
+            preferred_leader_seconds=options.server.preferred_leader_ms / 1000,
+        )
+        groups = [wire.CONTROLLER_GROUP] + [wire.shard_group_name(gid) for gid in options.gids]
+        self.raft_networks: dict[str, SimNetwork] = {}
+        self.raft_checkers: dict[str, InvariantChecker] = {}
+        for group in groups:
+            raft_network = SimNetwork(
+                self.events,
+                derive_random(seed, f"raft-network:{group}"),
+                options.network,
+                {},
+                trace,
+            )
+            raft_network.blocked = self.network.blocked
+            self.raft_networks[group] = raft_network
+            self.raft_checkers[group] = InvariantChecker()
+        self.frames = SimFrameNetwork(
             self.events,
-            derive_random(seed, "rpc-network"),
-            self.options.network,
+            derive_random(seed, "frame-network"),
+            options.network,
             self.network.blocked,
             trace,
         )
-        self.raft_checkers: dict[str, InvariantChecker] = {}
-        checker = InvariantChecker()
-        self.raft_checkers[CONTROLLER] = checker
-        shard_count = self.options.shard_count
-        self.controller_members: list[RaftMember[ControllerMachine]] = []
-        for node_id in CONTROLLER_IDS:
-            controller_member = RaftMember(
+        self.stats = SimStats()
+        self.nodes: dict[str, ShardNode] = {}
+        node_ids = self.controller_ids + [n for gid in options.gids for n in member_ids(gid)]
+        for node_id in dict.fromkeys(node_ids):
+            self.nodes[node_id] = ShardNode(
                 node_id,
                 seed=seed,
-                raft_config=self.options.raft,
-                bootstrap=Configuration(voters=tuple(CONTROLLER_IDS)),
-                options=self.options.member,
-                machine_factory=lambda: ControllerMachine(shard_count),
+                layout=self.layout,
+                raft_config=options.raft,
+                options=options.member,
+                server=options.server,
                 events=self.events,
-                network=self.network,
-                checker=checker,
+                raft_networks=self.raft_networks,
+                frames=self.frames,
+                checkers=self.raft_checkers,
+                stats=self.stats,
                 trace=trace,
             )
-            receivers[node_id] = controller_member.receive
-            self.controller_members.append(controller_member)
-            self.rpc.register(
-                node_id,
-                ControllerServer(controller_member, self.events).handle,
-                gate=controller_member.hold,
-            )
-        self.servers: dict[int, list[ShardGroupServer]] = {}
-        for gid in self.options.gids:
-            self.add_group(gid, receivers)
+        self.controller_members = [
+            self.nodes[node_id].members[wire.CONTROLLER_GROUP] for node_id in self.controller_ids
+        ]
+        self.members: dict[int, list[GroupMember]] = {
+            gid: [self.nodes[n].members[wire.shard_group_name(gid)] for n in member_ids(gid)]
+            for gid in options.gids
+        }
         self.history = History()
-        self.clients: dict[str, ShardClient] = {}
+        self.clients: dict[str, SimShardedClient] = {}
         self.script_client = self.new_client("script")
-        self.admin = AdminClient(
+        self.admin = SimAdmin(
             "admin",
-            events=self.events,
-            rpc=self.rpc,
-            controller_servers=CONTROLLER_IDS,
-            rng=derive_random(seed, "admin"),
-            options=self.options.client,
+            calls=self.calls_for("admin"),
+            controller_endpoints=self.controller_endpoints(),
+            options=options.client,
+            timeout_seconds=ADMIN_TIMEOUT_MS / 1000,
         )
         self.shard_checker = ShardChecker(self)
-        self.events.schedule(self.options.check_interval_ms, self.periodic_check)
+        self.events.schedule(options.check_interval_ms, self.periodic_check)
 
-    def add_group(self, gid: int, receivers: dict[str, Receiver]) -> None:
-        ids = member_ids(gid)
-        checker = InvariantChecker()
-        self.raft_checkers[f"group {gid}"] = checker
-        shard_count = self.options.shard_count
-        servers: list[ShardGroupServer] = []
-        for node_id in ids:
-            member = RaftMember(
-                node_id,
-                seed=self.seed,
-                raft_config=self.options.raft,
-                bootstrap=Configuration(voters=tuple(ids)),
-                options=self.options.member,
-                machine_factory=lambda: ShardGroupMachine(gid, shard_count),
-                events=self.events,
-                network=self.network,
-                checker=checker,
-                trace=self.trace,
-            )
-            receivers[node_id] = member.receive
-            server = ShardGroupServer(
-                gid,
-                member,
-                rpc=self.rpc,
-                events=self.events,
-                controller_servers=CONTROLLER_IDS,
-                options=self.options.server,
-                rng=derive_random(self.seed, f"server:{node_id}"),
-                trace=self.trace,
-            )
-            self.rpc.register(node_id, server.handle, gate=member.hold)
-            servers.append(server)
-        self.servers[gid] = servers
+    def calls_for(self, name: str) -> FrameCalls:
+        """A client process named `name` on the frame network (it never crashes)."""
+        process = SimProcess(name, self.events, derive_random(self.seed, f"resume:{name}"))
+        process.boot()
+        self.frames.register(name, process)
+        return FrameCalls(name, self.frames, process)
 
-    def new_client(self, name: str) -> ShardClient:
-        client = ShardClient(
-            f"client-{name}",
-            events=self.events,
-            rpc=self.rpc,
-            controller_servers=CONTROLLER_IDS,
-            rng=derive_random(self.seed, f"client:{name}"),
-            options=self.options.client,
+    def controller_endpoints(self) -> list[str]:
+        return [address_of(node_id) for node_id in self.controller_ids]
+
+    def new_client(self, name: str) -> SimShardedClient:
+        client_id = f"client-{name}"
+        client = SimShardedClient(
+            client_id,
+            calls=self.calls_for(client_id),
+            controller_endpoints=self.controller_endpoints(),
             history=self.history,
-            shard_count=self.options.shard_count,
+            options=self.options.client,
         )
-        self.clients[client.client_id] = client
+        self.clients[client_id] = client
         return client
 
     # --- time -----------------------------------------------------------------------------
@@ -216,16 +236,11 @@ class ShardCluster:
 
     # --- members and faults ---------------------------------------------------------------
 
-    def group_members(self, gid: int) -> list[RaftMember[ShardGroupMachine]]:
-        return [server.member for server in self.servers[gid]]
+    def group_members(self, gid: int) -> list[GroupMember]:
+        return self.members[gid]
 
     def all_endpoints(self) -> list[str]:
-        endpoints = list(CONTROLLER_IDS)
-        for gid in self.options.gids:
-            endpoints.extend(member_ids(gid))
-        endpoints.extend(self.clients)
-        endpoints.append(self.admin.client_id)
-        return endpoints
+        return [*self.nodes, *self.clients, self.admin.client_id]
 
     def crash_group(self, gid: int) -> None:
         self.note(f"crash group {gid}")
@@ -257,9 +272,10 @@ class ShardCluster:
         self.network.heal()
 
     def set_faults(self, faults: NetworkFaults) -> None:
-        self.network.set_faults(faults)
         faults.validate()
-        self.rpc.faults = faults
+        for raft_network in self.raft_networks.values():
+            raft_network.set_faults(faults)
+        self.frames.faults = faults
 
     def note(self, text: str) -> None:
         """Record `text` in the trace (if tracing) at the current virtual time."""
@@ -268,8 +284,8 @@ class ShardCluster:
 
     # --- views ----------------------------------------------------------------------------
 
-    def leader_of(self, gid: int) -> RaftMember[ShardGroupMachine] | None:
-        best: RaftMember[ShardGroupMachine] | None = None
+    def leader_of(self, gid: int) -> GroupMember | None:
+        best: GroupMember | None = None
         for member in self.group_members(gid):
             if member.is_leader and (best is None or member.core.term > best.core.term):
                 best = member
@@ -277,7 +293,9 @@ class ShardCluster:
 
     def latest_configuration(self) -> ShardConfiguration:
         """The newest configuration any live controller member applied."""
-        live = [member.machine.latest for member in self.controller_members if member.up]
+        live: list[ShardConfiguration] = [
+            member.machine.latest for member in self.controller_members if member.up
+        ]
         return max(live, key=lambda configuration: configuration.number)
 
     def owner_of_key(self, key: str) -> int:
@@ -285,12 +303,11 @@ class ShardCluster:
 
     def describe(self) -> str:
         lines = [member.describe() for member in self.controller_members]
-        for gid, servers in self.servers.items():
-            for server in servers:
-                member = server.member
+        for gid, members in self.members.items():
+            for member in members:
                 line = member.describe()
                 if member.up:
-                    machine = member.machine
+                    machine: ShardGroupMachine = member.machine
                     states = "".join(shard.state.value[0] for shard in machine.shards)
                     line += (
                         f" config={machine.current_configuration.number} shards={states} "
@@ -307,11 +324,11 @@ class ShardCluster:
     def settled(self, gids: list[int] | None = None) -> bool:
         """Every live group's members applied the latest configuration, nothing migrating."""
         latest = self.latest_configuration().number
-        for gid in gids if gids is not None else list(self.servers):
+        for gid in gids if gids is not None else list(self.members):
             for member in self.group_members(gid):
                 if not member.up:
                     return False
-                machine = member.machine
+                machine: ShardGroupMachine = member.machine
                 if machine.current_configuration.number != latest or not machine.all_serving():
                     return False
         return True
@@ -325,28 +342,48 @@ class ShardCluster:
 
     # --- scripted requests ----------------------------------------------------------------
 
-    def admin_command(self, make: Callable[[int], ControllerCommand], ms_max: int = 20_000) -> int:
+    def admin_command(
+        self,
+        identity: tuple[str, str, str | None, str | None],
+        make_command: Callable[[int], ControllerCommand],
+    ) -> int:
         """Run one join/leave/move to its end; the configuration number it created."""
-        outcome: list[ControllerResult] = []
-        command = make(self.admin.take_sequence())
-        self.note(f"admin {command!r}")
-        self.admin.begin(command, outcome.append)
-        if not self.run_until(lambda: bool(outcome), ms_max):
-            raise OperationTimeoutError(f"{command!r} did not finish within {ms_max} ms")
+        outcome: list[int | BaseException] = []
+        ms_max = ADMIN_TIMEOUT_MS
+        self.note(f"admin {identity[0]} {identity[1]}")
+
+        def change(_: object) -> None:
+            self.admin.change(identity, make_command, outcome.append, outcome.append)
+
+        self.admin.driver.calls.process.enter("local", change)
+        if not self.run_until(lambda: bool(outcome), ms_max + 1_000):
+            raise OperationTimeoutError(f"{identity[0]} {identity[1]} never ended")
         result = outcome[0]
-        check_invariant(result.ok, f"controller refused {command!r}: {result.error}")
-        return result.configuration_number or 0
+        if isinstance(result, RequestRejectedError):
+            check_invariant(False, f"controller refused {identity[0]} {identity[1]}: {result}")
+        if isinstance(result, BaseException):
+            raise OperationTimeoutError(
+                f"{identity[0]} {identity[1]} did not finish within {ms_max} ms: {result}"
+            )
+        return result
 
     def join(self, *gids: int) -> int:
+        groups = {gid: [address_of(node_id) for node_id in member_ids(gid)] for gid in gids}
         return self.admin_command(
-            lambda sequence: Join(sequence, {gid: member_ids(gid) for gid in gids})
+            ("join", repr(sorted(groups.items())), None, None),
+            lambda sequence: Join(sequence, groups),
         )
 
     def leave(self, *gids: int) -> int:
-        return self.admin_command(lambda sequence: Leave(sequence, list(gids)))
+        return self.admin_command(
+            ("leave", repr(sorted(gids)), None, None),
+            lambda sequence: Leave(sequence, list(gids)),
+        )
 
     def move(self, shard: int, gid: int) -> int:
-        return self.admin_command(lambda sequence: Move(sequence, shard, gid))
+        return self.admin_command(
+            ("move", str(shard), str(gid), None), lambda sequence: Move(sequence, shard, gid)
+        )
 
     def request(
         self,
@@ -354,9 +391,10 @@ class ShardCluster:
         key: str,
         argument: str | None = None,
         operation_timeout_ms: int = 20_000,
-        client: ShardClient | None = None,
+        client: SimShardedClient | None = None,
     ) -> tuple[str, object]:
-        """Run one operation to its end: ("ok", output) or ("unknown", None)."""
+        """Run one operation to its end: ("ok", output), ("unknown", None) or
+        ("unavailable", None)."""
         outcome: list[tuple[str, object]] = []
         chosen = client if client is not None else self.script_client
         chosen.begin(
@@ -384,7 +422,8 @@ class ShardCluster:
         status, output = self.request(kind, key, argument)
         if status != "ok":
             raise OperationTimeoutError(
-                f"{kind} {key!r} did not complete at {self.now_ms} ms:\n{self.describe()}"
+                f"{kind} {key!r} did not complete ({status}) at {self.now_ms} ms:\n"
+                f"{self.describe()}"
             )
         return output
 
@@ -396,4 +435,5 @@ class ShardCluster:
     def shard_states(self, gid: int) -> list[ShardState]:
         leader = self.leader_of(gid)
         members = [leader] if leader is not None else self.group_members(gid)
-        return [shard.state for shard in members[0].machine.shards]
+        machine: ShardGroupMachine = members[0].machine
+        return [shard.state for shard in machine.shards]

@@ -13,7 +13,8 @@ The nemesis wakes at seeded intervals and injects one fault of a seeded kind:
   controller group: it cannot learn new configurations), `random_split` (a random
   subset of all members from the others);
 * `pause` and `pause_leader`: a member (or a group's current leader) stops as under
-  SIGSTOP and resumes after a seeded while with its state intact (`RaftMember.pause`).
+  SIGSTOP and resumes after a seeded while with its state intact (its node's `SimProcess`
+  holds every input meanwhile).
 
 As in `sim.nemesis`, at most one network fault is in place at a time (a new one replaces
 the last) and each heals after a seeded duration. Pauses are bounded so that every group
@@ -81,7 +82,7 @@ class ShardNemesisStats(msgspec.Struct):
 
 
 class Pausable(Protocol):
-    """What the nemesis needs of a member of any group (`RaftMember` of either machine)."""
+    """What the nemesis needs of a member of any group (`shardkv.node.GroupMember`)."""
 
     @property
     def node_id(self) -> str: ...
@@ -111,7 +112,7 @@ class ShardNemesis:
         self.options = options
         self.rng = rng
         by_group: dict[str, list[Pausable]] = {CONTROLLER_GROUP: list(cluster.controller_members)}
-        for gid in cluster.servers:
+        for gid in cluster.members:
             by_group[str(gid)] = list(cluster.group_members(gid))
         self.groups = {name: [m.node_id for m in members] for name, members in by_group.items()}
         self.shard_groups = [name for name in self.groups if name != CONTROLLER_GROUP]

@@ -25,9 +25,8 @@ from quorumlog.testing.sim.events import derive_random
 from quorumlog.testing.sim.network import NetworkFaults
 from quorumlog.testing.sim.runner import RunSummary, SeedResult
 from quorumlog.testing.sim.shardkv.cluster import REPLICAS_PER_GROUP, ShardCluster, ShardSimOptions
-from quorumlog.testing.sim.shardkv.group_member import ServerOptions
-from quorumlog.testing.sim.shardkv.member import MemberOptions
 from quorumlog.testing.sim.shardkv.nemesis import ShardNemesisOptions, weights_for
+from quorumlog.testing.sim.shardkv.node import MemberOptions, ServerOptions
 from quorumlog.testing.sim.shardkv.scenarios import SCENARIOS, ScenarioRun, finish
 from quorumlog.testing.sim.trace import TraceRecorder
 
@@ -91,8 +90,8 @@ def plan_options(seed: int) -> ShardSimOptions:
     # Drawn after everything above for the same reason; used by the concurrent scenarios
     # only. Faults last from under an election timeout (a leader paused briefly resumes
     # still leading, with held requests) to several (in the longest, a resumed leader's
-    # exchanges are older than `ServerOptions.stuck_ms`); every one is short enough that
-    # each scripted step still ends well within its deadline.
+    # migration requests have long timed out); every one is short enough that each
+    # scripted step still ends well within its deadline.
     nemesis = ShardNemesisOptions(
         interval_ms_max=rng.choice([800, 1500, 3000]),
         fault_ms_max=rng.choice([800, 2000, 4000]),
@@ -118,7 +117,7 @@ class ShardSeedOutcome(msgspec.Struct):
     chunks_applied: int = 0
     snapshots_restored: int = 0
     lagging_leaderships: int = 0
-    """Leaderships that began with applied behind commit (see `ShardGroupServer`)."""
+    """Shard group leaderships that began with applied behind commit (`SimStats`)."""
     deletes_ahead_of_apply: int = 0
     """Deletes a leader got for a configuration it had not applied yet: the state the
     delete handler must answer "not yet" in."""
@@ -187,12 +186,14 @@ def _run_once(seed: int, scenario: str | None, trace: TraceRecorder | None) -> S
         result.invariant_checks = cluster.invariant_checks
         result.events = cluster.events.events_run
         result.faults = {
-            "rpc_dropped": cluster.rpc.stats.dropped_random,
-            "rpc_duplicated": cluster.rpc.stats.duplicated,
-            "raft_dropped": cluster.network.stats.dropped_random,
+            "rpc_dropped": cluster.frames.stats.dropped_random,
+            "rpc_duplicated": cluster.frames.stats.duplicated,
+            "raft_dropped": sum(
+                network.stats.dropped_random for network in cluster.raft_networks.values()
+            ),
             "crashes": sum(
                 member.crash_count
-                for gid in cluster.servers
+                for gid in cluster.members
                 for member in cluster.group_members(gid)
             ),
         }
@@ -200,17 +201,11 @@ def _run_once(seed: int, scenario: str | None, trace: TraceRecorder | None) -> S
             nemesis_stats = run.nemesis.stats
             result.faults.update(sorted(nemesis_stats.faults.items()))
             result.faults["one_way"] = nemesis_stats.one_way
-        all_servers = [server for servers in cluster.servers.values() for server in servers]
-        outcome.chunks_applied = sum(server.chunks_applied for server in all_servers)
-        outcome.lagging_leaderships = sum(server.lagging_leaderships for server in all_servers)
-        outcome.deletes_ahead_of_apply = sum(
-            server.deletes_ahead_of_apply for server in all_servers
-        )
-        outcome.snapshots_restored = sum(
-            member.snapshots_restored
-            for gid in cluster.servers
-            for member in cluster.group_members(gid)
-        )
+        stats = cluster.stats
+        outcome.chunks_applied = len(stats.inserts_applied)
+        outcome.lagging_leaderships = stats.lagging_leaderships
+        outcome.deletes_ahead_of_apply = stats.deletes_ahead_of_apply
+        outcome.snapshots_restored = stats.snapshots_restored
     result.wall_seconds = time.perf_counter() - started
     return outcome
 

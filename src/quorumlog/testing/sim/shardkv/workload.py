@@ -13,7 +13,7 @@ import msgspec
 
 from quorumlog.testing.sim.events import EventQueue, draw_int
 from quorumlog.testing.sim.shardkv.checks import TOKEN_SEPARATOR
-from quorumlog.testing.sim.shardkv.client import ShardClient
+from quorumlog.testing.sim.shardkv.client import SimShardedClient
 
 
 class WorkloadOptions(msgspec.Struct, frozen=True):
@@ -28,7 +28,7 @@ class WorkloadOptions(msgspec.Struct, frozen=True):
 class Workload:
     def __init__(
         self,
-        clients: list[ShardClient],
+        clients: list[SimShardedClient],
         *,
         events: EventQueue,
         rng: random.Random,
@@ -57,7 +57,7 @@ class Workload:
     def think_ms(self) -> int:
         return draw_int(self.rng, self.options.think_ms_min, self.options.think_ms_max)
 
-    def next_operation(self, client: ShardClient) -> None:
+    def next_operation(self, client: SimShardedClient) -> None:
         if not self.running or client.busy:
             return
         options = self.options
