@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
 from quorumlog.codec import wire
+from quorumlog.errors import QuorumLogError
 from quorumlog.kv.machine import KVStateMachine
 from quorumlog.node.addresses import AddressBook, AddressSource
 from quorumlog.node.composition import ShardedKVLayout, ShardedKVParts, compose_sharded_kv
