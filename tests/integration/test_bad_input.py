@@ -120,6 +120,11 @@ def check_logged(cluster: ProcessCluster, local_address: str, reason: str) -> No
 
 UNKNOWN_TYPE_FRAME = encode_frame(msgspec.msgpack.encode({"type": "LaunchMissiles", "at": 1}))
 SMUGGLED_PEER_BATCH = framed(PeerBatch(envelopes=[]))
+# Strings that are not UTF-8: msgspec raises UnicodeDecodeError for them, not a DecodeError
+# (one such frame used to reach the event loop and stop the node).
+STATUS_PAYLOAD = msgspec.msgpack.encode({"type": "StatusRequest", "request_id": 1, "group": "kv"})
+NOT_UTF8_TYPE_FRAME = encode_frame(STATUS_PAYLOAD.replace(b"StatusRequest", b"Status\xd7equest"))
+NOT_UTF8_FIELD_FRAME = encode_frame(STATUS_PAYLOAD.replace(b"\xa2kv", b"\xa2k\xd7"))
 
 CASES = [
     # (case id, chunks sent, answered Welcome first, fragment the log line must hold)
@@ -139,6 +144,8 @@ CASES = [
         "expected Hello first, got StatusRequest",
     ),
     ("unknown-type-after-hello", [hello(), UNKNOWN_TYPE_FRAME], True, "malformed frame"),
+    ("not-utf8-type-after-hello", [hello(), NOT_UTF8_TYPE_FRAME], True, "malformed frame"),
+    ("not-utf8-field-after-hello", [hello(), NOT_UTF8_FIELD_FRAME], True, "malformed frame"),
     (
         "peer-batch-from-a-client",
         [hello(), SMUGGLED_PEER_BATCH],

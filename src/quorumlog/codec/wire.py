@@ -597,7 +597,17 @@ def encode(frame: Frame) -> bytes:
     return encoder.encode(frame)
 
 
+DECODE_ERRORS: tuple[type[Exception], ...] = (
+    msgspec.DecodeError,
+    msgspec.ValidationError,
+    UnicodeDecodeError,
+)
+"""What decoding bytes from outside may raise: msgspec raises UnicodeDecodeError, not a
+DecodeError, for a string that is not UTF-8 (a type tag or any field). Catch all three
+wherever such bytes are decoded: one missed is a frame that stops a node."""
+
+
 def decode(payload: bytes) -> Frame:
-    """Decode one payload; raises msgspec.DecodeError / ValidationError on bad input."""
+    """Decode one payload; raises one of `DECODE_ERRORS` on bad input."""
     frame: Frame = decoder.decode(payload)
     return frame

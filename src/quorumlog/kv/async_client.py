@@ -93,6 +93,7 @@ TRANSPORT_ERRORS = (
     FrameError,
     msgspec.DecodeError,
     msgspec.ValidationError,
+    UnicodeDecodeError,
     asyncio.IncompleteReadError,
 )
 

@@ -134,6 +134,7 @@ TRANSPORT_ERRORS = (
     FrameError,
     msgspec.DecodeError,
     msgspec.ValidationError,
+    UnicodeDecodeError,
 )
 
 

@@ -23,6 +23,7 @@ from typing import TypeVar
 
 import msgspec
 
+from quorumlog.codec import wire
 from quorumlog.codec.wire import KVCommand, KVCommandResult
 from quorumlog.errors import QuorumLogError
 from quorumlog.kv.commands import KVEntry, decode_entry
@@ -66,7 +67,7 @@ def decode_log_entry(
     not decode (the log only ever holds what a leader encoded, so this is corruption)."""
     try:
         return decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+    except wire.DECODE_ERRORS as error:
         raise MalformedEntryError(
             f"{what} log entry {index} ({len(data)} bytes) does not decode: {error}"
         ) from error
@@ -193,7 +194,7 @@ class KVStateMachine:
         """Replace the whole state with a snapshot's; the state is unchanged if it fails."""
         try:
             snapshot = _snapshot_decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        except wire.DECODE_ERRORS as error:
             raise MalformedEntryError(
                 f"KV snapshot ({len(data)} bytes) does not decode: {error}"
             ) from error

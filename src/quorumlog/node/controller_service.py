@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
-
 from quorumlog.codec import wire
 from quorumlog.errors import NotLeaderError, QuorumLogError
 from quorumlog.node.errors_to_wire import after_read_barrier, error_response
@@ -54,7 +52,7 @@ class ControllerService:
     def handle(self, request: wire.ControllerRequest, reply: Replier) -> None:
         try:
             commands = decode_commands(request.commands)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        except wire.DECODE_ERRORS as error:
             reply(
                 wire.ErrorResponse(
                     request_id=request.request_id,

@@ -77,7 +77,7 @@ that are not moving (as Kafka's replication throttle and TiKV's snapshot rate li
 
 
 PROPOSE_TIMEOUT_SECONDS = 30.0
-DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError)
+DECODE_ERRORS = wire.DECODE_ERRORS
 
 
 def pull_attempt_timeout_seconds(bytes_max: int) -> float:

@@ -135,7 +135,7 @@ class ShardGroupService(KVRequestService):
     def handle_group_request(self, request: wire.ShardGroupRequest, reply: Replier) -> None:
         try:
             message = decode_message(request.message)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        except wire.DECODE_ERRORS as error:
             self.bad_request(
                 reply, request.request_id, wire.ErrorCode.BAD_REQUEST, f"bad group message: {error}"
             )

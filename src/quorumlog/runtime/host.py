@@ -403,13 +403,27 @@ class RaftHost:
         save_hard_state = hard_state is not None and self.hard_state_store.needs_save(hard_state)
         if needs_sync or save_hard_state:
             self.syncing = True
-            state_to_save = hard_state if save_hard_state else None
-            self.background.submit(
-                lambda: self.sync_job(state_to_save, needs_sync),
-                lambda error: self.after_sync(batch, error),
-            )
+            self.submit_sync(batch, hard_state if save_hard_state else None, needs_sync)
         else:
             self.after_sync(batch, None)
+
+    def submit_sync(self, batch: list[Ready], hard_state: HardState | None, sync_log: bool) -> None:
+        def done(error: BaseException | None) -> None:
+            if isinstance(error, DiskFullError) and self.failure is None and not self.stopped:
+                # Saving the hard state needs a little room (a new file renamed into place):
+                # a full disk holds the batch back, it does not fail the group. The store is
+                # still not touched meanwhile (`syncing` stays set).
+                if not self.disk_full_logged:
+                    log.error("group %s: disk full, retrying a sync: %s", self.group_id, error)
+                    self.disk_full_logged = True
+                self.scheduler.call_later(
+                    self.settings.disk_full_retry_seconds,
+                    lambda: self.submit_sync(batch, hard_state, sync_log),
+                )
+                return
+            self.after_sync(batch, error)
+
+        self.background.submit(lambda: self.sync_job(hard_state, sync_log), done)
 
     def write(self, ready: Ready) -> bool:
         """Make the Ready's durable changes in the stores (appends not yet synced)."""
@@ -443,10 +457,10 @@ class RaftHost:
         idle, self.idle_callbacks = self.idle_callbacks, []
         for callback in idle:
             callback()
+        if self.failure is not None or self.stopped:
+            return  # a sync that ends after a stop or a failure changes nothing more
         if error is not None:
             self.fail(error)
-            return
-        if self.failure is not None or self.stopped:
             return
         try:
             for ready in batch:

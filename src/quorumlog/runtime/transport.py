@@ -24,8 +24,6 @@ import logging
 from collections.abc import Callable
 from typing import Protocol, cast
 
-import msgspec
-
 from quorumlog.codec import wire
 from quorumlog.codec.frame import (
     FRAME_BYTES_MAX_DEFAULT,
@@ -146,7 +144,7 @@ class Connection(asyncio.Protocol):
         for payload in payloads:
             try:
                 frame = wire.decode(payload)
-            except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            except wire.DECODE_ERRORS as error:
                 self.abort(f"malformed frame: {error}")
                 return
             if not self.handle(frame):

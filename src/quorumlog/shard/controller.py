@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import msgspec
 
+from quorumlog.codec import wire
 from quorumlog.codec.wire import KVCommandResult
 from quorumlog.kv.machine import MalformedEntryError, decode_log_entry
 from quorumlog.kv.sessions import (
@@ -264,7 +265,7 @@ class ControllerMachine:
         """Replace the whole state with a snapshot's; the state is unchanged if it fails."""
         try:
             snapshot = _snapshot_decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        except wire.DECODE_ERRORS as error:
             raise MalformedEntryError(
                 f"controller snapshot ({len(data)} bytes) does not decode: {error}"
             ) from error

@@ -74,6 +74,7 @@ import enum
 
 import msgspec
 
+from quorumlog.codec import wire
 from quorumlog.codec.wire import KVCommandResult
 from quorumlog.kv.commands import ClientBatch
 from quorumlog.kv.machine import MalformedEntryError, decode_log_entry, execute_write
@@ -616,7 +617,7 @@ class ShardGroupMachine:
         """Replace the whole state with a snapshot's; the state is unchanged if it fails."""
         try:
             snapshot = _snapshot_decoder.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        except wire.DECODE_ERRORS as error:
             raise MalformedEntryError(
                 f"shard group {self.gid}: snapshot ({len(data)} bytes) does not decode: {error}"
             ) from error

@@ -24,8 +24,9 @@ recovery (torn tails, atomic replaces, the meta file) decides what the node rest
 
 from __future__ import annotations
 
+import contextlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -134,8 +135,23 @@ class SimDisk:
         """Power loss, then the stores opened again as a restarted process would."""
         last_before = self.store.last_index
         report = self.file_system.crash(rng, keep_unsynced=rng.random() < torn_tail_probability)
-        self.open_stores()
+        # Reopened with reads that never flip: a flip at open would stop the restart itself
+        # (the stores' open under flips is tested on its own, storage tests); flips are
+        # for the running node, whose group must stop on one.
+        with self.reading_truthfully():
+            self.open_stores()
         return CrashReport(max(0, last_before - self.store.last_index), report)
+
+    @contextlib.contextmanager
+    def reading_truthfully(self) -> Iterator[None]:
+        """Reads without bit flips inside the block: for the checker, which observes the
+        system under test and must not be misled (or stopped) by the faults it injects."""
+        flips = self.file_system.read_bit_flip_probability
+        self.file_system.read_bit_flip_probability = 0.0
+        try:
+            yield
+        finally:
+            self.file_system.read_bit_flip_probability = flips
 
     def halt_after(self, operations: int | None) -> None:
         self.file_system.halt_after(operations)

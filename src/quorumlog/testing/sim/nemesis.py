@@ -37,7 +37,10 @@ FAULT_KINDS = (
     "membership",
     "transfer_then_cut",
     "crash_mid_write",
+    "disk_full",
 )
+DISK_FULL_SLACK_BYTES = 2048
+"""Room a filled disk keeps: a few small writes go through, then writes meet ENOSPC."""
 CRASH_MID_WRITE_CHANGES_MAX = 24
 """A node armed to die mid-write does so within this many more disk changes: a few
 Readies' worth, so the crash falls inside the persistence steps of one of them (between a
@@ -61,6 +64,7 @@ class NemesisOptions(msgspec.Struct, frozen=True):
             "membership": 0,
             "transfer_then_cut": 0,
             "crash_mid_write": 2,
+            "disk_full": 0,
         }
     )
     down_max: int | None = None
@@ -121,6 +125,7 @@ class Nemesis:
             "membership": self._inject_membership,
             "transfer_then_cut": self._inject_transfer_then_cut,
             "crash_mid_write": self._inject_crash_mid_write,
+            "disk_full": self._inject_disk_full,
         }
 
     # --- schedule -----------------------------------------------------------------------
@@ -163,6 +168,8 @@ class Nemesis:
             disk = self.cluster.nodes[node_id].disk
             disk.snapshot_halt_probability = 0.0
             disk.halt_after(None)
+            disk.file_system.bytes_max = None
+            disk.file_system.read_bit_flip_probability = 0.0  # liveness on healthy disks
             if not self.cluster.nodes[node_id].up:
                 self.crashed.add(node_id)
         self.cluster.heal()
@@ -251,6 +258,21 @@ class Nemesis:
         self.cluster.crash(node_id)
         self.cluster.events.schedule(self.fault_ms(), self._restart, node_id)
         return True
+
+    def _inject_disk_full(self) -> bool:
+        """Fill a node's disk for a while: its writes meet ENOSPC and are retried; nothing
+        is acknowledged that is not durable, and the group does not stop."""
+        candidates = [node_id for node_id in self.node_ids if self.cluster.nodes[node_id].up]
+        if not candidates:
+            return False
+        node_id = self.rng.choice(candidates)
+        file_system = self.cluster.nodes[node_id].disk.file_system
+        file_system.bytes_max = file_system.bytes_used + DISK_FULL_SLACK_BYTES
+        self.cluster.events.schedule(self.fault_ms(), self._free_disk, node_id)
+        return True
+
+    def _free_disk(self, node_id: str) -> None:
+        self.cluster.nodes[node_id].disk.file_system.bytes_max = None
 
     def _adopt_halted_nodes(self) -> None:
         """Nodes whose disk halted them are down: restart them after a fault's time."""

@@ -25,6 +25,7 @@ from quorumlog.errors import (
     InvalidConfigurationChangeError,
     LeaderTransferringError,
     NotLeaderError,
+    StorageError,
 )
 from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration, MembershipChange
@@ -69,6 +70,9 @@ class NodeOptions(msgspec.Struct, frozen=True):
     be caught up from the log instead of by INSTALL_SNAPSHOT."""
     torn_tail_probability: float = 0.5
     """At a crash, the chance that some unsynced entries survive (a torn tail)."""
+    read_bit_flip_probability: float = 0.0
+    """The chance that a read from the disk returns one bit flipped. The stores must detect
+    it (checksums): the group then stops (fail-stop) and the node is restarted."""
 
 
 class CheckedHooks(HostHooks):
@@ -83,28 +87,34 @@ class CheckedHooks(HostHooks):
             trace.record(self.node.events.now_ms, f"{self.node.node_id} ready {describe(ready)}")
 
     def on_truncate(self, after: int) -> None:
-        self.node.checker.on_truncate(self.node, after)
+        with self.node.disk.reading_truthfully():
+            self.node.checker.on_truncate(self.node, after)
 
     def on_append(self, entries: list[LogEntry]) -> None:
-        self.node.checker.on_append(self.node, entries)
+        with self.node.disk.reading_truthfully():
+            self.node.checker.on_append(self.node, entries)
 
     def on_snapshot_install(self, meta: SnapshotMeta, data: bytes) -> None:
-        self.node.checker.on_snapshot_install(self.node, meta, data)
+        with self.node.disk.reading_truthfully():
+            self.node.checker.on_snapshot_install(self.node, meta, data)
 
     def on_snapshot_taken(self, meta: SnapshotMeta, data: bytes) -> None:
-        self.node.checker.on_snapshot_taken(self.node, meta, data)
+        with self.node.disk.reading_truthfully():
+            self.node.checker.on_snapshot_taken(self.node, meta, data)
         trace = self.node.trace
         if trace is not None:
             trace.record(self.node.events.now_ms, f"{self.node.node_id} snapshot {meta.index}")
 
     def on_apply(self, entry: LogEntry) -> None:
-        self.node.checker.on_apply(self.node, entry)
+        with self.node.disk.reading_truthfully():
+            self.node.checker.on_apply(self.node, entry)
         observer = self.node.apply_observer
         if observer is not None:
             observer(entry)
 
     def on_acknowledged(self, entry: LogEntry) -> None:
-        self.node.checker.on_acknowledged(self.node, entry)
+        with self.node.disk.reading_truthfully():
+            self.node.checker.on_acknowledged(self.node, entry)
 
 
 class SimNode:
@@ -146,8 +156,12 @@ class SimNode:
             options.fsync_ms_min,
             options.fsync_ms_max,
         )
-        self.disk = SimDisk()
+        self.disk = SimDisk(
+            derive_random(seed, f"disk:{node_id}"),
+            read_bit_flip_probability=options.read_bit_flip_probability,
+        )
         self.process.crash_handler = self.crash
+        self.storage_failures = 0
         self.crash_count = 0
         self.machine: StateMachine
         self.host: RaftHost
@@ -159,8 +173,23 @@ class SimNode:
     # --- life cycle ---------------------------------------------------------------------
 
     def start(self) -> None:
-        """Boot from what is on disk (the first time: an empty disk)."""
+        """Boot from what is on disk (the first time: an empty disk). A storage error while
+        opening (a flipped bit the stores caught) stops the boot, as it stops a real node:
+        the node stays down until the next restart."""
         self.process.boot()
+        try:
+            self.open_host()
+        except StorageError as error:
+            self.storage_failures += 1
+            self.record(f"{self.node_id} could not start: {error!r}")
+            self.process.kill()
+            return
+        with self.disk.reading_truthfully():
+            self.checker.on_start(self)
+        phase_ms = self.rng.randrange(self.options.tick_ms)
+        self.process.enter("local", lambda _: self.host.start(phase_ms / 1000))
+
+    def open_host(self) -> None:
         self.machine = self.application.machine_factory()
         options = self.options
         self.host = RaftHost(
@@ -191,9 +220,6 @@ class SimNode:
             if service_factory is None
             else service_factory(self.host, self.machine, self.leader_address)
         )
-        self.checker.on_start(self)
-        phase_ms = self.rng.randrange(options.tick_ms)
-        self.process.enter("local", lambda _: self.host.start(phase_ms / 1000))
 
     def crash(self) -> None:
         """Stop at once: unsynced writes are lost, pending requests never get an answer."""
@@ -219,12 +245,20 @@ class SimNode:
         self.process.resume()
 
     def group_failed(self, group_id: str, error: BaseException) -> None:
-        """A group that stops in the simulator is a finding (a violated invariant, an
-        unexpected error): say so at once, with the seed, instead of running on."""
+        """A group that stops on a storage error (a flipped bit its checksums caught) did
+        what it must: the node goes down, to be restarted like a crashed one. Any other
+        stop in the simulator is a finding (a violated invariant, an unexpected error): say
+        so at once, with the seed, instead of running on."""
+        if isinstance(error, StorageError):
+            self.storage_failures += 1
+            self.record(f"{self.node_id} group {group_id} stopped on {error!r}")
+            self.crash()
+            return
         raise InvariantViolation(f"{self.node_id}: group {group_id} failed: {error!r}") from error
 
     def after_event(self) -> None:
-        self.checker.check_node(self)
+        with self.disk.reading_truthfully():
+            self.checker.check_node(self)
 
     def record(self, text: str) -> None:
         if self.trace is not None:

@@ -44,6 +44,11 @@ LINEARIZABILITY_STEPS_MAX = 2_000_000
 RACE_SEED_FRACTION = 0.3
 """Seeds (of five nodes or more) whose membership cycles may run as races (nemesis.py)."""
 LEASE_TRANSFER_SEED_FRACTION = 0.3
+BIT_FLIP_SEED_FRACTION = 0.2
+BIT_FLIP_PROBABILITY = 0.0005
+"""Per read, in the seeds whose disks flip bits: a few flips a run, each one caught by the
+stores' checksums and stopping that node's group (the node is then restarted)."""
+DISK_FULL_SEED_FRACTION = 0.25
 """Seeds that serve lease reads and cut old leaders off right after a transfer."""
 
 
@@ -138,6 +143,11 @@ def plan_seed(seed: int, node_count: int) -> SeedPlan:
         workload = msgspec.structs.replace(workload, reconnect_fraction=0.6, read_fraction=0.6)
         weights["pause"] = 0  # a paused leader's ticks stop: no lease survives a SIGSTOP
         weights["transfer_then_cut"] = 3
+    # Drawn after those too: disks that flip bits on reads, and disks that fill up.
+    if rng.random() < BIT_FLIP_SEED_FRACTION:
+        node = msgspec.structs.replace(node, read_bit_flip_probability=BIT_FLIP_PROBABILITY)
+    if rng.random() < DISK_FULL_SEED_FRACTION:
+        weights["disk_full"] = 2
     nemesis = NemesisOptions(
         interval_ms_min=300,
         interval_ms_max=interval_ms_max,

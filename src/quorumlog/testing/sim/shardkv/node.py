@@ -472,7 +472,7 @@ class ShardNode:
             return
         try:
             message = decode_message(request.message)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except wire.DECODE_ERRORS:
             return
         machine = member.machine
         if (
