@@ -43,7 +43,7 @@ from quorumlog.errors import (
     LeadershipLostError,
     NotLeaderError,
     ProposalDroppedError,
-    QuorumLogError,
+    RaftError,
 )
 from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration, MembershipChange
@@ -274,11 +274,12 @@ class RaftHost:
             return
         try:
             self.core.step(message)
-        except QuorumLogError:
-            raise
-        except Exception as error:  # the hot path spells out `guarded`
+        except Exception as error:
+            # A message is never refused, so anything raised here is a failure (a violated
+            # invariant, a corrupt read): the group stops, `on_failed` tells the owner, and
+            # the caller (a transport serving every group) is left alone.
             self.fail(error)
-            raise GroupFailedError(self.group_id, self.failure or str(error)) from error
+            return
         if not self.scheduled:
             self.schedule()
 
@@ -326,11 +327,12 @@ class RaftHost:
             raise LeadershipLostError(f"group {self.group_id} on {self.node_id} is stopping")
 
     def guarded(self, call: Callable[[], Any]) -> Any:
-        """Run a core call: typed refusals go back to the caller; anything else fails the
-        group before the core's state can be persisted or sent."""
+        """Run a core call: its refusals (`RaftError`: not the leader, pending full, ...) go
+        back to the caller; anything else, a storage error included, fails the group before
+        the core's state can be persisted or sent."""
         try:
             return call()
-        except QuorumLogError:
+        except RaftError:
             raise
         except Exception as error:
             self.fail(error)

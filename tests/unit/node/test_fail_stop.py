@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from quorumlog.errors import CorruptLogError, GroupFailedError
+from quorumlog.errors import CorruptLogError
 from quorumlog.node.server import Node, NodeFailedError, NodeSettings, is_fatal, run_node
 from quorumlog.raft.invariants import InvariantViolation
 from quorumlog.raft.messages import VoteRequest
@@ -32,8 +32,7 @@ def test_an_invariant_violation_in_a_group_stops_the_node(tmp_path: Path) -> Non
         group = hosted[0].groups["kv"]
         # A message addressed to another node breaks the core's first invariant.
         misrouted = VoteRequest(source="n2", target="n9", term=5, last_log_index=0, last_log_term=0)
-        with pytest.raises(GroupFailedError, match="n9"):
-            group.step(misrouted)
+        group.step(misrouted)  # the transport is not bothered: the group stops
         assert group.failure is not None and "InvariantViolation" in group.failure
         with pytest.raises(NodeFailedError, match="InvariantViolation"):
             await asyncio.wait_for(running, 10)
