@@ -399,18 +399,22 @@ def test_a_full_disk_answers_read_only_and_loses_nothing(tmp_path: Path) -> None
     disk = CrashableFileSystem()
     rig = BookieRig(tmp_path, disk=disk)
     rig.call(add(1, 0, 5))
-    disk.bytes_free = 30  # less than any record
+    disk.bytes_free = 120  # less than the next record: a partial write
     assert status_of(rig.call(add(1, 5, 5))) is BookieStatus.READ_ONLY
     assert not rig.bookie.writable
+    disk.bytes_free = 30  # less than any record
     fence = rig.call(wire.ReadLastAddConfirmed(2, 7, fence=True, master_key=b"key"))
     assert status_of(fence) is BookieStatus.READ_ONLY
     dropped = rig.call(wire.DropLedger(3, 1))
     assert isinstance(dropped, wire.ErrorResponse)
     assert dropped.code is wire.ErrorCode.UNAVAILABLE
     assert status_of(rig.call(wire.ReadEntries(4, 1, 0, 4))) is OK
-    disk.bytes_free = None  # room again: writes go on where they left off
-    assert status_of(rig.call(add(1, 5, 5))) is OK
+    disk.bytes_free = None  # room again: writes go on where they left off ...
+    assert status_of(rig.call(add(1, 5, 1))) is OK  # ... (shorter than the failed one)
     assert rig.bookie.writable
+    assert status_of(rig.call(add(1, 6, 4))) is OK
+    rig.restart()
+    assert stored_data(rig.storage, 1) == {i: b"entry-%d" % i for i in range(10)}
     rig.restart(random.Random(5))
     assert stored_data(rig.storage, 1) == {i: b"entry-%d" % i for i in range(10)}
 

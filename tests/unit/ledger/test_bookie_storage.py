@@ -269,22 +269,56 @@ def test_files_roll_and_dropped_ledgers_files_are_deleted(tmp_path: Path) -> Non
 
 
 def test_a_drop_survives_restart_even_when_its_file_is_gone(tmp_path: Path) -> None:
-    """Ledger 1's entries sit in a file kept alive by ledger 2; the file with the drop
-    record is later deleted. The checkpoint of each newer file still says 1 is gone."""
+    """Ledger 1's entries sit in file A, kept alive by ledger 2; the drop of 1 is recorded
+    in file B, which is deleted once ledger 4 (the rest of B) is dropped too. The
+    checkpoint at the head of each newer file still says ledger 1 is gone."""
     storage = open_storage(tmp_path, settings=SMALL_FILES)
     write_synced(storage, 1, 0, 5)
     write_synced(storage, 2, 0, 5)
+    file_a = storage.writer_number
+    first = 0
+    while storage.writer_number == file_a:
+        write_synced(storage, 4, first, 10)
+        first += 10
+    file_b = storage.writer_number
     storage.drop(1)
+    while storage.writer_number == file_b:
+        write_synced(storage, 4, first, 10)
+        first += 10
+    storage.drop(4)
     sync(storage)
-    for first in range(0, 400, 10):
-        write_synced(storage, 3, first, 10)  # roll past the drop's file
+    assert file_a in storage.file_numbers
+    assert file_b not in storage.file_numbers  # the file with the drop of ledger 1 is gone
     storage.close()
     for _ in range(2):
         reopened = open_storage(tmp_path, settings=SMALL_FILES)
         assert reopened.ledger(1) is None
+        assert reopened.ledger(4) is None
         assert stored_data(reopened, 2) == expected(2, 0, 5)
-        assert len(stored_data(reopened, 3)) == 400
         reopened.close()
+
+
+def test_a_sync_that_spans_a_file_roll_covers_both_files(tmp_path: Path) -> None:
+    """Many adds, one sync, a roll in between: the rolled file is synced whole before the
+    next one starts, so after a power loss every add of that sync is there."""
+    for seed in range(10):
+        directory = tmp_path / f"seed-{seed}"
+        disk = CrashableFileSystem()
+        storage = open_storage(directory, disk, SMALL_FILES)
+        first_file = storage.writer_number
+        for first in range(0, 400, 10):
+            storage.add_entries(
+                1,
+                b"key",
+                -1,
+                list(range(first, first + 10)),
+                [b"data-1-%d" % i for i in range(first, first + 10)],
+            )
+        assert storage.writer_number > first_file
+        sync(storage)
+        storage.close()
+        disk.crash(random.Random(seed))
+        assert stored_data(open_storage(directory, disk, SMALL_FILES), 1) == expected(1, 0, 400)
 
 
 def test_a_fence_on_a_new_ledger_keeps_its_key_across_restart(tmp_path: Path) -> None:
