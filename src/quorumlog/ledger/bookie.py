@@ -142,13 +142,7 @@ class Bookie:
         elif isinstance(request, DropLedger):
             self.drop_ledger(request, respond)
         else:
-            request_id = getattr(request, "request_id", 0)
-            message = f"{type(request).__name__} is not a bookie request"
-            respond(
-                ErrorResponse(
-                    request_id if isinstance(request_id, int) else 0, ErrorCode.BAD_REQUEST, message
-                )
-            )
+            respond(_not_a_bookie_request(request))
 
     # --- adds ---------------------------------------------------------------------------
 
@@ -156,10 +150,10 @@ class Bookie:
         entry_ids = [entry.entry_id for entry in request.entries]
         datas = [entry.data for entry in request.entries]
         status = self.check_add(request, entry_ids, datas)
+        position = 0
         if status is BookieStatus.OK:
-            storage = self.storage
             try:
-                position = storage.add_entries(
+                position = self.storage.add_entries(
                     request.ledger_id,
                     request.master_key,
                     request.last_add_confirmed,
@@ -168,14 +162,12 @@ class Bookie:
                 )
             except StorageError as error:
                 status = self.write_failed(error)
-            else:
-                self.disk_full = False
-                result = AddEntriesResult(
-                    request.request_id, request.ledger_id, BookieStatus.OK, entry_ids
-                )
-                self.after_durable(_Waiter(position, respond, result, request))
-                return
-        respond(AddEntriesResult(request.request_id, request.ledger_id, status))
+        if status is not BookieStatus.OK:
+            respond(AddEntriesResult(request.request_id, request.ledger_id, status))
+            return
+        self.disk_full = False
+        result = AddEntriesResult(request.request_id, request.ledger_id, status, entry_ids)
+        self.after_durable(_Waiter(position, respond, result, request))
 
     def check_add(
         self, request: AddEntries, entry_ids: list[int], datas: list[bytes]
@@ -262,8 +254,9 @@ class Bookie:
         """Fence durably, then answer the LAC: every add taken before the fence is in the
         index by now, and none but a recovery add is taken after it."""
         request_id, ledger_id = request.request_id, request.ledger_id
-        status = BookieStatus.OK
         state = self.storage.ledger(ledger_id)
+        status = BookieStatus.OK
+        position = 0
         if len(request.master_key) > self.settings.master_key_bytes_max:
             status = BookieStatus.TOO_LARGE
         elif state is not None and not hmac.compare_digest(state.master_key, request.master_key):
@@ -275,15 +268,14 @@ class Bookie:
                 position = self.storage.fence(ledger_id, request.master_key)
             except StorageError as error:
                 status = self.write_failed(error)
-            else:
-                fenced = self.storage.ledger(ledger_id)
-                lac, last = (
-                    (fenced.last_add_confirmed, fenced.last_entry_id) if fenced else (-1, -1)
-                )
-                result = LastAddConfirmedResult(request_id, ledger_id, status, lac, last)
-                self.after_durable(_Waiter(position, respond, result, request))
-                return
-        respond(LastAddConfirmedResult(request_id, ledger_id, status))
+        fenced = self.storage.ledger(ledger_id)
+        if status is not BookieStatus.OK or fenced is None:
+            respond(LastAddConfirmedResult(request_id, ledger_id, status))
+            return
+        result = LastAddConfirmedResult(
+            request_id, ledger_id, status, fenced.last_add_confirmed, fenced.last_entry_id
+        )
+        self.after_durable(_Waiter(position, respond, result, request))
 
     # --- drops --------------------------------------------------------------------------
 
@@ -367,11 +359,20 @@ def _is_id(value: int) -> bool:
     return 0 <= value <= ID_MAX
 
 
+def _not_a_bookie_request(frame: object) -> ErrorResponse:
+    """The answer to a frame of another protocol handed to the bookie by mistake."""
+    request_id = getattr(frame, "request_id", 0)
+    return ErrorResponse(
+        request_id if isinstance(request_id, int) else 0,
+        ErrorCode.BAD_REQUEST,
+        f"{type(frame).__name__} is not a bookie request",
+    )
+
+
 def _refusal(request: BookieRequest, status: BookieStatus, message: str) -> BookieResponse:
+    """The answer to a write that waited for a sync that failed (reads never wait)."""
     if isinstance(request, AddEntries):
         return AddEntriesResult(request.request_id, request.ledger_id, status)
     if isinstance(request, ReadLastAddConfirmed):
         return LastAddConfirmedResult(request.request_id, request.ledger_id, status)
-    if isinstance(request, ReadEntries):
-        return ReadEntriesResult(request.request_id, request.ledger_id, status)
     return ErrorResponse(request.request_id, ErrorCode.UNAVAILABLE, message)
