@@ -12,7 +12,7 @@ is BookKeeper's read locality (its entry log is sorted by ledger at flush): entr
 ledger are spread between others, which costs recovery reads a pread per run of entries.
 
 Layout and bytes: bookie_format. Index: bookie_index (in memory, rebuilt at open, about 20
-bytes per entry stored); entry data stays on disk and is read back with its checksum checked.
+bytes per entry stored); entry data stays on disk and is read back, checked, by bookie_reads.
 
 **Group commit.** Writes (adds, fences, drops) go to the file at once, on the caller's
 thread, and each returns the log position that must be durable before it may be answered.
@@ -37,7 +37,6 @@ simulator can run this on its disk.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 from contextlib import suppress
 from pathlib import Path
@@ -45,7 +44,7 @@ from pathlib import Path
 import msgspec
 
 from quorumlog.codec.wire import LedgerEntryData
-from quorumlog.errors import CorruptLogError, DiskFullError, StorageError, StoreClosedError
+from quorumlog.errors import DiskFullError, StorageError, StoreClosedError
 from quorumlog.ledger.bookie_files import (
     OS_BOOKIE_FILE_SYSTEM,
     BookieDirectoryLock,
@@ -54,11 +53,8 @@ from quorumlog.ledger.bookie_files import (
     ensure_directory,
 )
 from quorumlog.ledger.bookie_format import (
-    ENTRY_HEADER_BYTES,
     FILE_HEADER_BYTES,
-    FormatError,
     RecordKind,
-    decode_stored_entry,
     encode_checkpoint,
     encode_entries_record,
     encode_file_header,
@@ -66,6 +62,7 @@ from quorumlog.ledger.bookie_format import (
     log_file_name,
 )
 from quorumlog.ledger.bookie_index import StoredEntry
+from quorumlog.ledger.bookie_reads import EntryReads
 from quorumlog.ledger.bookie_recovery import recover_directory
 from quorumlog.ledger.bookie_state import BookieState, LedgerState
 from quorumlog.raft.invariants import require
@@ -138,7 +135,7 @@ class BookieStorage:
         self.sync_in_flight = False
         self.retired_writers: list[BookieFileHandle] = []
         """Writers of rolled files that a sync job may still hold: closed when it reports."""
-        self.readers: OrderedDict[int, BookieFileHandle] = OrderedDict()
+        self.reads = EntryReads(directory, file_system, settings.read_files_open_max)
         self.garbage_due: list[int] = []
         """Positions of drop records: once one is durable, its ledger's files may go."""
         self.failure: BaseException | None = None
@@ -354,9 +351,7 @@ class BookieStorage:
         """Delete the files that hold no entry of a live ledger; returns how many went."""
         deleted = 0
         for number in self.state.garbage_files(self.file_numbers, self.writer_number):
-            reader = self.readers.pop(number, None)
-            if reader is not None:
-                self.close_quietly(reader)
+            self.reads.forget(number)
             try:
                 self.file_system.unlink(self.directory / log_file_name(number))
             except StorageError:
@@ -393,49 +388,7 @@ class BookieStorage:
                 break
             picked.append(stored)
             total_bytes += stored.length
-        return self.read_stored(picked)
-
-    def read_stored(self, picked: list[StoredEntry]) -> list[LedgerEntryData]:
-        """Read entries with one pread per run of entries that lie end to end in a file."""
-        results: list[LedgerEntryData] = []
-        start = 0
-        while start < len(picked):
-            end = start + 1
-            while end < len(picked) and _follows(picked[end - 1], picked[end]):
-                end += 1
-            results.extend(self.read_run(picked[start:end]))
-            start = end
-        return results
-
-    def read_run(self, run: list[StoredEntry]) -> list[LedgerEntryData]:
-        first, last = run[0], run[-1]
-        span = last.offset + ENTRY_HEADER_BYTES + last.length - first.offset
-        path = self.directory / log_file_name(first.file_number)
-        raw = self.reader(first.file_number).read_at(span, first.offset)
-        if len(raw) != span:
-            raise CorruptLogError(str(path), first.offset, "the file ends inside an entry")
-        results: list[LedgerEntryData] = []
-        for stored in run:
-            start = stored.offset - first.offset
-            piece = raw[start : start + ENTRY_HEADER_BYTES + stored.length]
-            try:
-                data = decode_stored_entry(piece, stored.entry_id)
-            except FormatError as error:
-                raise CorruptLogError(str(path), stored.offset, str(error)) from error
-            results.append(LedgerEntryData(stored.entry_id, data))
-        return results
-
-    def reader(self, number: int) -> BookieFileHandle:
-        handle = self.readers.get(number)
-        if handle is not None:
-            self.readers.move_to_end(number)
-            return handle
-        handle = self.file_system.open_file(self.directory / log_file_name(number))
-        self.readers[number] = handle
-        if len(self.readers) > self.settings.read_files_open_max:
-            _number, oldest = self.readers.popitem(last=False)
-            self.close_quietly(oldest)
-        return handle
+        return self.reads.read(picked)
 
     # --- life -------------------------------------------------------------------------
 
@@ -455,10 +408,10 @@ class BookieStorage:
 
     def close(self) -> None:
         """Release files and the lock (no sync: what is not durable yet may be lost)."""
-        handles = [*self.readers.values(), *self.retired_writers]
+        self.reads.close()
+        handles = list(self.retired_writers)
         if self.writer is not None:
             handles.append(self.writer)
-        self.readers.clear()
         self.retired_writers = []
         self.writer = None
         for handle in handles:
@@ -477,10 +430,3 @@ class BookieStorage:
         # removes it, and the next roll starts it afresh.
         with suppress(StorageError):
             self.file_system.unlink(path)
-
-
-def _follows(previous: StoredEntry, current: StoredEntry) -> bool:
-    return (
-        current.file_number == previous.file_number
-        and current.offset == previous.offset + ENTRY_HEADER_BYTES + previous.length
-    )
