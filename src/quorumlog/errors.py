@@ -62,6 +62,20 @@ class InvalidTruncateError(StorageError, ValueError):
     """A truncation outside what the store holds (for example below first_index)."""
 
 
+class FormatVersionError(StorageError):
+    """A data directory written in a format version this code does not read: refuse to start
+    rather than misread it (or write the old format's files over)."""
+
+    def __init__(self, path: str, found_version: int, supported_version: int) -> None:
+        super().__init__(
+            f"{path} holds format version {found_version}; "
+            f"this program reads format version {supported_version}"
+        )
+        self.path = path
+        self.found_version = found_version
+        self.supported_version = supported_version
+
+
 # --- consensus -----------------------------------------------------------------------
 
 

@@ -1,0 +1,1 @@
+"""BookKeeper-style ledgers (reference 001): bookies, the ledger client, managed ledgers."""

@@ -1,0 +1,283 @@
+"""On-disk format of bookie storage: the version file, log file headers, records, entries.
+
+One directory holds a bookie's data:
+
+    LOCK                          the directory lock (one open storage at a time)
+    VERSION                       magic and format version, written once, atomically
+    entries_<number>.log          the log files, numbered from 1, appended in order
+
+Journal and entry log are one file (see bookie_storage for why). Each log file starts with
+a 32-byte file header, then records, each a 40-byte record header and a body. Little-endian
+throughout (every machine we run on is, so packing costs no byte swaps).
+
+File header:
+
+    offset  size  field
+    0       8     magic           b"QLBOOKIE"
+    8       4     format version  u32
+    12      4     reserved        u32 (0)
+    16      8     file number     u64 (matches the name)
+    24      4     reserved        u32 (0)
+    28      4     header checksum u32 (CRC32C of bytes 0..27)
+
+Record header:
+
+    0       4     body checksum   u32 (CRC32C of the body)
+    4       4     body length     u32
+    8       1     kind            u8 (RecordKind)
+    9       3     reserved        (0)
+    12      4     count           u32 (entries, or ledgers of a checkpoint)
+    16      8     ledger id       u64 (0 for a checkpoint)
+    24      8     LAC             i64 (the LAC that rode on the add; -1 when none)
+    32      4     reserved        u32 (0)
+    36      4     header checksum u32 (CRC32C of bytes 0..35)
+
+Bodies by kind:
+
+- ENTRIES: `count` entries, each a 16-byte entry header (entry id u64, data length u32,
+  data checksum u32: CRC32C of the data) then the data. The index points at an entry's
+  header, so a read fetches header and data with one pread and checks the data again.
+- MASTER_KEY: the ledger's master key. FENCE, DROP: empty.
+- CHECKPOINT: the first record of every file: the state of every ledger alive when the file
+  was started, `count` items of (ledger id u64, LAC i64, flags u16, key length u16, key).
+  Ledger state records (key, fence, drop) in older files are superseded by it, which is
+  what lets whole files be deleted once the ledgers whose entries they hold are dropped.
+
+Two checksums per record, so open can tell where damage is: a header that checks out says
+how long the record is even when its body does not (a torn write), and a body checksum over
+the whole body costs one C call for a batch of entries.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+import struct
+from collections.abc import Sequence
+from itertools import accumulate, chain
+
+import google_crc32c
+import msgspec
+
+FORMAT_VERSION = 1
+MAGIC = b"QLBOOKIE"
+
+VERSION_FILE_NAME = "VERSION"
+_VERSION_LAYOUT = struct.Struct("<8sII")
+"""Magic, format version, checksum of the first 12 bytes."""
+
+FILE_HEADER = struct.Struct("<8sIIQII")
+FILE_HEADER_BYTES = FILE_HEADER.size
+
+RECORD_HEADER = struct.Struct("<IIB3xIQqII")
+RECORD_HEADER_BYTES = RECORD_HEADER.size
+RECORD_HEADER_CHECKED_BYTES = RECORD_HEADER_BYTES - 4
+_RECORD_HEADER_PREFIX = struct.Struct("<IIB3xIQqI")
+
+ENTRY_HEADER = struct.Struct("<QII")
+ENTRY_HEADER_BYTES = ENTRY_HEADER.size
+
+CHECKPOINT_ITEM = struct.Struct("<QqHH")
+CHECKPOINT_FLAG_FENCED = 1
+
+UNSIGNED_32 = struct.Struct("<I")
+ID_MAX = 2**63 - 1
+"""Ledger and entry ids are below 2**63 (signed 64-bit elsewhere in the protocol)."""
+
+_crc32c = google_crc32c.value
+_FILE_NAME = re.compile(r"entries_(\d{10})\.log")
+
+
+class RecordKind(enum.IntEnum):
+    ENTRIES = 1
+    MASTER_KEY = 2
+    FENCE = 3
+    DROP = 4
+    CHECKPOINT = 5
+
+
+RECORD_KINDS = frozenset(int(kind) for kind in RecordKind)
+
+
+class FormatError(ValueError):
+    """Bytes that fail their own checks; the caller turns this into a typed storage error."""
+
+
+class RecordHeader(msgspec.Struct, frozen=True):
+    body_checksum: int
+    body_length: int
+    kind: int
+    count: int
+    ledger_id: int
+    last_add_confirmed: int
+
+
+class CheckpointItem(msgspec.Struct, frozen=True):
+    ledger_id: int
+    last_add_confirmed: int
+    fenced: bool
+    master_key: bytes
+
+
+# --- names and the version file -----------------------------------------------------------
+
+
+def log_file_name(number: int) -> str:
+    return f"entries_{number:010d}.log"
+
+
+def parse_log_file_name(name: str) -> int | None:
+    match = _FILE_NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def encode_version_file(version: int = FORMAT_VERSION) -> bytes:
+    prefix = _VERSION_LAYOUT.pack(MAGIC, version, 0)[:12]
+    return prefix + UNSIGNED_32.pack(_crc32c(prefix))
+
+
+def decode_version_file(data: bytes) -> int:
+    """The format version a VERSION file names; FormatError if it is not one."""
+    if len(data) != _VERSION_LAYOUT.size:
+        raise FormatError(f"VERSION file has {len(data)} bytes, expected {_VERSION_LAYOUT.size}")
+    magic, version, checksum = _VERSION_LAYOUT.unpack(data)
+    if magic != MAGIC or _crc32c(data[:12]) != checksum:
+        raise FormatError("VERSION file fails its magic or checksum")
+    return int(version)
+
+
+# --- file headers -----------------------------------------------------------------------
+
+
+def encode_file_header(number: int, version: int = FORMAT_VERSION) -> bytes:
+    prefix = FILE_HEADER.pack(MAGIC, version, 0, number, 0, 0)[: FILE_HEADER_BYTES - 4]
+    return prefix + UNSIGNED_32.pack(_crc32c(prefix))
+
+
+def decode_file_header(data: bytes) -> tuple[int, int]:
+    """(format version, file number) of a file header; FormatError if it fails its checks."""
+    if len(data) < FILE_HEADER_BYTES:
+        raise FormatError("file header is incomplete")
+    magic, version, _reserved, number, _reserved_2, checksum = FILE_HEADER.unpack_from(data)
+    if magic != MAGIC or _crc32c(data[: FILE_HEADER_BYTES - 4]) != checksum:
+        raise FormatError("file header fails its magic or checksum")
+    return int(version), int(number)
+
+
+# --- records ------------------------------------------------------------------------------
+
+
+def encode_record(
+    kind: RecordKind, ledger_id: int, last_add_confirmed: int, count: int, body: bytes
+) -> bytes:
+    prefix = _RECORD_HEADER_PREFIX.pack(
+        _crc32c(body), len(body), kind, count, ledger_id, last_add_confirmed, 0
+    )
+    return b"".join((prefix, UNSIGNED_32.pack(_crc32c(prefix)), body))
+
+
+def encode_entries_record(
+    ledger_id: int, last_add_confirmed: int, entry_ids: Sequence[int], datas: Sequence[bytes]
+) -> tuple[bytes, list[int], list[int]]:
+    """One ENTRIES record: (bytes, offset of each entry header in it, data length of each).
+
+    Column by column with map() over C functions, so the per-entry work runs in C rather than
+    in Python bytecode, as segment_format does for the Raft log.
+    """
+    lengths = list(map(len, datas))
+    entry_headers = map(ENTRY_HEADER.pack, entry_ids, lengths, map(_crc32c, datas))
+    body = b"".join(chain.from_iterable(zip(entry_headers, datas, strict=True)))
+    record = encode_record(RecordKind.ENTRIES, ledger_id, last_add_confirmed, len(datas), body)
+    offsets = list(
+        accumulate((ENTRY_HEADER_BYTES + length for length in lengths), initial=RECORD_HEADER_BYTES)
+    )
+    offsets.pop()
+    return record, offsets, lengths
+
+
+def encode_checkpoint(items: Sequence[CheckpointItem]) -> bytes:
+    parts: list[bytes] = []
+    for item in items:
+        flags = CHECKPOINT_FLAG_FENCED if item.fenced else 0
+        parts.append(
+            CHECKPOINT_ITEM.pack(
+                item.ledger_id, item.last_add_confirmed, flags, len(item.master_key)
+            )
+        )
+        parts.append(item.master_key)
+    return encode_record(RecordKind.CHECKPOINT, 0, -1, len(items), b"".join(parts))
+
+
+def decode_record_header(data: bytes, offset: int) -> RecordHeader:
+    """The record header at `offset` of `data`, checked; FormatError if it fails a check
+    (the caller has made sure RECORD_HEADER_BYTES are there)."""
+    fields = RECORD_HEADER.unpack_from(data, offset)
+    header_checksum = fields[-1]
+    if _crc32c(data[offset : offset + RECORD_HEADER_CHECKED_BYTES]) != header_checksum:
+        raise FormatError("record header checksum mismatch")
+    body_checksum, body_length, kind, count, ledger_id, last_add_confirmed, _reserved = fields[:-1]
+    if kind not in RECORD_KINDS:
+        raise FormatError(f"unknown record kind {kind}")
+    return RecordHeader(body_checksum, body_length, kind, count, ledger_id, last_add_confirmed)
+
+
+def check_body(header: RecordHeader, body: bytes) -> None:
+    if _crc32c(body) != header.body_checksum:
+        raise FormatError("record body checksum mismatch")
+
+
+def decode_entry_table(body: bytes, count: int) -> tuple[list[int], list[int], list[int]]:
+    """(entry ids, offsets of entry headers within the body, data lengths) of an ENTRIES
+    body whose checksum already checked out; FormatError if its layout is inconsistent."""
+    entry_ids: list[int] = []
+    offsets: list[int] = []
+    lengths: list[int] = []
+    unpack = ENTRY_HEADER.unpack_from
+    position = 0
+    body_length = len(body)
+    for _ in range(count):
+        if position + ENTRY_HEADER_BYTES > body_length:
+            raise FormatError("entry table runs past the record body")
+        entry_id, length, _checksum = unpack(body, position)
+        entry_ids.append(entry_id)
+        offsets.append(position)
+        lengths.append(length)
+        position += ENTRY_HEADER_BYTES + length
+    if position != body_length:
+        raise FormatError(f"entries end at {position} of a {body_length}-byte body")
+    return entry_ids, offsets, lengths
+
+
+def decode_checkpoint(body: bytes, count: int) -> list[CheckpointItem]:
+    items: list[CheckpointItem] = []
+    position = 0
+    for _ in range(count):
+        if position + CHECKPOINT_ITEM.size > len(body):
+            raise FormatError("checkpoint runs past its body")
+        ledger_id, last_add_confirmed, flags, key_length = CHECKPOINT_ITEM.unpack_from(
+            body, position
+        )
+        position += CHECKPOINT_ITEM.size
+        master_key = body[position : position + key_length]
+        position += key_length
+        fenced = bool(flags & CHECKPOINT_FLAG_FENCED)
+        items.append(CheckpointItem(ledger_id, last_add_confirmed, fenced, master_key))
+    if position != len(body):
+        raise FormatError(f"checkpoint items end at {position} of a {len(body)}-byte body")
+    return items
+
+
+def decode_stored_entry(raw: bytes, entry_id: int) -> bytes:
+    """The data of one entry read back (entry header and exactly its data), checked against
+    its header: the id the index expected, the length and the data checksum."""
+    if len(raw) < ENTRY_HEADER_BYTES:
+        raise FormatError("a stored entry reads back shorter than its header")
+    stored_id, length, checksum = ENTRY_HEADER.unpack_from(raw)
+    if stored_id != entry_id:
+        raise FormatError(f"index points at entry {stored_id}, not {entry_id}")
+    if length != len(raw) - ENTRY_HEADER_BYTES:
+        raise FormatError(f"entry header says {length} bytes, index says {len(raw) - 16}")
+    data = raw[ENTRY_HEADER_BYTES:]
+    if _crc32c(data) != checksum:
+        raise FormatError("entry data checksum mismatch")
+    return data

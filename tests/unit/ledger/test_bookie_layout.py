@@ -1,0 +1,124 @@
+"""The entry index and the record layout, piece by piece."""
+
+from __future__ import annotations
+
+import pytest
+
+from quorumlog.ledger.bookie_format import (
+    RECORD_HEADER_BYTES,
+    CheckpointItem,
+    FormatError,
+    RecordKind,
+    check_body,
+    decode_checkpoint,
+    decode_entry_table,
+    decode_file_header,
+    decode_record_header,
+    decode_stored_entry,
+    decode_version_file,
+    encode_checkpoint,
+    encode_entries_record,
+    encode_file_header,
+    encode_version_file,
+    log_file_name,
+    parse_log_file_name,
+)
+from quorumlog.ledger.bookie_index import CHUNK_ENTRIES, LedgerEntryIndex
+
+
+def test_index_keeps_sparse_ids_and_scans_only_what_is_stored() -> None:
+    index = LedgerEntryIndex()
+    far = 10**15
+    index.put_many([far], 3, 1000, [0], [7])
+    index.put_many([0, 2, 5], 1, 100, [0, 30, 60], [10, 11, 12])
+    index.put_many([CHUNK_ENTRIES + 1], 2, 0, [40], [13])  # a chunk between two others
+    assert index.entry_count == 5
+    assert index.last_entry_id == far
+    stored = index.get(far)
+    assert stored is not None
+    assert (stored.file_number, stored.offset, stored.length) == (3, 1000, 7)
+    assert index.get(1) is None and index.get(far - 1) is None
+    assert [e.entry_id for e in index.scan(0, 2**62)] == [0, 2, 5, CHUNK_ENTRIES + 1, far]
+    assert [e.entry_id for e in index.scan(1, 5)] == [2, 5]
+    assert [e.entry_id for e in index.scan(6, CHUNK_ENTRIES)] == []
+    assert index.chunk_numbers == sorted(index.chunks)
+
+
+def test_index_overwrite_moves_the_entry_and_counts_it_once() -> None:
+    index = LedgerEntryIndex()
+    index.put_many([4], 1, 0, [100], [5])
+    index.put_many([4], 2, 0, [200], [6])
+    stored = index.get(4)
+    assert stored is not None
+    assert (stored.file_number, stored.offset, stored.length) == (2, 200, 6)
+    assert index.entry_count == 1
+
+
+def test_an_entries_record_round_trips() -> None:
+    datas = [b"", b"a", b"bb" * 100]
+    record, offsets, lengths = encode_entries_record(7, 41, [3, 4, 9], datas)
+    header = decode_record_header(record, 0)
+    assert (header.kind, header.ledger_id, header.last_add_confirmed, header.count) == (
+        RecordKind.ENTRIES,
+        7,
+        41,
+        3,
+    )
+    body = record[RECORD_HEADER_BYTES:]
+    check_body(header, body)
+    entry_ids, body_offsets, body_lengths = decode_entry_table(body, 3)
+    assert entry_ids == [3, 4, 9]
+    assert [o + RECORD_HEADER_BYTES for o in body_offsets] == offsets
+    assert body_lengths == lengths == [0, 1, 200]
+    for entry_id, offset, data in zip(entry_ids, offsets, datas, strict=True):
+        assert decode_stored_entry(record[offset : offset + 16 + len(data)], entry_id) == data
+
+
+def test_every_flipped_byte_of_a_record_is_caught() -> None:
+    record, _offsets, _lengths = encode_entries_record(7, 41, [3, 4], [b"xyz", b"uvw"])
+    for position in range(len(record)):
+        damaged = bytearray(record)
+        damaged[position] ^= 0x01
+        with pytest.raises(FormatError):
+            header = decode_record_header(bytes(damaged), 0)
+            check_body(header, bytes(damaged[RECORD_HEADER_BYTES:]))
+
+
+def test_a_stored_entry_is_checked_on_the_way_back() -> None:
+    record, offsets, _lengths = encode_entries_record(1, -1, [5], [b"hello"])
+    raw = record[offsets[0] :]
+    assert decode_stored_entry(raw, 5) == b"hello"
+    with pytest.raises(FormatError, match="not 6"):
+        decode_stored_entry(raw, 6)
+    with pytest.raises(FormatError, match="checksum"):
+        decode_stored_entry(raw[:-1] + b"?", 5)
+    with pytest.raises(FormatError):
+        decode_stored_entry(raw[:-1], 5)
+    with pytest.raises(FormatError):
+        decode_stored_entry(raw[:10], 5)
+
+
+def test_a_checkpoint_round_trips() -> None:
+    items = [
+        CheckpointItem(1, -1, False, b""),
+        CheckpointItem(2**62, 99, True, b"k" * 64),
+    ]
+    record = encode_checkpoint(items)
+    header = decode_record_header(record, 0)
+    assert header.kind == RecordKind.CHECKPOINT
+    assert decode_checkpoint(record[RECORD_HEADER_BYTES:], header.count) == items
+    with pytest.raises(FormatError):
+        decode_checkpoint(record[RECORD_HEADER_BYTES:-1], header.count)
+
+
+def test_file_headers_version_files_and_names() -> None:
+    assert decode_file_header(encode_file_header(12)) == (1, 12)
+    assert decode_file_header(encode_file_header(12, version=3)) == (3, 12)
+    with pytest.raises(FormatError):
+        decode_file_header(encode_file_header(12)[:-1] + b"\x00")
+    assert decode_version_file(encode_version_file()) == 1
+    with pytest.raises(FormatError):
+        decode_version_file(b"QLBOOKIE" + bytes(8))
+    assert parse_log_file_name(log_file_name(42)) == 42
+    assert parse_log_file_name("entries_42.log") is None
+    assert parse_log_file_name("VERSION") is None
