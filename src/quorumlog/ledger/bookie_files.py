@@ -4,7 +4,7 @@ Every OS call of bookie storage is here, so the simulator can hand the storage a
 disk instead. The interface is, method for method, a subset of `FileSystem` / `FileHandle`
 in `quorumlog.storage.filesystem` (the injected file system the log stores are moving to):
 that module's `OS_FILE_SYSTEM` and the simulator's `SimFileSystem` satisfy it as they are,
-and `OsBookieFileSystem` below can give way to `OS_FILE_SYSTEM` once both are on one branch.
+and `OS_BOOKIE_FILE_SYSTEM` is that `OS_FILE_SYSTEM`.
 
 The durability contract the storage relies on (and the simulated disk enforces):
 
@@ -19,11 +19,10 @@ other failure, naming the path; never a bare `OSError`.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Protocol
 
-from quorumlog.storage.files import disk_errors, fsync_directory, lock_directory
+from quorumlog.storage.filesystem import OS_FILE_SYSTEM
 
 
 class BookieFileHandle(Protocol):
@@ -87,102 +86,8 @@ class BookieFileSystem(Protocol):
 # --- the operating system's files ----------------------------------------------------------
 
 
-class OsBookieFileHandle:
-    __slots__ = ("_descriptor", "_path")
-
-    def __init__(self, path: Path, descriptor: int) -> None:
-        self._path = path
-        self._descriptor = descriptor
-
-    @property
-    def path(self) -> Path:
-        return self._path
-
-    def read_at(self, size: int, offset: int) -> bytes:
-        with disk_errors(self._path):
-            return os.pread(self._descriptor, size, offset)
-
-    def write_at(self, data: bytes | bytearray | memoryview, offset: int) -> None:
-        with disk_errors(self._path), memoryview(data) as view:
-            written = 0
-            # A short write is legal (and what a disk filling up looks like): finish it.
-            while written < len(view):
-                written += os.pwrite(self._descriptor, view[written:], offset + written)
-
-    def size(self) -> int:
-        with disk_errors(self._path):
-            return os.fstat(self._descriptor).st_size
-
-    def truncate(self, size: int) -> None:
-        with disk_errors(self._path):
-            os.ftruncate(self._descriptor, size)
-
-    def sync_data(self) -> None:
-        with disk_errors(self._path):
-            os.fdatasync(self._descriptor)
-
-    def close(self) -> None:
-        if self._descriptor < 0:
-            return
-        descriptor, self._descriptor = self._descriptor, -1
-        with disk_errors(self._path):
-            os.close(descriptor)
-
-
-class OsBookieDirectoryLock:
-    __slots__ = ("_descriptor",)
-
-    def __init__(self, descriptor: int) -> None:
-        self._descriptor = descriptor
-
-    def release(self) -> None:
-        if self._descriptor >= 0:
-            descriptor, self._descriptor = self._descriptor, -1
-            os.close(descriptor)
-
-
-class OsBookieFileSystem:
-    def open_file(self, path: Path, *, writable: bool = False) -> BookieFileHandle:
-        with disk_errors(path):
-            return OsBookieFileHandle(path, os.open(path, os.O_RDWR if writable else os.O_RDONLY))
-
-    def create_file(self, path: Path, *, exclusive: bool = True) -> BookieFileHandle:
-        flags = os.O_RDWR | os.O_CREAT | (os.O_EXCL if exclusive else os.O_TRUNC)
-        with disk_errors(path):
-            return OsBookieFileHandle(path, os.open(path, flags, 0o644))
-
-    def read_file(self, path: Path) -> bytes:
-        with disk_errors(path):
-            return path.read_bytes()
-
-    def list_directory(self, path: Path) -> list[str]:
-        with disk_errors(path):
-            return sorted(os.listdir(path))
-
-    def exists(self, path: Path) -> bool:
-        return os.path.exists(path)
-
-    def make_directory(self, path: Path) -> None:
-        with disk_errors(path):
-            os.mkdir(path)
-
-    def rename(self, source: Path, target: Path) -> None:
-        with disk_errors(source):
-            os.rename(source, target)
-
-    def unlink(self, path: Path) -> None:
-        with disk_errors(path):
-            os.unlink(path)
-
-    def sync_directory(self, path: Path) -> None:
-        with disk_errors(path):
-            fsync_directory(path)
-
-    def lock_directory(self, path: Path) -> BookieDirectoryLock:
-        return OsBookieDirectoryLock(lock_directory(path))
-
-
-OS_BOOKIE_FILE_SYSTEM: BookieFileSystem = OsBookieFileSystem()
+OS_BOOKIE_FILE_SYSTEM: BookieFileSystem = OS_FILE_SYSTEM
+"""The real disk: the same file system the log stores use."""
 
 
 def ensure_directory(file_system: BookieFileSystem, path: Path) -> None:
