@@ -25,9 +25,9 @@ from quorumlog.ledger.bookie_files import (
     BookieDirectoryLock,
     BookieFileHandle,
     BookieFileSystem,
-    OsBookieFileSystem,
 )
 from quorumlog.ledger.bookie_storage import BookieStorage, BookieStorageSettings
+from quorumlog.storage.filesystem import OS_FILE_SYSTEM
 
 
 class CrashableFileHandle:
@@ -78,7 +78,7 @@ class CrashableFileHandle:
 
 class CrashableFileSystem:
     def __init__(self) -> None:
-        self.os = OsBookieFileSystem()
+        self.os = OS_FILE_SYSTEM
         self.synced_sizes: dict[Path, int] = {}
         self.unsynced_names: set[Path] = set()
         self.bytes_free: int | None = None
