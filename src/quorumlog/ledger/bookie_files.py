@@ -25,7 +25,6 @@ from quorumlog.storage.filesystem import (
     FileSystem,
     ensure_directory,
 )
-from quorumlog.storage.filesystem import atomic_write as shared_atomic_write
 
 BookieFileHandle = FileHandle
 BookieDirectoryLock = DirectoryLock
@@ -35,8 +34,17 @@ OS_BOOKIE_FILE_SYSTEM: FileSystem = OS_FILE_SYSTEM
 
 
 def atomic_write(file_system: FileSystem, path: Path, data: bytes) -> None:
-    """Replace `path` with `data`: a crash leaves the old or the new content, never a mix."""
-    shared_atomic_write(path, data, file_system)
+    """Replace `path` with `data`: a crash leaves the old or the new content, never a mix.
+    (Like storage.filesystem's, but it needs of a handle only `sync_data`.)"""
+    temporary = path.with_name(path.name + ".tmp")
+    handle = file_system.create_file(temporary, exclusive=False)
+    try:
+        handle.write_at(data, 0)
+        handle.sync_data()
+    finally:
+        handle.close()
+    file_system.rename(temporary, path)
+    file_system.sync_directory(path.parent)
 
 
 __all__ = [
