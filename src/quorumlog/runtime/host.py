@@ -248,7 +248,7 @@ class RaftHost:
         self.tick_timer = self.scheduler.call_later(self.next_tick_seconds - now, self.on_tick)
         if self.failure is None:
             self.guarded(self.core.tick)
-            self.schedule()
+            self.schedule_if_due()
 
     def stop(self) -> None:
         """Stop ticking and processing; every waiter fails (its outcome is unknown). The
@@ -344,6 +344,19 @@ class RaftHost:
         if not self.scheduled and not self.stopped and self.failure is None:
             self.scheduled = True
             self.scheduler.call_soon(self.process)
+
+    def schedule_if_due(self) -> None:
+        """Schedule a pass only if it has something to do (most follower ticks and many
+        sync completions leave nothing): the same as `schedule`, minus an idle pass."""
+        if self.scheduled:
+            return
+        if (
+            self.core.has_ready()
+            or self.read_requests
+            or (self.unwritten and not self.syncing)
+            or (self.pending_compaction is not None and not self.syncing)
+        ):
+            self.schedule()
 
     def process(self) -> None:
         self.scheduled = False
@@ -481,7 +494,7 @@ class RaftHost:
         except Exception as apply_error:
             self.fail(apply_error)
             return
-        self.schedule()
+        self.schedule_if_due()
 
     def fail(self, error: BaseException) -> None:
         """Stop this group: nothing more is persisted, sent or applied."""
