@@ -331,10 +331,14 @@ def test_concurrent_clients_with_a_leader_kill_stay_linearizable(tmp_path: Path)
 
 
 def log_segment_files(data_dir: Path) -> list[Path]:
+    """The segment files (not the meta file, nor the temporary file a meta update writes
+    and renames while the node runs)."""
     return [
         path
         for path in (data_dir / "kv" / "log").iterdir()
-        if path.name.startswith("log_") and path.name != "log_meta"
+        if path.name.startswith("log_")
+        and path.name != "log_meta"
+        and not path.name.endswith(".tmp")
     ]
 
 
