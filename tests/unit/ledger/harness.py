@@ -176,13 +176,37 @@ class RecordingMetadataStore(InMemoryMetadataStore):
         return stored
 
 
-@dataclass
+@dataclass(eq=False)
 class Message:
     client: str
     bookie_id: str | None
     payload: BookieRequest | BookieAnswer | MetadataOperation | MetadataResult
     to_bookie: bool = False
     to_store: bool = False
+
+
+def requests_to(bookie_id: str, client: str | None = None) -> Callable[[Message], bool]:
+    return lambda message: (
+        message.to_bookie
+        and message.bookie_id == bookie_id
+        and (client is None or message.client == client)
+    )
+
+
+def answers_from(bookie_id: str, client: str | None = None) -> Callable[[Message], bool]:
+    return lambda message: (
+        not message.to_bookie
+        and message.bookie_id == bookie_id
+        and (client is None or message.client == client)
+    )
+
+
+def of_client(client: str) -> Callable[[Message], bool]:
+    return lambda message: message.client == client
+
+
+def metadata_of(client: str) -> Callable[[Message], bool]:
+    return lambda message: message.client == client and message.bookie_id is None
 
 
 @dataclass
@@ -371,19 +395,38 @@ class LedgerWorld:
                 return True
         return False
 
+    def deliver_matching(self, predicate: Callable[[Message], bool]) -> int:
+        """Deliver, oldest first, every message queued now that matches (not the ones this
+        produces); returns how many."""
+        chosen = [message for message in self.queue if predicate(message)]
+        for message in chosen:
+            self.deliver(self.queue.index(message))
+        return len(chosen)
+
+    def drop_matching(self, predicate: Callable[[Message], bool]) -> int:
+        chosen = [message for message in self.queue if predicate(message)]
+        for message in chosen:
+            self.drop(self.queue.index(message))
+        return len(chosen)
+
     def run(self, until: Callable[[], bool] | None = None, ticks_max: int = 2000) -> None:
         """Deliver in order, ticking whenever nothing is deliverable, until `until()` holds
-        (or, without one, until the queue is empty). Fails after `ticks_max` ticks."""
+        or, without one, until nothing happens for a few request timeouts (every timer a
+        core set has run out). Fails after `ticks_max` ticks."""
         ticks = 0
+        quiet_ticks = 0
         while True:
             if until is not None and until():
                 return
-            if not self.step():
-                if until is None and not self.queue:
-                    return
-                ticks += 1
-                assert ticks <= ticks_max, "the world did not settle"
-                self.tick()
+            if self.step():
+                quiet_ticks = 0
+                continue
+            if until is None and quiet_ticks > 3 * self.config.request_timeout_ticks:
+                return
+            ticks += 1
+            quiet_ticks += 1
+            assert ticks <= ticks_max, "the world did not settle"
+            self.tick()
 
     # --- looking -----------------------------------------------------------------------
 
