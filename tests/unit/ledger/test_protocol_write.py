@@ -78,7 +78,7 @@ def test_acks_complete_in_entry_order() -> None:
     world = LedgerWorld()
     metadata = world.create_ledger(3, 3, 2)
     world.writer("w", metadata)
-    first, second, third = metadata.ensembles[0]
+    _, second, third = metadata.ensembles[0]
     world.append("w", b"zero")
     world.append("w", b"one")  # a second frame to each bookie
     # Entry 1's frames are answered by two bookies; entry 0's by one only.
@@ -169,7 +169,7 @@ def test_acks_of_a_replaced_bookie_do_not_count_in_the_new_fragment() -> None:
     world = LedgerWorld()
     metadata = world.create_ledger(3, 3, 2)
     world.writer("w", metadata)
-    first, second, third = metadata.ensembles[0]
+    first, _, third = metadata.ensembles[0]
     for entry_id in range(3):
         world.append("w", b"e%d" % entry_id)
     # `third` stores and acknowledges entries 0..2; the others are slow.
