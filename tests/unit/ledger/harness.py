@@ -241,6 +241,8 @@ class LedgerWorld:
         """Bookies whose connection refuses: the client is told at once."""
         self.paused: set[str] = set()
         """Requests to these wait in the queue (a SIGSTOPped bookie)."""
+        self.held_clients: set[str] = set()
+        """Every message of these clients waits (a paused process)."""
         self.store_unavailable = False
         self.entries_written: dict[int, dict[int, bytes]] = {}
         """Every entry an application appended, per ledger (what acked ids must read as)."""
@@ -338,6 +340,8 @@ class LedgerWorld:
 
     def deliverable(self, index: int) -> bool:
         message = self.queue[index]
+        if message.client in self.held_clients:
+            return False
         return not (message.to_bookie and message.bookie_id in self.paused)
 
     def deliver(self, index: int) -> None:
