@@ -35,10 +35,13 @@ from __future__ import annotations
 
 import bisect
 import enum
+import itertools
+import operator
 import random as random_module
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 from quorumlog.codec.wire import AddEntries, AddEntriesResult, BookieStatus, LedgerEntryData
 from quorumlog.errors import (
@@ -72,6 +75,22 @@ from quorumlog.raft.invariants import InvariantViolation, require
 
 _BUFFER_COMPACT_ENTRIES_MIN = 4096
 """Acknowledged entries dropped from the front of the buffer in one go (amortised)."""
+
+
+_SHARE_PICKERS_MAX = 256
+"""Cached striping pickers (one per position, residue and batch size seen)."""
+
+
+def share_picker(
+    offsets: list[int],
+) -> Callable[[list[LedgerEntryData]], list[LedgerEntryData]]:
+    if not offsets:
+        return lambda batch: []
+    if len(offsets) == 1:
+        only = offsets[0]
+        return lambda batch: [batch[only]]
+    getter = operator.itemgetter(*offsets)
+    return lambda batch: list(getter(batch))
 
 
 class WriterState(enum.Enum):
@@ -151,6 +170,10 @@ class LedgerWriter:
         self.cumulative_lengths: list[int] = []
         """cumulative_lengths[i]: ledger length through buffer[i]."""
         self.buffer_length_before = length
+        self.length_appended = length
+        self.entry_bytes_max = config.entry_bytes_max
+        self.pending_entries_max = config.pending_entries_max
+        self.pending_bytes_max = config.pending_bytes_max
         self.failed_bookies: dict[str, int] = {}
         """Bookies that failed this writer, and the tick they failed at (quarantine)."""
         self.replace_positions: set[int] = set()
@@ -160,31 +183,66 @@ class LedgerWriter:
         self.metadata_calls = MetadataCalls(config.retry_delay_ticks, operation_ids)
         self.now_tick = 0
         self.actions = LedgerActions()
+        self.share_pickers: dict[
+            tuple[int, int, int], Callable[[list[LedgerEntryData]], list[LedgerEntryData]]
+        ] = {}
 
     # --- commands ----------------------------------------------------------------------
 
     def append(self, data: bytes) -> int:
-        """Queue one entry; returns its id. It goes out with the next `take_actions`."""
+        """Queue one entry; returns its id. It goes out with the next `take_actions`.
+
+        This runs once per entry, so it does the least it can: the checks that cannot fail
+        in the common case are folded into one comparison each."""
+        entry_id = self.next_entry_id
+        size = len(data)
+        length_total = self.length_appended + size
+        if (
+            self.failure is not None
+            or self.close_requested
+            or size > self.entry_bytes_max
+            or entry_id - self.last_add_confirmed > self.pending_entries_max
+            or length_total - self.length_confirmed > self.pending_bytes_max
+        ):
+            self.refuse(size)
+        self.buffer.append(LedgerEntryData(entry_id, data))
+        self.cumulative_lengths.append(length_total)
+        self.length_appended = length_total
+        self.next_entry_id = entry_id + 1
+        return entry_id
+
+    def append_many(self, datas: Sequence[bytes]) -> int:
+        """Queue entries in order (as `append` each, all or none); returns the first id."""
+        first = self.next_entry_id
+        sizes = [len(data) for data in datas]
+        length_total = self.length_appended + sum(sizes)
+        if (
+            self.failure is not None
+            or self.close_requested
+            or max(sizes, default=0) > self.entry_bytes_max
+            or first + len(datas) - 1 - self.last_add_confirmed > self.pending_entries_max
+            or length_total - self.length_confirmed > self.pending_bytes_max
+        ):
+            self.refuse(max(sizes, default=0), len(datas))
+        self.buffer.extend(map(LedgerEntryData, range(first, first + len(datas)), datas))
+        running = itertools.accumulate(sizes, initial=self.length_appended)
+        self.cumulative_lengths.extend(itertools.islice(running, 1, None))
+        self.length_appended = length_total
+        self.next_entry_id = first + len(datas)
+        return first
+
+    def refuse(self, size: int, count: int = 1) -> NoReturn:
+        """Raise why `count` more entries (the largest `size` bytes) cannot be appended."""
         if self.failure is not None:
             raise self.failure
         if self.close_requested or self.state is WriterState.CLOSED:
             raise LedgerClosedError(f"ledger {self.metadata.ledger_id} is closed")
-        size = len(data)
-        if size > self.config.entry_bytes_max:
+        if size > self.entry_bytes_max:
             raise EntryTooLargeError(f"{size} bytes > entry_bytes_max")
-        length_total = self.cumulative_lengths[-1] if self.buffer else self.buffer_length_before
-        if (
-            self.next_entry_id - self.last_add_confirmed > self.config.pending_entries_max
-            or length_total + size - self.length_confirmed > self.config.pending_bytes_max
-        ):
-            raise LedgerPendingFullError(
-                f"ledger {self.metadata.ledger_id}: {self.pending_entries} entries pending"
-            )
-        entry_id = self.next_entry_id
-        self.buffer.append(LedgerEntryData(entry_id, data))
-        self.cumulative_lengths.append(length_total + size)
-        self.next_entry_id = entry_id + 1
-        return entry_id
+        raise LedgerPendingFullError(
+            f"ledger {self.metadata.ledger_id}: {self.pending_entries} entries pending, "
+            f"{count} more do not fit"
+        )
 
     def close(self) -> None:
         """Close once every appended entry is acknowledged: store CLOSED metadata with the
@@ -307,14 +365,25 @@ class LedgerWriter:
         start = first - self.buffer_first_entry_id
         batch = self.buffer[start : start + last - first + 1]
         require(batch[0].entry_id == first and batch[-1].entry_id == last, "buffer misaligned")
-        ensemble_size = self.schedule.ensemble_size
-        striped = ensemble_size != self.schedule.write_quorum_size
-        holds = self.schedule.holds_by_residue
+        striped = self.schedule.ensemble_size != self.schedule.write_quorum_size
         for index in position_indexes:
-            share = batch
-            if striped:
-                share = [entry for entry in batch if holds[entry.entry_id % ensemble_size][index]]
+            share = self.share_of(index, batch) if striped else batch
             self.send_share(index, share, last)
+
+    def share_of(self, index: int, batch: list[LedgerEntryData]) -> list[LedgerEntryData]:
+        """The entries of `batch` that position `index` holds (striping). The picking is
+        done in C by an itemgetter, cached per (first entry mod E, batch size): batches
+        mostly come in a few sizes."""
+        key = (index, batch[0].entry_id % self.schedule.ensemble_size, len(batch))
+        pick = self.share_pickers.get(key)
+        if pick is None:
+            if len(self.share_pickers) >= _SHARE_PICKERS_MAX:
+                self.share_pickers.clear()
+            holds = self.schedule.holds
+            first = batch[0].entry_id
+            offsets = [k for k in range(len(batch)) if holds(index, first + k)]
+            pick = self.share_pickers[key] = share_picker(offsets)
+        return pick(batch)
 
     def send_share(self, index: int, share: list[LedgerEntryData], through: int) -> None:
         position = self.positions[index]

@@ -174,7 +174,7 @@ class Run:
 
 
 @settings(
-    max_examples=3000,
+    max_examples=300,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )

@@ -73,6 +73,42 @@ def test_appends_between_take_actions_go_out_as_one_frame_per_bookie() -> None:
         assert [entry.entry_id for entry in adds[0].entries] == list(range(100))
 
 
+@pytest.mark.parametrize("shape", [(3, 2, 2), (5, 3, 2), (4, 1, 1)])
+def test_a_batch_is_striped_into_each_bookies_share(shape: tuple[int, int, int]) -> None:
+    world = LedgerWorld(bookie_count=6, config=LedgerProtocolConfig(batch_entries_max=1000))
+    metadata = world.create_ledger(*shape)
+    writer = world.writer("w", metadata)
+    writer.append_many([b"e%d" % entry_id for entry_id in range(3)])
+    for entry_id in range(3, 50):
+        writer.append(b"e%d" % entry_id)
+    world.collect("w")
+    ensemble_size, write_quorum, _ = shape
+    for position, bookie_id in enumerate(metadata.ensembles[0]):
+        [add] = adds_to(world, bookie_id)
+        expected = [e for e in range(50) if (position - e) % ensemble_size < write_quorum]
+        assert [entry.entry_id for entry in add.entries] == expected
+        assert all(entry.data == b"e%d" % entry.entry_id for entry in add.entries)
+    world.run()
+    assert world.clients["w"].last_add_confirmed == 49
+
+
+def test_append_many_is_all_or_nothing() -> None:
+    world = LedgerWorld(config=LedgerProtocolConfig(pending_entries_max=4))
+    metadata = world.create_ledger(3, 2, 2)
+    writer = world.writer("w", metadata)
+    assert writer.append_many([b"a", b"bb"]) == 0
+    with pytest.raises(LedgerPendingFullError):
+        writer.append_many([b"c", b"d", b"e"])
+    assert writer.append_many([b"c", b"d"]) == 2
+    world.collect("w")
+    world.run()
+    writer.close()
+    world.collect("w")
+    world.run()
+    closed = world.clients["w"].closed
+    assert closed is not None and (closed.last_entry_id, closed.length) == (3, 5)
+
+
 def test_acks_complete_in_entry_order() -> None:
     """An entry later in the ledger that has its quorum waits for every earlier one."""
     world = LedgerWorld()
