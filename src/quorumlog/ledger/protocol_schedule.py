@@ -8,7 +8,15 @@ E=3, Qw=2 entry 0 -> 0,1; entry 1 -> 1,2; entry 2 -> 2,0).
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import operator
+from collections.abc import Callable, Collection, Sequence
+from typing import TypeVar
+
+Item = TypeVar("Item")
+Picker = Callable[[Sequence[Item]], list[Item]]
+
+_SHARE_PICKERS_MAX = 256
+"""Cached striping pickers (one per position, residue and batch size seen)."""
 
 
 class DistributionSchedule:
@@ -33,6 +41,7 @@ class DistributionSchedule:
             for write_set in self.write_sets
         ]
         """[e mod E][p]: whether position p holds entries e with that residue."""
+        self.share_pickers: dict[tuple[int, int, int], Picker[object]] = {}
 
     def write_set(self, entry_id: int) -> tuple[int, ...]:
         return self.write_sets[entry_id % self.ensemble_size]
@@ -70,3 +79,28 @@ class DistributionSchedule:
             candidate = quorum_mark + 1
             first_misses.append(candidate + (residue - candidate) % ensemble_size)
         return min(first_misses) - 1
+
+    def share(self, position: int, first_entry_id: int, batch: Sequence[Item]) -> list[Item]:
+        """The items of `batch` (entries first_entry_id, first_entry_id + 1, ...) that
+        `position` holds. The picking runs in C (an itemgetter), cached per (position, first
+        entry mod E, batch size): batches mostly come in a few sizes."""
+        if self.ensemble_size == self.write_quorum_size:
+            return list(batch)
+        key = (position, first_entry_id % self.ensemble_size, len(batch))
+        pick = self.share_pickers.get(key)
+        if pick is None:
+            if len(self.share_pickers) >= _SHARE_PICKERS_MAX:
+                self.share_pickers.clear()
+            offsets = [k for k in range(len(batch)) if self.holds(position, first_entry_id + k)]
+            pick = self.share_pickers[key] = share_picker(offsets)
+        return pick(batch)  # type: ignore[return-value]  # the picker keeps the item type
+
+
+def share_picker(offsets: list[int]) -> Picker[object]:
+    if not offsets:
+        return lambda batch: []
+    if len(offsets) == 1:
+        only = offsets[0]
+        return lambda batch: [batch[only]]
+    getter = operator.itemgetter(*offsets)
+    return lambda batch: list(getter(batch))

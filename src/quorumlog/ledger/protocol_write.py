@@ -33,27 +33,21 @@ new bookie has only part of what was re-written (BookKeeper does the same since 
 
 from __future__ import annotations
 
-import bisect
 import enum
-import itertools
-import operator
 import random as random_module
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import NoReturn
 
 from quorumlog.codec.wire import AddEntries, AddEntriesResult, BookieStatus, LedgerEntryData
 from quorumlog.errors import (
     BadPasswordError,
     BookieRejectedError,
-    EntryTooLargeError,
     LedgerClosedError,
     LedgerError,
     LedgerFencedError,
     LedgerMetadataConflictError,
     LedgerNotFoundError,
-    LedgerPendingFullError,
     NotEnoughBookiesError,
 )
 from quorumlog.ledger.metadata import LedgerMetadata, LedgerState
@@ -71,26 +65,8 @@ from quorumlog.ledger.protocol_actions import (
     WritableBookies,
 )
 from quorumlog.ledger.protocol_schedule import DistributionSchedule
+from quorumlog.ledger.protocol_write_buffer import EntryBuffer
 from quorumlog.raft.invariants import InvariantViolation, require
-
-_BUFFER_COMPACT_ENTRIES_MIN = 4096
-"""Acknowledged entries dropped from the front of the buffer in one go (amortised)."""
-
-
-_SHARE_PICKERS_MAX = 256
-"""Cached striping pickers (one per position, residue and batch size seen)."""
-
-
-def share_picker(
-    offsets: list[int],
-) -> Callable[[list[LedgerEntryData]], list[LedgerEntryData]]:
-    if not offsets:
-        return lambda batch: []
-    if len(offsets) == 1:
-        only = offsets[0]
-        return lambda batch: [batch[only]]
-    getter = operator.itemgetter(*offsets)
-    return lambda batch: list(getter(batch))
 
 
 class WriterState(enum.Enum):
@@ -163,17 +139,8 @@ class LedgerWriter:
         self.close_requested = False
         self.last_add_confirmed = last_add_confirmed
         self.length_confirmed = length
-        self.next_entry_id = last_add_confirmed + 1
         self.sent_through = last_add_confirmed
-        self.buffer: list[LedgerEntryData] = []
-        self.buffer_first_entry_id = last_add_confirmed + 1
-        self.cumulative_lengths: list[int] = []
-        """cumulative_lengths[i]: ledger length through buffer[i]."""
-        self.buffer_length_before = length
-        self.length_appended = length
-        self.entry_bytes_max = config.entry_bytes_max
-        self.pending_entries_max = config.pending_entries_max
-        self.pending_bytes_max = config.pending_bytes_max
+        self.buffer = EntryBuffer(metadata.ledger_id, last_add_confirmed + 1, length, config)
         self.failed_bookies: dict[str, int] = {}
         """Bookies that failed this writer, and the tick they failed at (quarantine)."""
         self.replace_positions: set[int] = set()
@@ -183,66 +150,16 @@ class LedgerWriter:
         self.metadata_calls = MetadataCalls(config.retry_delay_ticks, operation_ids)
         self.now_tick = 0
         self.actions = LedgerActions()
-        self.share_pickers: dict[
-            tuple[int, int, int], Callable[[list[LedgerEntryData]], list[LedgerEntryData]]
-        ] = {}
 
     # --- commands ----------------------------------------------------------------------
 
     def append(self, data: bytes) -> int:
-        """Queue one entry; returns its id. It goes out with the next `take_actions`.
-
-        This runs once per entry, so it does the least it can: the checks that cannot fail
-        in the common case are folded into one comparison each."""
-        entry_id = self.next_entry_id
-        size = len(data)
-        length_total = self.length_appended + size
-        if (
-            self.failure is not None
-            or self.close_requested
-            or size > self.entry_bytes_max
-            or entry_id - self.last_add_confirmed > self.pending_entries_max
-            or length_total - self.length_confirmed > self.pending_bytes_max
-        ):
-            self.refuse(size)
-        self.buffer.append(LedgerEntryData(entry_id, data))
-        self.cumulative_lengths.append(length_total)
-        self.length_appended = length_total
-        self.next_entry_id = entry_id + 1
-        return entry_id
+        """Queue one entry; returns its id. It goes out with the next `take_actions`."""
+        return self.buffer.append(data)
 
     def append_many(self, datas: Sequence[bytes]) -> int:
-        """Queue entries in order (as `append` each, all or none); returns the first id."""
-        first = self.next_entry_id
-        sizes = [len(data) for data in datas]
-        length_total = self.length_appended + sum(sizes)
-        if (
-            self.failure is not None
-            or self.close_requested
-            or max(sizes, default=0) > self.entry_bytes_max
-            or first + len(datas) - 1 - self.last_add_confirmed > self.pending_entries_max
-            or length_total - self.length_confirmed > self.pending_bytes_max
-        ):
-            self.refuse(max(sizes, default=0), len(datas))
-        self.buffer.extend(map(LedgerEntryData, range(first, first + len(datas)), datas))
-        running = itertools.accumulate(sizes, initial=self.length_appended)
-        self.cumulative_lengths.extend(itertools.islice(running, 1, None))
-        self.length_appended = length_total
-        self.next_entry_id = first + len(datas)
-        return first
-
-    def refuse(self, size: int, count: int = 1) -> NoReturn:
-        """Raise why `count` more entries (the largest `size` bytes) cannot be appended."""
-        if self.failure is not None:
-            raise self.failure
-        if self.close_requested or self.state is WriterState.CLOSED:
-            raise LedgerClosedError(f"ledger {self.metadata.ledger_id} is closed")
-        if size > self.entry_bytes_max:
-            raise EntryTooLargeError(f"{size} bytes > entry_bytes_max")
-        raise LedgerPendingFullError(
-            f"ledger {self.metadata.ledger_id}: {self.pending_entries} entries pending, "
-            f"{count} more do not fit"
-        )
+        """Queue entries in order (all or none); returns the first id."""
+        return self.buffer.append_many(datas)
 
     def close(self) -> None:
         """Close once every appended entry is acknowledged: store CLOSED metadata with the
@@ -251,11 +168,17 @@ class LedgerWriter:
         if self.recovery:
             raise ValueError("a recovery-mode writer is closed by its recoverer")
         self.close_requested = True
+        if self.buffer.refusal is None:
+            self.buffer.refusal = LedgerClosedError(f"ledger {self.metadata.ledger_id} is closed")
         self.maybe_close()
 
     @property
     def pending_entries(self) -> int:
-        return self.next_entry_id - 1 - self.last_add_confirmed
+        return self.buffer.pending_entries
+
+    @property
+    def next_entry_id(self) -> int:
+        return self.buffer.next_entry_id
 
     @property
     def ensembles(self) -> dict[int, list[str]]:
@@ -343,47 +266,19 @@ class LedgerWriter:
         while self.sent_through + 1 < self.next_entry_id:
             if any(len(position.inflight) >= window for position in self.positions):
                 return
-            last = self.batch_end(self.sent_through + 1, self.next_entry_id - 1)
+            last = self.frame_end(self.sent_through + 1, self.next_entry_id - 1)
             self.send_range(self.sent_through + 1, last, range(len(self.positions)))
             self.sent_through = last
 
-    def batch_end(self, first: int, last: int) -> int:
-        """The last entry of a frame starting at `first`, within the batch bounds."""
-        offset = first - self.buffer_first_entry_id
-        last_offset = min(
-            last - self.buffer_first_entry_id, offset + self.config.batch_entries_max - 1
-        )
-        before = self.cumulative_lengths[offset - 1] if offset > 0 else self.buffer_length_before
-        limit = bisect.bisect_right(
-            self.cumulative_lengths, before + self.config.batch_bytes_max, offset, last_offset + 1
-        )
-        # One entry larger than the byte bound still goes, alone.
-        return self.buffer_first_entry_id + max(limit - 1, offset)
+    def frame_end(self, first: int, last: int) -> int:
+        config = self.config
+        return self.buffer.frame_end(first, last, config.batch_entries_max, config.batch_bytes_max)
 
     def send_range(self, first: int, last: int, position_indexes: range | list[int]) -> None:
         """Send entries first..last to the given positions, each its share, one frame each."""
-        start = first - self.buffer_first_entry_id
-        batch = self.buffer[start : start + last - first + 1]
-        require(batch[0].entry_id == first and batch[-1].entry_id == last, "buffer misaligned")
-        striped = self.schedule.ensemble_size != self.schedule.write_quorum_size
+        batch = self.buffer.slice(first, last)
         for index in position_indexes:
-            share = self.share_of(index, batch) if striped else batch
-            self.send_share(index, share, last)
-
-    def share_of(self, index: int, batch: list[LedgerEntryData]) -> list[LedgerEntryData]:
-        """The entries of `batch` that position `index` holds (striping). The picking is
-        done in C by an itemgetter, cached per (first entry mod E, batch size): batches
-        mostly come in a few sizes."""
-        key = (index, batch[0].entry_id % self.schedule.ensemble_size, len(batch))
-        pick = self.share_pickers.get(key)
-        if pick is None:
-            if len(self.share_pickers) >= _SHARE_PICKERS_MAX:
-                self.share_pickers.clear()
-            holds = self.schedule.holds
-            first = batch[0].entry_id
-            offsets = [k for k in range(len(batch)) if holds(index, first + k)]
-            pick = self.share_pickers[key] = share_picker(offsets)
-        return pick(batch)
+            self.send_share(index, self.schedule.share(index, first, batch), last)
 
     def send_share(self, index: int, share: list[LedgerEntryData], through: int) -> None:
         position = self.positions[index]
@@ -419,24 +314,11 @@ class LedgerWriter:
         if frontier <= self.last_add_confirmed:
             return
         require(frontier <= self.sent_through, "an ack beyond what was sent")
+        self.buffer.acknowledge(frontier)
         self.last_add_confirmed = frontier
-        self.length_confirmed = self.cumulative_lengths[frontier - self.buffer_first_entry_id]
+        self.length_confirmed = self.buffer.length_acknowledged
         self.actions.last_add_confirmed = frontier
-        self.drop_acknowledged()
         self.maybe_close()
-
-    def drop_acknowledged(self) -> None:
-        acknowledged = self.last_add_confirmed + 1 - self.buffer_first_entry_id
-        if acknowledged < _BUFFER_COMPACT_ENTRIES_MIN or acknowledged * 2 < len(self.buffer):
-            return
-        self.buffer_length_before = self.cumulative_lengths[acknowledged - 1]
-        del self.buffer[:acknowledged]
-        del self.cumulative_lengths[:acknowledged]
-        self.buffer_first_entry_id += acknowledged
-
-    def length_through(self, entry_id: int) -> int:
-        offset = entry_id - self.buffer_first_entry_id
-        return self.cumulative_lengths[offset] if offset >= 0 else self.buffer_length_before
 
     # --- failures and ensemble changes -------------------------------------------------
 
@@ -571,7 +453,7 @@ class LedgerWriter:
         self.state = WriterState.WRITING
         first = first_entry
         while first <= self.sent_through:
-            last = self.batch_end(first, self.sent_through)
+            last = self.frame_end(first, self.sent_through)
             self.send_range(first, last, replaced)
             first = last + 1
         if any(
@@ -586,6 +468,7 @@ class LedgerWriter:
             return
         self.state = WriterState.FAILED
         self.failure = error
+        self.buffer.refusal = error
         self.actions.failure = error
         self.requests.clear()
         for position in self.positions:
@@ -648,4 +531,5 @@ class LedgerWriter:
         """The close cannot happen: report it even if the handle failed before."""
         self.state = WriterState.FAILED
         self.failure = error
+        self.buffer.refusal = error
         self.actions.failure = error

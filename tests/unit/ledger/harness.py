@@ -73,6 +73,8 @@ class FakeBookie:
         self.bookie_id = bookie_id
         self.ledgers: dict[int, FakeLedger] = {}
         self.read_only = False
+        self.keeps_length = True
+        """False: behave as a bookie that does not store the length with the LAC (-1)."""
         self.adds_taken = 0
 
     def handle(self, request: BookieRequest) -> BookieAnswer:
@@ -98,7 +100,7 @@ class FakeBookie:
             assert previous == entry.data, "an entry id was written with two values"
         if request.last_add_confirmed > ledger.last_add_confirmed:
             ledger.last_add_confirmed = request.last_add_confirmed
-            ledger.length = request.length
+            ledger.length = request.length if self.keeps_length else -1
         self.adds_taken += len(request.entries)
         return answer(BookieStatus.OK, [entry.entry_id for entry in request.entries])
 

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, event, given, settings
 from quorumlog.errors import LedgerEntryRangeError, LedgerError
 from quorumlog.ledger.metadata import LedgerState
 from quorumlog.ledger.protocol_read import EntryRangeRead
+from quorumlog.ledger.protocol_recovery import LedgerRecovery
 from tests.unit.ledger.harness import LedgerWorld
 
 SHAPES = [(3, 2, 2), (3, 3, 2), (3, 3, 3), (4, 2, 2), (5, 3, 2), (2, 2, 1), (4, 3, 1)]
@@ -59,6 +60,10 @@ def random_operation(random: random_module.Random) -> tuple[str, int]:
 class Run:
     def __init__(self, shape: tuple[int, int, int], seed: int) -> None:
         self.world = LedgerWorld(bookie_count=8, seed=seed)
+        if seed % 4 == 0:
+            # Bookies that do not return the length: recovery starts at the fragment.
+            for bookie in self.world.bookies.values():
+                bookie.keeps_length = False
         self.metadata = self.world.create_ledger(*shape)
         self.ledger_id = self.metadata.ledger_id
         self.world.writer("writer", self.metadata)
@@ -173,19 +178,17 @@ class Run:
             assert seen <= last
 
 
-@settings(
-    max_examples=300,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+EXAMPLES = 150
+"""Bounded for the everyday run (a few seconds); `pytest -m soak` runs SOAK_EXAMPLES."""
+SOAK_EXAMPLES = 20_000
+
+
 @given(
     shape=st.sampled_from(SHAPES),
     seed=st.integers(0, 2**32 - 1),
     steps=st.integers(50, 400),
 )
-def test_invariants_hold_under_random_failure_schedules(
-    shape: tuple[int, int, int], seed: int, steps: int
-) -> None:
+def check_random_failure_schedule(shape: tuple[int, int, int], seed: int, steps: int) -> None:
     # The schedule comes from a seeded Random, not from hypothesis' own draws: those lean
     # towards the simplest values (always the first kind, index 0), which makes dull runs.
     random = random_module.Random(seed)
@@ -197,6 +200,25 @@ def test_invariants_hold_under_random_failure_schedules(
     report_coverage(run)
 
 
+def test_invariants_hold_under_random_failure_schedules() -> None:
+    settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )(check_random_failure_schedule)()
+
+
+@pytest.mark.soak
+def test_soak_invariants_under_many_schedules(request: pytest.FixtureRequest) -> None:
+    if "soak" not in str(request.config.getoption("markexpr")).replace("not soak", ""):
+        pytest.skip("a long run: select it with -m soak")
+    settings(
+        max_examples=SOAK_EXAMPLES,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )(check_random_failure_schedule)()
+
+
 def report_coverage(run: Run) -> None:
     """Label the run (see --hypothesis-show-statistics), to see what the schedules reach."""
     stored = run.world.store.read_ledger(run.ledger_id)
@@ -206,3 +228,11 @@ def report_coverage(run: Run) -> None:
     event(f"acknowledged before recovery: {min(acknowledged, 20) // 10 * 10}+")
     event(f"recovered beyond acknowledged: {stored.last_entry_id + 1 > acknowledged}")
     event(f"writer failure: {type(writer.failure).__name__}")
+    writer_fragments = set(run.world.writer_of("writer").metadata.ensembles)
+    event(f"fragments added by recovery: {bool(set(stored.ensembles) - writer_fragments)}")
+    restarts = [
+        core.restarts
+        for core in (run.world.clients[name].core for name in [*run.recoverers, "final"])
+        if isinstance(core, LedgerRecovery)
+    ]
+    event(f"recovery restarted: {any(restarts)}")

@@ -342,3 +342,24 @@ def test_a_late_fence_answer_still_raises_what_must_be_found() -> None:
         late.bookie_id, LastAddConfirmedResult(late.request.request_id, 0, BookieStatus.OK, 9)
     )
     assert recovery.known_acknowledged == 9
+
+
+def test_a_recovery_whose_close_meets_another_change_starts_over() -> None:
+    """Someone changed the IN_RECOVERY metadata (here: its labels) before the close: the
+    compare-and-set fails and the recovery runs again on what is stored now."""
+    world = LedgerWorld()
+    metadata = world.create_ledger(3, 3, 2)
+    world.writer("w", metadata)
+    write_acknowledged(world, "w", 4)
+    world.held_clients.add("w")
+    world.recovery("r", metadata.ledger_id)
+    record = world.clients["r"]
+    recovery = record.core
+    assert isinstance(recovery, LedgerRecovery)
+    world.run(until=lambda: recovery.phase is RecoveryPhase.CLOSING)
+    current = world.store.read_ledger(metadata.ledger_id)
+    world.store.update_ledger(current.updated(properties={"owner": "n2"}), current.version)
+    world.run(until=lambda: record.closed is not None)
+    assert recovery.restarts == 1
+    closed = world.store.read_ledger(metadata.ledger_id)
+    assert (closed.last_entry_id, closed.properties) == (3, {"owner": "n2"})

@@ -336,6 +336,21 @@ def test_a_closed_ledger_of_a_conflicting_close_is_not_taken_as_ours() -> None:
     assert world.clients["w"].closed is None
 
 
+def test_a_close_meeting_a_change_of_labels_closes_on_top_of_it() -> None:
+    world = LedgerWorld()
+    metadata = world.create_ledger(3, 2, 2)
+    writer = world.writer("w", metadata)
+    world.append("w", b"zero")
+    world.run()
+    writer.close()
+    world.collect("w")
+    world.store.update_ledger(metadata.updated(properties={"topic": "t"}), 0)
+    world.run()
+    closed = world.clients["w"].closed
+    assert closed is not None
+    assert (closed.version, closed.last_entry_id, closed.properties) == (2, 0, {"topic": "t"})
+
+
 def test_no_writable_replacement_fails_the_handle_after_the_attempts() -> None:
     world = LedgerWorld(bookie_count=3)
     metadata = world.create_ledger(3, 2, 2)
