@@ -42,6 +42,7 @@ from quorumlog.errors import (
     LedgerError,
     LedgerMetadataConflictError,
     LedgerNotFoundError,
+    LedgerPendingFullError,
 )
 from quorumlog.ledger.metadata import LedgerMetadata, LedgerState
 from quorumlog.ledger.protocol_actions import (
@@ -254,11 +255,14 @@ class LedgerRecovery:
         self.maybe_close(writer)
 
     def advance_cursor(self, writer: LedgerWriter) -> None:
-        pending_entries_max = self.config.pending_entries_max
         moved = False
-        while self.cursor in self.found and writer.pending_entries < pending_entries_max:
-            entry_id = writer.append(self.found.pop(self.cursor))
+        while self.cursor in self.found and writer.failure is None:
+            try:
+                entry_id = writer.append(self.found[self.cursor])
+            except LedgerPendingFullError:
+                break  # the re-writer is full: go on once its adds are acknowledged
             require(entry_id == self.cursor, "the re-writer's entry ids follow the cursor")
+            del self.found[self.cursor]
             self.cursor += 1
             moved = True
         if moved:

@@ -15,6 +15,7 @@ from quorumlog.codec.wire import (
 )
 from quorumlog.errors import BadPasswordError, LedgerFencedError
 from quorumlog.ledger.metadata import LedgerState, check_password, master_key
+from quorumlog.ledger.protocol_actions import LedgerProtocolConfig
 from quorumlog.ledger.protocol_recovery import LedgerRecovery, RecoveryPhase
 from tests.unit.ledger.harness import (
     TEST_CONFIG,
@@ -363,3 +364,29 @@ def test_a_recovery_whose_close_meets_another_change_starts_over() -> None:
     assert recovery.restarts == 1
     closed = world.store.read_ledger(metadata.ledger_id)
     assert (closed.last_entry_id, closed.properties) == (3, {"owner": "n2"})
+
+
+def test_recovery_re_writes_within_the_writers_pending_bounds() -> None:
+    """Found entries wait while the re-writer holds all it may (entries or bytes)."""
+    config = LedgerProtocolConfig(
+        request_timeout_ticks=20,
+        retry_delay_ticks=2,
+        read_entries_max=64,
+        pending_entries_max=5,
+        pending_bytes_max=30,
+        entry_bytes_max=20,
+    )
+    world = LedgerWorld(config=config)
+    metadata = world.create_ledger(3, 3, 2)
+    world.writer("w", metadata)
+    for entry_id in range(30):
+        world.append("w", b"entry-%d" % entry_id)
+        world.run()
+    world.drop_matching(of_client("w"))
+    for bookie in world.bookies.values():
+        for ledger in bookie.ledgers.values():
+            ledger.last_add_confirmed, ledger.length = -1, -1  # make recovery re-write all
+    world.recovery("r", metadata.ledger_id)
+    world.run(until=lambda: world.clients["r"].closed is not None)
+    closed = world.clients["r"].closed
+    assert closed is not None and closed.last_entry_id == 29
