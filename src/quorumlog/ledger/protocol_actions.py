@@ -13,15 +13,16 @@ feeds each core events:
 
 and after each event (or a burst of them) collects `take_actions()`, a `LedgerActions`:
 
-1. Send every frame in `sends` to its bookie, in order (a core sends a bookie its adds in
-   entry order, and relies on one bookie's answers being counted in the order sent only
-   through the request ids, so reordering by the network is harmless).
-2. Carry out every operation in `metadata_operations` against the metadata store (one at a
-   time per core) and feed the result back with `metadata_result`; `run_metadata_operation`
+1. Send every frame in `sends` to its bookie, in the order given (a writer's adds to one
+   bookie go in entry order). Answers may come back in any order, duplicated or never:
+   the cores match them by request id and count a lost one as a timeout.
+2. Carry out every operation in `metadata_operations` against the metadata store (a core
+   has one outstanding at a time) and feed exactly one result back with `metadata_result`:
+   `MetadataUnavailable` when the store did not answer in time. `run_metadata_operation`
    does it for a synchronous store.
 3. Report the outcome: `last_add_confirmed` (entries up to it are acknowledged, in entry
    order), `failure` (the handle failed: every entry after its last LAC failed with it),
-   `closed` / `recovered` metadata, `entries` of a finished read.
+   `closed` (the CLOSED metadata a close or a recovery stored), `entries` of a read.
 
 Collecting actions is where a writer batches: every entry appended since the last
 `take_actions` goes out in one AddEntries frame per bookie.
