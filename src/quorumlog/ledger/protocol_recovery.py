@@ -15,7 +15,8 @@
    Qa bookies: recovery ends before it. A timeout or an error is an unknown: asked again,
    never counted as "not here". Reads go out in ranges, so a long tail costs few frames.
 5. Re-write every recovered entry with recovery adds (a LedgerWriter in recovery mode; its
-   ensemble changes stay local until the close), so each ends on Qa bookies.
+   ensemble changes stay local until the close, and the LAC its adds carry stays at the
+   start), so each ends on Qa bookies.
 6. Close: CLOSED, the last recovered entry and the length, with the re-writer's fragments,
    as one compare-and-set. A conflict with a ledger another recoverer closed adopts that
    close (both are safe, so two recoveries agree on the stored one); any other conflict

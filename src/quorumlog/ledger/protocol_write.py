@@ -28,7 +28,10 @@ impossible), and entries are only reported in order.
 In recovery mode (a recoverer re-writing what it found) adds carry `recovery=True` and an
 ensemble change is kept in this writer (`local_ensembles`) instead of being stored: the
 recoverer stores them with the close, so a concurrent recoverer never sees a fragment whose
-new bookie has only part of what was re-written (BookKeeper does the same since 4.9).
+new bookie has only part of what was re-written (BookKeeper does the same since 4.9). The
+LAC its adds carry stays where recovery started: re-written entries are recovered, not
+acknowledged, and a concurrent recoverer may close the ledger before them, so a bookie's
+stored LAC (which readers without recovery trust) must not name them.
 """
 
 from __future__ import annotations
@@ -139,6 +142,12 @@ class LedgerWriter:
         self.close_requested = False
         self.last_add_confirmed = last_add_confirmed
         self.length_confirmed = length
+        self.announced_last_add_confirmed = last_add_confirmed
+        self.announced_length = length
+        """The LAC (and length) that rides on adds. A recovery-mode writer keeps announcing
+        where it started: the entries it re-writes are recovered, not acknowledged, and a
+        concurrent recoverer may still close the ledger before them; a bookie's LAC must
+        only ever name acknowledged entries (readers without recovery trust it)."""
         self.sent_through = last_add_confirmed
         self.buffer = EntryBuffer(metadata.ledger_id, last_add_confirmed + 1, length, config)
         self.failed_bookies: dict[str, int] = {}
@@ -294,10 +303,10 @@ class LedgerWriter:
             request_id=request_id,
             ledger_id=self.metadata.ledger_id,
             master_key=self.master_key,
-            last_add_confirmed=self.last_add_confirmed,
+            last_add_confirmed=self.announced_last_add_confirmed,
             entries=share,
             recovery=self.recovery,
-            length=self.length_confirmed,
+            length=self.announced_length,
         )
         self.actions.sends.append(BookieSend(position.bookie_id, frame))
 
@@ -317,6 +326,9 @@ class LedgerWriter:
         self.buffer.acknowledge(frontier)
         self.last_add_confirmed = frontier
         self.length_confirmed = self.buffer.length_acknowledged
+        if not self.recovery:
+            self.announced_last_add_confirmed = frontier
+            self.announced_length = self.length_confirmed
         self.actions.last_add_confirmed = frontier
         self.maybe_close()
 

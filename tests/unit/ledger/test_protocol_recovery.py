@@ -8,6 +8,7 @@ import random
 import pytest
 
 from quorumlog.codec.wire import (
+    AddEntries,
     BookieStatus,
     LastAddConfirmedResult,
     ReadEntries,
@@ -390,3 +391,32 @@ def test_recovery_re_writes_within_the_writers_pending_bounds() -> None:
     world.run(until=lambda: world.clients["r"].closed is not None)
     closed = world.clients["r"].closed
     assert closed is not None and closed.last_entry_id == 29
+
+
+def test_re_writes_carry_the_lac_recovery_started_from() -> None:
+    """Re-written entries are recovered, not acknowledged (a concurrent recoverer may close
+    before them): the LAC on recovery adds stays at the start, so a bookie's LAC only ever
+    names acknowledged entries."""
+    world = LedgerWorld()
+    metadata = world.create_ledger(3, 3, 2)
+    world.writer("w", metadata)
+    write_acknowledged(world, "w", 4)  # bookies' LAC: 2 (entry 3's frame carried it)
+    first = metadata.ensembles[0][0]
+    for entry_id in range(4, 40):
+        world.append("w", b"entry-%d" % entry_id)
+    world.deliver_matching(requests_to(first, "w"))  # 4..39 on `first` only
+    world.drop_matching(of_client("w"))
+    world.recovery("r", metadata.ledger_id)
+    announced: set[tuple[int, int]] = set()
+    record = world.clients["r"]
+    while record.closed is None:
+        for message in world.queue:
+            if message.client == "r" and isinstance(message.payload, AddEntries):
+                announced.add((message.payload.last_add_confirmed, message.payload.length))
+        world.step() or world.tick()
+    assert record.closed.last_entry_id == 39
+    length_through_3 = sum(len(b"entry-%d" % e) for e in range(4))
+    assert announced == {(3, length_through_3)}
+    world.last_add_confirmed_read("lac", metadata.ledger_id)
+    world.run()
+    assert world.clients["lac"].last_add_confirmed == 39  # closed: from the metadata
