@@ -40,6 +40,7 @@ import msgspec
 from quorumlog.codec.wire import (
     AddEntries,
     AddEntriesResult,
+    ErrorResponse,
     LastAddConfirmedResult,
     LedgerEntryData,
     ReadEntries,
@@ -55,7 +56,9 @@ from quorumlog.errors import (
 from quorumlog.ledger.metadata import LedgerMetadata, MetadataStore
 
 BookieRequest = AddEntries | ReadEntries | ReadLastAddConfirmed
-BookieAnswer = AddEntriesResult | ReadEntriesResult | LastAddConfirmedResult
+BookieAnswer = AddEntriesResult | ReadEntriesResult | LastAddConfirmedResult | ErrorResponse
+"""An ErrorResponse (a bookie's storage failed, say) is an unknown for the request it names:
+a writer replaces that bookie, a reader or a recoverer asks again or elsewhere."""
 
 
 class LedgerProtocolConfig(msgspec.Struct, frozen=True, kw_only=True):

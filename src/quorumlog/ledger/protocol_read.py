@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from quorumlog.codec.wire import (
     BookieStatus,
+    ErrorResponse,
     LastAddConfirmedResult,
     LedgerEntryData,
     ReadEntries,
@@ -215,11 +216,12 @@ class EntryRangeRead:
 
     def receive(self, bookie_id: str, answer: BookieAnswer) -> None:
         request = self.requests.get(answer.request_id)
-        if self.done or request is None or not isinstance(answer, ReadEntriesResult):
+        if self.done or request is None or request.bookie_id != bookie_id:
             return
-        if request.bookie_id != bookie_id:
-            return
-        self.answered(answer.request_id, answer)
+        if isinstance(answer, ReadEntriesResult):
+            self.answered(answer.request_id, answer)
+        elif isinstance(answer, ErrorResponse):
+            self.answered(answer.request_id, None)  # an unknown: try elsewhere
 
     def bookie_unreachable(self, bookie_id: str) -> None:
         for request_id, request in list(self.requests.items()):
@@ -289,10 +291,12 @@ class LastAddConfirmedRead:
 
     def receive(self, bookie_id: str, answer: BookieAnswer) -> None:
         found = self.requests.get(answer.request_id)
-        if self.done or found is None or not isinstance(answer, LastAddConfirmedResult):
+        if self.done or found is None or self.ensemble[found[0]] != bookie_id:
             return
-        if self.ensemble[found[0]] == bookie_id:
+        if isinstance(answer, LastAddConfirmedResult):
             self.settle(answer.request_id, answer)
+        elif isinstance(answer, ErrorResponse):
+            self.settle(answer.request_id, None)
 
     def bookie_unreachable(self, bookie_id: str) -> None:
         for request_id, (position, _) in list(self.requests.items()):

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from quorumlog.codec.wire import (
     AddEntriesResult,
     BookieStatus,
+    ErrorResponse,
     LastAddConfirmedResult,
     ReadEntries,
     ReadEntriesResult,
@@ -407,7 +408,9 @@ class LedgerRecovery:
         index = self.position_of(answer.request_id, bookie_id)
         if index is None:
             return
-        if isinstance(answer, LastAddConfirmedResult):
+        if isinstance(answer, ErrorResponse):
+            self.request_lost(index)  # an unknown: asked again after the retry delay
+        elif isinstance(answer, LastAddConfirmedResult):
             self.fenced(index, answer)
         else:
             self.read_answered(index, answer)

@@ -42,7 +42,13 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from quorumlog.codec.wire import AddEntries, AddEntriesResult, BookieStatus, LedgerEntryData
+from quorumlog.codec.wire import (
+    AddEntries,
+    AddEntriesResult,
+    BookieStatus,
+    ErrorResponse,
+    LedgerEntryData,
+)
 from quorumlog.errors import (
     BadPasswordError,
     BookieRejectedError,
@@ -203,7 +209,7 @@ class LedgerWriter:
     # --- events ------------------------------------------------------------------------
 
     def receive(self, bookie_id: str, answer: BookieAnswer) -> None:
-        if not isinstance(answer, AddEntriesResult):
+        if not isinstance(answer, AddEntriesResult | ErrorResponse):
             return
         found = self.requests.pop(answer.request_id, None)
         if found is None:
@@ -211,6 +217,9 @@ class LedgerWriter:
         position_index, record = found
         position = self.positions[position_index]
         require(position.bookie_id == bookie_id, "an add answered by another bookie")
+        if isinstance(answer, ErrorResponse):
+            self.bookie_failed(position_index)  # it may or may not have stored them
+            return
         status = answer.status
         if status is BookieStatus.OK:
             record.answered = True

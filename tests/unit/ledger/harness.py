@@ -18,6 +18,8 @@ from quorumlog.codec.wire import (
     AddEntries,
     AddEntriesResult,
     BookieStatus,
+    ErrorCode,
+    ErrorResponse,
     LastAddConfirmedResult,
     LedgerEntryData,
     ReadEntries,
@@ -73,11 +75,15 @@ class FakeBookie:
         self.bookie_id = bookie_id
         self.ledgers: dict[int, FakeLedger] = {}
         self.read_only = False
+        self.sick = False
+        """True: answer every request with ErrorResponse INTERNAL (its storage failed)."""
         self.keeps_length = True
         """False: behave as a bookie that does not store the length with the LAC (-1)."""
         self.adds_taken = 0
 
     def handle(self, request: BookieRequest) -> BookieAnswer:
+        if self.sick:
+            return ErrorResponse(request.request_id, ErrorCode.INTERNAL, "storage failed")
         if isinstance(request, AddEntries):
             return self.add(request)
         if isinstance(request, ReadEntries):
@@ -400,6 +406,11 @@ class LedgerWorld:
                 self.deliver(index)
                 return True
         return False
+
+    def deliver_all(self) -> None:
+        """Deliver until nothing is deliverable, without letting time pass (no timeouts)."""
+        while self.step():
+            pass
 
     def deliver_matching(self, predicate: Callable[[Message], bool]) -> int:
         """Deliver, oldest first, every message queued now that matches (not the ones this

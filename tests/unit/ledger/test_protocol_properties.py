@@ -1,7 +1,8 @@
 """Property tests: the ledger protocol under random failure schedules (hypothesis).
 
 A writer streams entries while messages are delivered in any order, dropped or held;
-bookies crash (requests vanish), refuse connections, pause and come back; the metadata
+bookies crash (requests vanish), refuse connections, pause, answer errors (a failed
+disk) and come back; the metadata
 store goes unavailable; up to two recoverers start at any moment, and a reader opens the
 ledger without recovery. Then everything heals, a final recovery runs, and the invariants
 of issue 11 are checked:
@@ -40,6 +41,7 @@ OPERATION_WEIGHTS = {
     "crash": 1.0,
     "refuse": 0.5,
     "pause": 1.0,
+    "sicken": 0.5,
     "heal": 3.0,
     "store_down": 0.5,
     "store_up": 3.0,
@@ -90,17 +92,12 @@ class Run:
         elif kind == "tick":
             for _ in range(1 + argument % 30):
                 world.tick()
-        elif kind in ("crash", "refuse", "pause"):
+        elif kind in ("crash", "refuse", "pause", "sicken"):
             if len(self.faulty()) < FAULTY_BOOKIES_MAX:
-                {"crash": world.down, "refuse": world.unreachable, "pause": world.paused}[kind].add(
-                    bookie_id
-                )
+                self.fault(kind, bookie_id)
         elif kind == "heal" and self.faulty():
             faulty = self.faulty()
-            healed = faulty[argument % len(faulty)]
-            world.down.discard(healed)
-            world.unreachable.discard(healed)
-            world.paused.discard(healed)
+            self.heal(faulty[argument % len(faulty)])
         elif kind == "store_down":
             world.store_unavailable = True
         elif kind == "store_up":
@@ -118,8 +115,28 @@ class Run:
                 writer.close()
                 world.collect("writer")
 
+    def fault(self, kind: str, bookie_id: str) -> None:
+        world = self.world
+        if kind == "crash":
+            world.down.add(bookie_id)  # requests vanish
+        elif kind == "refuse":
+            world.unreachable.add(bookie_id)  # connections fail at once
+        elif kind == "pause":
+            world.paused.add(bookie_id)  # requests wait
+        else:
+            world.bookies[bookie_id].sick = True  # answers ErrorResponse
+
+    def heal(self, bookie_id: str) -> None:
+        world = self.world
+        world.down.discard(bookie_id)
+        world.unreachable.discard(bookie_id)
+        world.paused.discard(bookie_id)
+        world.bookies[bookie_id].sick = False
+
     def faulty(self) -> list[str]:
-        return sorted(self.world.down | self.world.unreachable | self.world.paused)
+        world = self.world
+        sick = {bookie_id for bookie_id, bookie in world.bookies.items() if bookie.sick}
+        return sorted(world.down | world.unreachable | world.paused | sick)
 
     def append(self, count: int) -> None:
         for _ in range(count):
@@ -132,9 +149,8 @@ class Run:
 
     def heal_and_finish(self) -> None:
         world = self.world
-        world.down.clear()
-        world.unreachable.clear()
-        world.paused.clear()
+        for bookie_id in world.bookies:
+            self.heal(bookie_id)
         world.store_unavailable = False
         world.run()
         world.recovery("final", self.ledger_id)

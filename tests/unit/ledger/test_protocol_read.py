@@ -62,6 +62,17 @@ def test_a_read_fails_over_to_the_next_bookie_of_the_write_set() -> None:
     world.down.add(metadata.ensembles[0][1])  # silent: found out by timeout
     entries = world.read_all(ledger_id)
     assert len(entries) == 20
+    world.unreachable.clear()
+    world.down.clear()
+    world.bookies[metadata.ensembles[0][0]].sick = True  # answers ErrorResponse
+    world.bookies[metadata.ensembles[0][2]].sick = True
+    world.range_read("second reader", ledger_id, 0, 19)
+    # Errors move the read on without waiting for the request timeout.
+    for _ in range(TEST_CONFIG.request_timeout_ticks - 1):
+        world.deliver_all()
+        world.tick()
+    entries = world.clients["second reader"].entries
+    assert entries is not None and len(entries) == 20
 
 
 def test_a_read_spans_fragments() -> None:

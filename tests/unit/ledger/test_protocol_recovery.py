@@ -420,3 +420,30 @@ def test_re_writes_carry_the_lac_recovery_started_from() -> None:
     world.last_add_confirmed_read("lac", metadata.ledger_id)
     world.run()
     assert world.clients["lac"].last_add_confirmed == 39  # closed: from the metadata
+
+
+def test_an_error_answer_is_an_unknown_not_a_not_here() -> None:
+    """A bookie whose storage fails answers ErrorResponse: recovery asks again later and
+    never counts it as "not here" (as with a timeout)."""
+    world = LedgerWorld()
+    metadata = world.create_ledger(3, 3, 2)
+    world.writer("w", metadata)
+    first, second, _ = metadata.ensembles[0]
+    world.append("w", b"entry-0")
+    world.deliver_matching(requests_to(first, "w"))
+    world.deliver_matching(requests_to(second, "w"))
+    world.run(until=lambda: world.clients["w"].last_add_confirmed == 0)
+    world.held_clients.add("w")
+    world.recovery("r", metadata.ledger_id)
+    fence_all(world, "r")
+    world.bookies[first].sick = True
+    world.bookies[second].sick = True
+    for _ in range(3 * TEST_CONFIG.request_timeout_ticks):
+        world.step() or world.tick()
+    recovery = world.clients["r"].core
+    assert isinstance(recovery, LedgerRecovery)
+    assert recovery.phase is RecoveryPhase.RECOVERING
+    world.bookies[first].sick = False
+    world.run(until=lambda: world.clients["r"].closed is not None)
+    closed = world.clients["r"].closed
+    assert closed is not None and closed.last_entry_id == 0

@@ -389,6 +389,18 @@ def test_a_silent_bookie_is_replaced_after_the_request_timeout() -> None:
     assert metadata.ensembles[0][2] not in stored.ensembles[0]
 
 
+def test_a_bookie_answering_errors_is_replaced() -> None:
+    world = LedgerWorld()
+    metadata = world.create_ledger(3, 3, 3)
+    world.writer("w", metadata)
+    sick = metadata.ensembles[0][1]
+    world.bookies[sick].sick = True
+    world.append("w", b"zero")
+    world.deliver_all()  # at once: no timeout needed
+    assert world.clients["w"].last_add_confirmed == 0
+    assert sick not in world.store.read_ledger(metadata.ledger_id).ensembles[0]
+
+
 def test_an_unavailable_store_is_asked_again() -> None:
     world = LedgerWorld()
     metadata = world.create_ledger(3, 2, 2)
