@@ -1,1 +1,1 @@
-"""BookKeeper-style ledgers (reference 001): ledger metadata, the client protocol, bookies."""
+"""BookKeeper-style ledgers (reference 001): bookies, the ledger client, managed ledgers."""
