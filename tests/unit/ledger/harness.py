@@ -13,6 +13,7 @@ from __future__ import annotations
 import random as random_module
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from quorumlog.codec.wire import (
     AddEntries,
@@ -227,17 +228,31 @@ class ClientRecord:
     entries: list[LedgerEntryData] | None = None
 
 
+class BookieDouble(Protocol):
+    """What the world needs of a bookie: FakeBookie, or an adapter around the real one."""
+
+    sick: bool
+    keeps_length: bool
+
+    def handle(self, request: BookieRequest) -> BookieAnswer: ...
+
+
 class LedgerWorld:
     def __init__(
         self,
         bookie_count: int = 5,
         seed: int = 0,
         config: LedgerProtocolConfig = TEST_CONFIG,
+        bookie_factory: Callable[[str], BookieDouble] | None = None,
     ) -> None:
         self.config = config
         self.random = random_module.Random(seed)
         self.store = RecordingMetadataStore()
-        self.bookies = {f"b{index}": FakeBookie(f"b{index}") for index in range(bookie_count)}
+        make = bookie_factory or FakeBookie
+        self.bookies: dict[str, Any] = {
+            f"b{index}": make(f"b{index}") for index in range(bookie_count)
+        }
+        """FakeBookies unless a factory says otherwise (scripted tests look inside them)."""
         for bookie_id in self.bookies:
             self.store.register_bookie(bookie_id)
         self.clients: dict[str, ClientRecord] = {}

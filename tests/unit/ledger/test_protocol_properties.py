@@ -19,6 +19,7 @@ of issue 11 are checked:
 from __future__ import annotations
 
 import random as random_module
+from collections.abc import Callable
 
 import hypothesis.strategies as st
 import pytest
@@ -28,7 +29,7 @@ from quorumlog.errors import LedgerEntryRangeError, LedgerError
 from quorumlog.ledger.metadata import LedgerState
 from quorumlog.ledger.protocol_read import EntryRangeRead
 from quorumlog.ledger.protocol_recovery import LedgerRecovery
-from tests.unit.ledger.harness import LedgerWorld
+from tests.unit.ledger.harness import BookieDouble, LedgerWorld
 
 SHAPES = [(3, 2, 2), (3, 3, 2), (3, 3, 3), (4, 2, 2), (5, 3, 2), (2, 2, 1), (4, 3, 1)]
 
@@ -60,8 +61,13 @@ def random_operation(random: random_module.Random) -> tuple[str, int]:
 
 
 class Run:
-    def __init__(self, shape: tuple[int, int, int], seed: int) -> None:
-        self.world = LedgerWorld(bookie_count=8, seed=seed)
+    def __init__(
+        self,
+        shape: tuple[int, int, int],
+        seed: int,
+        bookie_factory: Callable[[str], BookieDouble] | None = None,
+    ) -> None:
+        self.world = LedgerWorld(bookie_count=8, seed=seed, bookie_factory=bookie_factory)
         if seed % 4 == 0:
             # Bookies that do not return the length: recovery starts at the fragment.
             for bookie in self.world.bookies.values():
@@ -209,10 +215,19 @@ SOAK_EXAMPLES = 20_000
 # carried LAC 45 to the bookies: a reader without recovery then read beyond the end.
 @example(shape=(3, 3, 2), seed=23711786, steps=276)
 def check_random_failure_schedule(shape: tuple[int, int, int], seed: int, steps: int) -> None:
+    run_random_failure_schedule(shape, seed, steps)
+
+
+def run_random_failure_schedule(
+    shape: tuple[int, int, int],
+    seed: int,
+    steps: int,
+    bookie_factory: Callable[[str], BookieDouble] | None = None,
+) -> None:
     # The schedule comes from a seeded Random, not from hypothesis' own draws: those lean
     # towards the simplest values (always the first kind, index 0), which makes dull runs.
     random = random_module.Random(seed)
-    run = Run(shape, seed)
+    run = Run(shape, seed, bookie_factory)
     for _ in range(steps):
         run.apply(random_operation(random))
     run.heal_and_finish()
