@@ -186,3 +186,89 @@ class GroupFailedError(RaftError):
         super().__init__(f"group {group_id} stopped after a failure: {reason}")
         self.group_id = group_id
         self.reason = reason
+
+
+# --- ledgers (reference 001) ---------------------------------------------------------
+
+
+class LedgerError(QuorumLogError):
+    """A ledger operation failed (BookKeeper-style ledgers on bookies)."""
+
+
+class LedgerFencedError(LedgerError):
+    """Another client fenced the ledger to recover it: this writer may add nothing more.
+
+    Entries acknowledged before are safe (recovery keeps every one of them); entries still
+    pending were not acknowledged and may or may not survive the recovery.
+    """
+
+
+class LedgerClosedError(LedgerError):
+    """The ledger (or this handle) is closed: nothing more can be appended."""
+
+
+class NotEnoughBookiesError(LedgerError):
+    """Too few writable bookies to form (or repair) an ensemble of the asked size."""
+
+    def __init__(self, needed: int, available: int) -> None:
+        super().__init__(f"need {needed} writable bookies, {available} available")
+        self.needed = needed
+        self.available = available
+
+
+class LedgerNotFoundError(LedgerError, KeyError):
+    """No ledger has this id (it was never created, or it was deleted)."""
+
+    def __init__(self, ledger_id: int) -> None:
+        super().__init__(f"no ledger {ledger_id}")
+        self.ledger_id = ledger_id
+
+    def __str__(self) -> str:
+        # KeyError would quote the message; show it as written.
+        return str(self.args[0])
+
+
+class BadPasswordError(LedgerError):
+    """The password does not match the one the ledger was created with."""
+
+
+class LedgerMetadataConflictError(LedgerError):
+    """A metadata update expected a version that is no longer current (the compare-and-set
+    failed): someone else changed the ledger's metadata. Re-read it and decide again."""
+
+    def __init__(self, ledger_id: int, expected_version: int, actual_version: int) -> None:
+        super().__init__(
+            f"ledger {ledger_id}: metadata version is {actual_version}, "
+            f"the update expected {expected_version}"
+        )
+        self.ledger_id = ledger_id
+        self.expected_version = expected_version
+        self.actual_version = actual_version
+
+
+class LedgerMetadataFormatError(LedgerError, ValueError):
+    """Stored ledger metadata that cannot be decoded (unknown format version, bad bytes)."""
+
+
+class LedgerEntryRangeError(LedgerError, IndexError):
+    """A read outside the entries a handle may read: beyond the last add confirmed, or an
+    empty or negative range."""
+
+
+class LedgerEntryUnavailableError(LedgerError):
+    """No bookie of an entry's write set returned it, after every retry."""
+
+
+class LedgerPendingFullError(LedgerError):
+    """The writer holds as many unacknowledged entries (or bytes) as it may: nothing was
+    appended. Wait for acknowledgements, then append again."""
+
+
+class BookieRejectedError(LedgerError):
+    """A bookie refused a request for a reason a retry elsewhere cannot fix (a malformed or
+    oversized request)."""
+
+    def __init__(self, bookie_id: str, status: str) -> None:
+        super().__init__(f"bookie {bookie_id} refused the request: {status}")
+        self.bookie_id = bookie_id
+        self.status = status

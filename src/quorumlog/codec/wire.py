@@ -434,6 +434,9 @@ class AddEntries(msgspec.Struct, frozen=True, tag=True):
     entries: list[LedgerEntryData]
     recovery: bool = False
     """A recovery re-write: accepted on a fenced ledger."""
+    length: int = -1
+    """The ledger's length in bytes through `last_add_confirmed`, stored with it (-1: not
+    known). Recovery starts from a bookie's LAC only when it knows the length there."""
 
 
 class AddEntriesResult(msgspec.Struct, frozen=True, tag=True):
@@ -481,6 +484,8 @@ class LastAddConfirmedResult(msgspec.Struct, frozen=True, tag=True):
     last_add_confirmed: int = -1
     last_entry_id: int = -1
     """The highest entry id stored here (-1: none)."""
+    length: int = -1
+    """The `length` stored with `last_add_confirmed` (-1: not known)."""
 
 
 class DropLedger(msgspec.Struct, frozen=True, tag=True):
