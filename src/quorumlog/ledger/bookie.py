@@ -15,7 +15,8 @@ them has completed. Nothing here reads a clock, opens a socket or starts a threa
 
 What is refused, and how (BookieStatus):
 
-- malformed (ids out of range, entry ids not strictly increasing, first > last): BAD_REQUEST
+- malformed (ids or a length out of range, entry ids not strictly increasing, first >
+  last): BAD_REQUEST
 - an entry, a request or a master key over its bound: TOO_LARGE
 - a master key other than the ledger's: UNAUTHORIZED (checked before the fence, so a
   wrong key learns nothing)
@@ -159,6 +160,7 @@ class Bookie:
                     request.last_add_confirmed,
                     entry_ids,
                     datas,
+                    request.length,
                 )
             except StorageError as error:
                 status = self.write_failed(error)
@@ -176,6 +178,7 @@ class Bookie:
         if not (
             _is_id(request.ledger_id)
             and -1 <= request.last_add_confirmed <= ID_MAX
+            and -1 <= request.length <= ID_MAX
             and (not entry_ids or (entry_ids[0] >= 0 and entry_ids[-1] <= ID_MAX))
             and all(map(operator.lt, entry_ids, entry_ids[1:]))
         ):
@@ -247,6 +250,7 @@ class Bookie:
                 BookieStatus.OK,
                 state.last_add_confirmed,
                 state.last_entry_id,
+                state.length,
             )
         )
 
@@ -273,7 +277,12 @@ class Bookie:
             respond(LastAddConfirmedResult(request_id, ledger_id, status))
             return
         result = LastAddConfirmedResult(
-            request_id, ledger_id, status, fenced.last_add_confirmed, fenced.last_entry_id
+            request_id,
+            ledger_id,
+            status,
+            fenced.last_add_confirmed,
+            fenced.last_entry_id,
+            fenced.length,
         )
         self.after_durable(_Waiter(position, respond, result, request))
 

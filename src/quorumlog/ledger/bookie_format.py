@@ -20,7 +20,7 @@ File header:
     24      4     reserved        u32 (0)
     28      4     header checksum u32 (CRC32C of bytes 0..27)
 
-Record header:
+Record header (format version 2, 48 bytes):
 
     0       4     body checksum   u32 (CRC32C of the body)
     4       4     body length     u32
@@ -29,8 +29,15 @@ Record header:
     12      4     count           u32 (entries, or ledgers of a checkpoint)
     16      8     ledger id       u64 (0 for a checkpoint)
     24      8     LAC             i64 (the LAC that rode on the add; -1 when none)
-    32      4     reserved        u32 (0)
-    36      4     header checksum u32 (CRC32C of bytes 0..35)
+    32      8     length          i64 (the ledger's bytes through that LAC; -1: not known)
+    40      4     reserved        u32 (0)
+    44      4     header checksum u32 (CRC32C of bytes 0..43)
+
+Format version 1 (40 bytes) had no length: bytes 32..35 were reserved and the header
+checksum sat at 36. Its files are still read (every length in them is -1, "not known"),
+so a bookie upgraded in place keeps its data; files it writes from then on are version 2,
+and VERSION says 2 before the first of them exists, so a version-1 program refuses the
+directory instead of misreading it. Each file header names the layout of its records.
 
 Bodies by kind:
 
@@ -39,7 +46,8 @@ Bodies by kind:
   header, so a read fetches header and data with one pread and checks the data again.
 - MASTER_KEY: the ledger's master key. FENCE, DROP: empty.
 - CHECKPOINT: the first record of every file: the state of every ledger alive when the file
-  was started, `count` items of (ledger id u64, LAC i64, flags u16, key length u16, key).
+  was started, `count` items of (ledger id u64, LAC i64, length i64, flags u16, key length
+  u16, key) (version 1: no length).
   Ledger state records (key, fence, drop) in older files are superseded by it, which is
   what lets whole files be deleted once the ledgers whose entries they hold are dropped.
 
@@ -59,7 +67,9 @@ from itertools import accumulate, chain
 import google_crc32c
 import msgspec
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+FORMAT_VERSIONS_READ = frozenset({1, FORMAT_VERSION})
+"""Version 1 is read (lengths unknown); only FORMAT_VERSION is written."""
 MAGIC = b"QLBOOKIE"
 
 VERSION_FILE_NAME = "VERSION"
@@ -69,16 +79,41 @@ _VERSION_LAYOUT = struct.Struct("<8sII")
 FILE_HEADER = struct.Struct("<8sIIQII")
 FILE_HEADER_BYTES = FILE_HEADER.size
 
-RECORD_HEADER = struct.Struct("<IIB3xIQqII")
+
+class RecordLayout(msgspec.Struct, frozen=True):
+    """The byte layout of records in a file of one format version."""
+
+    version: int
+    header: struct.Struct
+    """The record header, its checksum last."""
+    checkpoint_item: struct.Struct
+    has_length: bool
+
+    @property
+    def header_bytes(self) -> int:
+        return self.header.size
+
+
+_LAYOUT_VERSION_1 = RecordLayout(
+    1, struct.Struct("<IIB3xIQqII"), struct.Struct("<QqHH"), has_length=False
+)
+_LAYOUT_VERSION_2 = RecordLayout(
+    2, struct.Struct("<IIB3xIQqqII"), struct.Struct("<QqqHH"), has_length=True
+)
+RECORD_LAYOUTS = {layout.version: layout for layout in (_LAYOUT_VERSION_1, _LAYOUT_VERSION_2)}
+CURRENT_LAYOUT = RECORD_LAYOUTS[FORMAT_VERSION]
+
+RECORD_HEADER = CURRENT_LAYOUT.header
 RECORD_HEADER_BYTES = RECORD_HEADER.size
 RECORD_HEADER_CHECKED_BYTES = RECORD_HEADER_BYTES - 4
-_RECORD_HEADER_PREFIX = struct.Struct("<IIB3xIQqI")
+_RECORD_HEADER_PREFIX = struct.Struct("<IIB3xIQqqI")
 
 ENTRY_HEADER = struct.Struct("<QII")
 ENTRY_HEADER_BYTES = ENTRY_HEADER.size
 
-CHECKPOINT_ITEM = struct.Struct("<QqHH")
+CHECKPOINT_ITEM = CURRENT_LAYOUT.checkpoint_item
 CHECKPOINT_FLAG_FENCED = 1
+LENGTH_UNKNOWN = -1
 
 UNSIGNED_32 = struct.Struct("<I")
 ID_MAX = 2**63 - 1
@@ -110,6 +145,8 @@ class RecordHeader(msgspec.Struct, frozen=True):
     count: int
     ledger_id: int
     last_add_confirmed: int
+    length: int = LENGTH_UNKNOWN
+    """The ledger's bytes through `last_add_confirmed` (-1: not known, or a version-1 file)."""
 
 
 class CheckpointItem(msgspec.Struct, frozen=True):
@@ -117,6 +154,7 @@ class CheckpointItem(msgspec.Struct, frozen=True):
     last_add_confirmed: int
     fenced: bool
     master_key: bytes
+    length: int = LENGTH_UNKNOWN
 
 
 # --- names and the version file -----------------------------------------------------------
@@ -168,16 +206,26 @@ def decode_file_header(data: bytes) -> tuple[int, int]:
 
 
 def encode_record(
-    kind: RecordKind, ledger_id: int, last_add_confirmed: int, count: int, body: bytes
+    kind: RecordKind,
+    ledger_id: int,
+    last_add_confirmed: int,
+    count: int,
+    body: bytes,
+    length: int = LENGTH_UNKNOWN,
 ) -> bytes:
+    """One record in the current format version (the only one written)."""
     prefix = _RECORD_HEADER_PREFIX.pack(
-        _crc32c(body), len(body), kind, count, ledger_id, last_add_confirmed, 0
+        _crc32c(body), len(body), kind, count, ledger_id, last_add_confirmed, length, 0
     )
     return b"".join((prefix, UNSIGNED_32.pack(_crc32c(prefix)), body))
 
 
 def encode_entries_record(
-    ledger_id: int, last_add_confirmed: int, entry_ids: Sequence[int], datas: Sequence[bytes]
+    ledger_id: int,
+    last_add_confirmed: int,
+    entry_ids: Sequence[int],
+    datas: Sequence[bytes],
+    length: int = LENGTH_UNKNOWN,
 ) -> tuple[bytes, list[int], list[int]]:
     """One ENTRIES record: (bytes, offset of each entry header in it, data length of each).
 
@@ -187,7 +235,9 @@ def encode_entries_record(
     lengths = list(map(len, datas))
     entry_headers = map(ENTRY_HEADER.pack, entry_ids, lengths, map(_crc32c, datas))
     body = b"".join(chain.from_iterable(zip(entry_headers, datas, strict=True)))
-    record = encode_record(RecordKind.ENTRIES, ledger_id, last_add_confirmed, len(datas), body)
+    record = encode_record(
+        RecordKind.ENTRIES, ledger_id, last_add_confirmed, len(datas), body, length
+    )
     offsets = list(
         accumulate((ENTRY_HEADER_BYTES + length for length in lengths), initial=RECORD_HEADER_BYTES)
     )
@@ -201,24 +251,31 @@ def encode_checkpoint(items: Sequence[CheckpointItem]) -> bytes:
         flags = CHECKPOINT_FLAG_FENCED if item.fenced else 0
         parts.append(
             CHECKPOINT_ITEM.pack(
-                item.ledger_id, item.last_add_confirmed, flags, len(item.master_key)
+                item.ledger_id, item.last_add_confirmed, item.length, flags, len(item.master_key)
             )
         )
         parts.append(item.master_key)
     return encode_record(RecordKind.CHECKPOINT, 0, -1, len(items), b"".join(parts))
 
 
-def decode_record_header(data: bytes, offset: int) -> RecordHeader:
+def decode_record_header(
+    data: bytes, offset: int, layout: RecordLayout = CURRENT_LAYOUT
+) -> RecordHeader:
     """The record header at `offset` of `data`, checked; FormatError if it fails a check
-    (the caller has made sure RECORD_HEADER_BYTES are there)."""
-    fields = RECORD_HEADER.unpack_from(data, offset)
+    (the caller has made sure `layout.header_bytes` are there)."""
+    fields = layout.header.unpack_from(data, offset)
     header_checksum = fields[-1]
-    if _crc32c(data[offset : offset + RECORD_HEADER_CHECKED_BYTES]) != header_checksum:
+    if _crc32c(data[offset : offset + layout.header_bytes - 4]) != header_checksum:
         raise FormatError("record header checksum mismatch")
-    body_checksum, body_length, kind, count, ledger_id, last_add_confirmed, _reserved = fields[:-1]
+    body_checksum, body_length, kind, count, ledger_id, last_add_confirmed = fields[:6]
+    length = fields[6] if layout.has_length else LENGTH_UNKNOWN
     if kind not in RECORD_KINDS:
         raise FormatError(f"unknown record kind {kind}")
-    return RecordHeader(body_checksum, body_length, kind, count, ledger_id, last_add_confirmed)
+    if length < LENGTH_UNKNOWN:
+        raise FormatError(f"record length {length} is below -1")
+    return RecordHeader(
+        body_checksum, body_length, kind, count, ledger_id, last_add_confirmed, length
+    )
 
 
 def check_body(header: RecordHeader, body: bytes) -> None:
@@ -248,20 +305,26 @@ def decode_entry_table(body: bytes, count: int) -> tuple[list[int], list[int], l
     return entry_ids, offsets, lengths
 
 
-def decode_checkpoint(body: bytes, count: int) -> list[CheckpointItem]:
+def decode_checkpoint(
+    body: bytes, count: int, layout: RecordLayout = CURRENT_LAYOUT
+) -> list[CheckpointItem]:
     items: list[CheckpointItem] = []
     position = 0
+    item_layout = layout.checkpoint_item
     for _ in range(count):
-        if position + CHECKPOINT_ITEM.size > len(body):
+        if position + item_layout.size > len(body):
             raise FormatError("checkpoint runs past its body")
-        ledger_id, last_add_confirmed, flags, key_length = CHECKPOINT_ITEM.unpack_from(
-            body, position
-        )
-        position += CHECKPOINT_ITEM.size
+        fields = item_layout.unpack_from(body, position)
+        ledger_id, last_add_confirmed = fields[:2]
+        length = fields[2] if layout.has_length else LENGTH_UNKNOWN
+        if length < LENGTH_UNKNOWN:
+            raise FormatError(f"checkpoint length {length} is below -1")
+        flags, key_length = fields[-2:]
+        position += item_layout.size
         master_key = body[position : position + key_length]
         position += key_length
         fenced = bool(flags & CHECKPOINT_FLAG_FENCED)
-        items.append(CheckpointItem(ledger_id, last_add_confirmed, fenced, master_key))
+        items.append(CheckpointItem(ledger_id, last_add_confirmed, fenced, master_key, length))
     if position != len(body):
         raise FormatError(f"checkpoint items end at {position} of a {len(body)}-byte body")
     return items

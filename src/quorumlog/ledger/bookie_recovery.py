@@ -16,8 +16,12 @@ What can be on disk after a crash, and what open does about it:
 - Damage anywhere else (a bad checksum in an older file, a bad header followed by non-zero
   bytes, a file whose header names another number, a record that checks out but makes no
   sense) may hit acknowledged data: CorruptLogError with the file and offset, never a repair.
-- A VERSION file naming another format version: FormatVersionError, before anything else
-  is read or written.
+- A VERSION file (or a file header) naming a format version this code does not read:
+  FormatVersionError, one line naming both versions, before anything else is read or
+  written. Version 1 is read: its records have no ledger length, so every length found in
+  them is -1 ("not known"). Once a version-1 directory has been replayed, VERSION is
+  rewritten to the current version before the first file of that version is started, so
+  a version-1 program refuses the directory rather than misreading the new files.
 
 The newest file's fresh blocks read as zeros (it is only appended to, and a failed write is
 cut off again), so a torn tail is a partial record and then zeros. That is what lets open
@@ -34,11 +38,13 @@ from quorumlog.ledger.bookie_files import BookieFileSystem, atomic_write
 from quorumlog.ledger.bookie_format import (
     FILE_HEADER_BYTES,
     FORMAT_VERSION,
-    RECORD_HEADER_BYTES,
+    FORMAT_VERSIONS_READ,
+    RECORD_LAYOUTS,
     VERSION_FILE_NAME,
     FormatError,
     RecordHeader,
     RecordKind,
+    RecordLayout,
     check_body,
     decode_checkpoint,
     decode_entry_table,
@@ -79,7 +85,7 @@ class _FileScan:
 def recover_directory(file_system: BookieFileSystem, directory: Path) -> RecoveredBookie:
     names = file_system.list_directory(directory)
     numbers = sorted(n for n in map(parse_log_file_name, names) if n is not None)
-    check_version(file_system, directory, has_data=bool(numbers))
+    directory_version = check_version(file_system, directory, has_data=bool(numbers))
     state = BookieState()
     sizes: dict[int, int] = {}
     entries_found = 0
@@ -106,24 +112,29 @@ def recover_directory(file_system: BookieFileSystem, directory: Path) -> Recover
             _truncate(file_system, path, problem.offset)
             torn_bytes_dropped = len(data) - problem.offset
             sizes[number] = problem.offset
+    if directory_version != FORMAT_VERSION:
+        # Replayed in full: from here on files of the current version are written.
+        atomic_write(file_system, directory / VERSION_FILE_NAME, encode_version_file())
     report = RecoveryReport(entries_found, torn_bytes_dropped, torn_file)
     return RecoveredBookie(state, sorted(sizes), sizes, report)
 
 
-def check_version(file_system: BookieFileSystem, directory: Path, *, has_data: bool) -> None:
-    """Refuse a directory of another format version; write VERSION into a new one."""
+def check_version(file_system: BookieFileSystem, directory: Path, *, has_data: bool) -> int:
+    """The directory's format version: refuse one this code does not read; write VERSION
+    into a new directory."""
     path = directory / VERSION_FILE_NAME
     if not file_system.exists(path):
         if has_data:
             raise CorruptLogError(str(path), 0, "log files without a VERSION file")
         atomic_write(file_system, path, encode_version_file())
-        return
+        return FORMAT_VERSION
     try:
         version = decode_version_file(file_system.read_file(path))
     except FormatError as error:
         raise CorruptLogError(str(path), 0, str(error)) from error
-    if version != FORMAT_VERSION:
+    if version not in FORMAT_VERSIONS_READ:
         raise FormatVersionError(str(directory), version, FORMAT_VERSION)
+    return version
 
 
 def _truncate(file_system: BookieFileSystem, path: Path, size: int) -> None:
@@ -143,29 +154,38 @@ def _scan_file(state: BookieState, data: bytes, number: int, path: Path) -> _Fil
         # Torn while the file was being started: nothing but zeros after the header.
         scan.problem = _Problem(0, str(error), torn=_zeros_from(data, FILE_HEADER_BYTES))
         return scan
-    if version != FORMAT_VERSION:
+    if version not in FORMAT_VERSIONS_READ:
         raise FormatVersionError(str(path), version, FORMAT_VERSION)
     if header_number != number:
         scan.problem = _Problem(0, f"file header names file {header_number}", torn=False)
         return scan
+    layout = RECORD_LAYOUTS[version]
     offset = FILE_HEADER_BYTES
     while offset < len(data) and scan.problem is None:
-        offset = _scan_record(state, data, number, offset, scan)
+        offset = _scan_record(state, data, number, offset, scan, layout)
     return scan
 
 
-def _scan_record(state: BookieState, data: bytes, number: int, offset: int, scan: _FileScan) -> int:
+def _scan_record(
+    state: BookieState,
+    data: bytes,
+    number: int,
+    offset: int,
+    scan: _FileScan,
+    layout: RecordLayout,
+) -> int:
     """Replay the record at `offset`; returns where the next one starts (or sets a problem)."""
-    if len(data) - offset < RECORD_HEADER_BYTES:
+    header_bytes = layout.header_bytes
+    if len(data) - offset < header_bytes:
         scan.problem = _Problem(offset, "record header cut short by the end of the file", True)
         return offset
     try:
-        header = decode_record_header(data, offset)
+        header = decode_record_header(data, offset, layout)
     except FormatError as error:
-        torn = _zeros_from(data, offset + RECORD_HEADER_BYTES)
+        torn = _zeros_from(data, offset + header_bytes)
         scan.problem = _Problem(offset, str(error), torn)
         return offset
-    body_start = offset + RECORD_HEADER_BYTES
+    body_start = offset + header_bytes
     end = body_start + header.body_length
     if end > len(data):
         scan.problem = _Problem(offset, "record body cut short by the end of the file", True)
@@ -182,7 +202,7 @@ def _scan_record(state: BookieState, data: bytes, number: int, offset: int, scan
         scan.problem = _Problem(offset, "the first record of a file is not a checkpoint", False)
         return offset
     try:
-        scan.entries_found += _apply(state, header, body, number, body_start)
+        scan.entries_found += _apply(state, header, body, number, body_start, layout)
     except FormatError as error:
         scan.problem = _Problem(offset, str(error), torn=False)
         return offset
@@ -190,12 +210,19 @@ def _scan_record(state: BookieState, data: bytes, number: int, offset: int, scan
     return end
 
 
-def _apply(state: BookieState, header: RecordHeader, body: bytes, number: int, base: int) -> int:
+def _apply(
+    state: BookieState,
+    header: RecordHeader,
+    body: bytes,
+    number: int,
+    base: int,
+    layout: RecordLayout,
+) -> int:
     """Replay one record whose checksums hold; returns the entries it stored."""
     ledger_id = header.ledger_id
     kind = header.kind
     if kind == RecordKind.CHECKPOINT:
-        state.apply_checkpoint(decode_checkpoint(body, header.count))
+        state.apply_checkpoint(decode_checkpoint(body, header.count, layout))
         return 0
     if kind == RecordKind.MASTER_KEY:
         if ledger_id not in state.ledgers:
@@ -212,7 +239,15 @@ def _apply(state: BookieState, header: RecordHeader, body: bytes, number: int, b
         return 0
     entry_ids, offsets, lengths = decode_entry_table(body, header.count)
     state.add_entries(
-        ledger_id, ledger, header.last_add_confirmed, number, base, entry_ids, offsets, lengths
+        ledger_id,
+        ledger,
+        header.last_add_confirmed,
+        header.length,
+        number,
+        base,
+        entry_ids,
+        offsets,
+        lengths,
     )
     return len(entry_ids)
 

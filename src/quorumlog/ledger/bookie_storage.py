@@ -54,6 +54,7 @@ from quorumlog.ledger.bookie_files import (
 )
 from quorumlog.ledger.bookie_format import (
     FILE_HEADER_BYTES,
+    LENGTH_UNKNOWN,
     RecordKind,
     encode_checkpoint,
     encode_entries_record,
@@ -199,11 +200,14 @@ class BookieStorage:
         last_add_confirmed: int,
         entry_ids: Sequence[int],
         datas: Sequence[bytes],
+        length: int = LENGTH_UNKNOWN,
     ) -> int:
-        """Store entries of a ledger (taking `master_key` as its key if it is new here)."""
+        """Store entries of a ledger (taking `master_key` as its key if it is new here), and
+        with them the LAC that rode on them and `length`, the ledger's bytes through it."""
+        require(length >= LENGTH_UNKNOWN, f"a ledger length of {length} bytes")
         state = self.state.ledgers.get(ledger_id)
         record, offsets, lengths = encode_entries_record(
-            ledger_id, last_add_confirmed, entry_ids, datas
+            ledger_id, last_add_confirmed, entry_ids, datas, length
         )
         key_record = b""
         if state is None:
@@ -217,6 +221,7 @@ class BookieStorage:
             ledger_id,
             state,
             last_add_confirmed,
+            length,
             self.writer_number,
             base,
             entry_ids,

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import struct
+
+import google_crc32c
 import pytest
 
 from quorumlog.ledger.bookie_format import (
     RECORD_HEADER_BYTES,
+    RECORD_LAYOUTS,
     CheckpointItem,
     FormatError,
     RecordKind,
@@ -19,6 +23,7 @@ from quorumlog.ledger.bookie_format import (
     encode_checkpoint,
     encode_entries_record,
     encode_file_header,
+    encode_record,
     encode_version_file,
     log_file_name,
     parse_log_file_name,
@@ -56,7 +61,7 @@ def test_index_overwrite_moves_the_entry_and_counts_it_once() -> None:
 
 def test_an_entries_record_round_trips() -> None:
     datas = [b"", b"a", b"bb" * 100]
-    record, offsets, lengths = encode_entries_record(7, 41, [3, 4, 9], datas)
+    record, offsets, lengths = encode_entries_record(7, 41, [3, 4, 9], datas, 2**40 + 5)
     header = decode_record_header(record, 0)
     assert (header.kind, header.ledger_id, header.last_add_confirmed, header.count) == (
         RecordKind.ENTRIES,
@@ -64,6 +69,7 @@ def test_an_entries_record_round_trips() -> None:
         41,
         3,
     )
+    assert header.length == 2**40 + 5
     body = record[RECORD_HEADER_BYTES:]
     check_body(header, body)
     entry_ids, body_offsets, body_lengths = decode_entry_table(body, 3)
@@ -101,7 +107,8 @@ def test_a_stored_entry_is_checked_on_the_way_back() -> None:
 def test_a_checkpoint_round_trips() -> None:
     items = [
         CheckpointItem(1, -1, False, b""),
-        CheckpointItem(2**62, 99, True, b"k" * 64),
+        CheckpointItem(2**62, 99, True, b"k" * 64, length=2**40 + 3),
+        CheckpointItem(3, 7, False, b"k", length=-1),
     ]
     record = encode_checkpoint(items)
     header = decode_record_header(record, 0)
@@ -112,13 +119,43 @@ def test_a_checkpoint_round_trips() -> None:
 
 
 def test_file_headers_version_files_and_names() -> None:
-    assert decode_file_header(encode_file_header(12)) == (1, 12)
+    assert decode_file_header(encode_file_header(12)) == (2, 12)
     assert decode_file_header(encode_file_header(12, version=3)) == (3, 12)
     with pytest.raises(FormatError):
         decode_file_header(encode_file_header(12)[:-1] + b"\x00")
-    assert decode_version_file(encode_version_file()) == 1
+    assert decode_version_file(encode_version_file()) == 2
     with pytest.raises(FormatError):
         decode_version_file(b"QLBOOKIE" + bytes(8))
     assert parse_log_file_name(log_file_name(42)) == 42
     assert parse_log_file_name("entries_42.log") is None
     assert parse_log_file_name("VERSION") is None
+
+
+def test_the_length_rides_in_the_record_header_and_below_minus_one_is_refused() -> None:
+    """Version 2 keeps the ledger length beside the LAC; a length of -1 means not known."""
+    record, _offsets, _lengths = encode_entries_record(1, 0, [0], [b"x"])
+    assert decode_record_header(record, 0).length == -1
+    assert RECORD_HEADER_BYTES == 48
+    with pytest.raises(FormatError, match="below -1"):
+        decode_record_header(encode_record(RecordKind.ENTRIES, 1, 0, 0, b"", length=-2), 0)
+    with pytest.raises(FormatError, match="below -1"):
+        decode_checkpoint(encode_checkpoint([CheckpointItem(1, 0, False, b"", -5)])[48:], 1)
+
+
+def test_version_1_records_read_with_the_length_unknown() -> None:
+    """The 40-byte version-1 header, packed here by hand from its documented layout."""
+    layout = RECORD_LAYOUTS[1]
+    body = b"key"
+    prefix = struct.Struct("<IIB3xIQqI").pack(
+        google_crc32c.value(body), len(body), RecordKind.MASTER_KEY, 0, 9, 17, 0
+    )
+    record = prefix + struct.pack("<I", google_crc32c.value(prefix)) + body
+    header = decode_record_header(record, 0, layout)
+    assert (header.kind, header.ledger_id, header.last_add_confirmed, header.length) == (
+        RecordKind.MASTER_KEY,
+        9,
+        17,
+        -1,
+    )
+    item = struct.Struct("<QqHH").pack(4, 12, 1, 2) + b"kk"
+    assert decode_checkpoint(item, 1, layout) == [CheckpointItem(4, 12, True, b"kk", -1)]

@@ -214,9 +214,9 @@ def test_another_format_version_is_refused_in_one_line(tmp_path: Path) -> None:
     with pytest.raises(FormatVersionError) as caught:
         open_storage(tmp_path)
     message = str(caught.value)
-    assert "format version 7" in message and "format version 1" in message
+    assert "format version 7" in message and "format version 2" in message
     assert "\n" not in message
-    assert (caught.value.found_version, caught.value.supported_version) == (7, 1)
+    assert (caught.value.found_version, caught.value.supported_version) == (7, 2)
 
 
 def test_a_file_of_another_version_is_refused(tmp_path: Path) -> None:
@@ -225,8 +225,8 @@ def test_a_file_of_another_version_is_refused(tmp_path: Path) -> None:
     storage.close()
     path = tmp_path / log_file_name(number)
     data = path.read_bytes()
-    path.write_bytes(encode_file_header(number, version=2) + data[FILE_HEADER_BYTES:])
-    with pytest.raises(FormatVersionError, match="format version 2"):
+    path.write_bytes(encode_file_header(number, version=3) + data[FILE_HEADER_BYTES:])
+    with pytest.raises(FormatVersionError, match="format version 3"):
         open_storage(tmp_path)
 
 
