@@ -249,9 +249,16 @@ def add(
     recovery: bool = False,
     request_id: int = 1,
     prefix: bytes = b"entry",
+    length: int = -1,
 ) -> wire.AddEntries:
     return wire.AddEntries(
-        request_id, ledger_id, key, lac, entries(first, count, prefix), recovery=recovery
+        request_id,
+        ledger_id,
+        key,
+        lac,
+        entries(first, count, prefix),
+        recovery=recovery,
+        length=length,
     )
 
 

@@ -251,6 +251,16 @@ def test_drop_forgets_a_ledger_durably_and_is_idempotent(tmp_path: Path) -> None
 
 BAD_ADDS: list[tuple[str, wire.AddEntries, BookieStatus]] = [
     (
+        "length below -1",
+        wire.AddEntries(1, 1, b"key", 0, entries(2, 1), length=-2),
+        BookieStatus.BAD_REQUEST,
+    ),
+    (
+        "length too large",
+        wire.AddEntries(1, 1, b"key", 0, entries(2, 1), length=ID_MAX + 1),
+        BookieStatus.BAD_REQUEST,
+    ),
+    (
         "negative ledger id",
         wire.AddEntries(1, -1, b"key", -1, entries(0, 1)),
         BookieStatus.BAD_REQUEST,
