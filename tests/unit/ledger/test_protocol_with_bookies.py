@@ -3,6 +3,10 @@
 The same random failure schedules as test_protocol_properties.py, with every bookie a real
 `Bookie` on its own storage on a simulated disk (in memory, synced by hand). The bookie
 comes from another branch of issue 11: until it is there, this module skips.
+
+The shipped bookie stores the ledger length with the LAC (storage format version 2), so
+recovery starts at the bookies' LAC; `keeps_length = False` plays a writer that never sent
+the length (the bookie then answers -1), so recovery starts at the last fragment.
 """
 
 from __future__ import annotations
@@ -13,12 +17,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import hypothesis.strategies as st
+import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from quorumlog.codec.wire import ErrorCode, ErrorResponse
+from quorumlog.codec.wire import AddEntries, ErrorCode, ErrorResponse, ReadEntries
 from quorumlog.ledger.protocol_actions import BookieAnswer, BookieRequest
+from tests.unit.ledger.harness import LedgerWorld
 from tests.unit.ledger.test_protocol_properties import SHAPES, run_random_failure_schedule
+from tests.unit.ledger.test_protocol_recovery import fence_all, write_acknowledged
 
 bookie_module = pytest.importorskip("quorumlog.ledger.bookie")
 storage_module = pytest.importorskip("quorumlog.ledger.bookie_storage")
@@ -48,11 +55,13 @@ class RealBookie:
         self.soon: deque[Callable[[], None]] = deque()
         self.bookie = bookie_module.Bookie(storage, InlineBackground(), self.soon.append)
         self.sick = False
-        self.keeps_length = True  # what it stores is up to the bookie
+        self.keeps_length = True
 
     def handle(self, request: BookieRequest) -> BookieAnswer:
         if self.sick:
             return ErrorResponse(request.request_id, ErrorCode.INTERNAL, "storage failed")
+        if not self.keeps_length and isinstance(request, AddEntries):
+            request = msgspec.structs.replace(request, length=-1)
         answers: list[BookieAnswer] = []
         self.bookie.handle(request, answers.append)
         while self.soon:  # the group commit's turn of the loop
@@ -76,3 +85,25 @@ def test_invariants_hold_with_the_shipped_bookies() -> None:
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow],
     )(check_with_real_bookies)()
+
+
+@pytest.mark.parametrize("keeps_length", [True, False])
+def test_recovery_starts_at_the_lac_the_shipped_bookies_stored(keeps_length: bool) -> None:
+    """With the length stored beside the LAC, recovery reads only past the bookies' LAC;
+    without it, from the last fragment's first entry. Both end at the same place."""
+    world = LedgerWorld(bookie_factory=RealBookie)
+    for bookie in world.bookies.values():
+        bookie.keeps_length = keeps_length
+    metadata = world.create_ledger(3, 3, 3)
+    world.writer("w", metadata)
+    write_acknowledged(world, "w", 20)
+    world.recovery("r", metadata.ledger_id)
+    fence_all(world, "r")
+    reads = [m.payload for m in world.queue if isinstance(m.payload, ReadEntries)]
+    assert reads and {read.first_entry_id for read in reads} == ({19} if keeps_length else {0})
+    world.run()
+    closed = world.store.read_ledger(metadata.ledger_id)
+    assert (closed.last_entry_id, closed.length) == (
+        19,
+        sum(len(b"entry-%d" % entry_id) for entry_id in range(20)),
+    )
