@@ -41,6 +41,24 @@ def bench_storage(as_json: bool, directory: str | None, quick: bool) -> None:
     run_storage_benchmark(as_json=as_json, directory=directory, quick=quick)
 
 
+@bench.command("bookie")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines (the only output form).")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Where to write the bookie's files (default: a temporary directory).",
+)
+@click.option("--quick", is_flag=True, help="Short runs, for a smoke run.")
+def bench_bookie(as_json: bool, directory: str | None, quick: bool) -> None:
+    """Adds/s through one bookie's request handler with fsync on (no network): 100 B and
+    4 KiB entries at several batch sizes, recovery-style reads, reopen time."""
+    from quorumlog.bench.bookie import run_bookie_benchmark
+
+    run_bookie_benchmark(directory, quick)
+
+
 @bench.command("kv")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
 @click.option("--seconds", type=click.FloatRange(0.5, 600), default=8.0, show_default=True)
