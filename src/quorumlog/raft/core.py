@@ -192,21 +192,22 @@ class RaftCore:
         self.dispatch(message)
 
     def dispatch(self, message: Message) -> None:
-        if isinstance(message, VoteRequest):
-            self.handle_vote_request(message)
-        elif isinstance(message, VoteResponse):
-            self.handle_vote_response(message)
-        elif isinstance(message, Push):
+        # The message types are disjoint; the commonest (pushes and their answers) go first.
+        if isinstance(message, Push):
             if self.role is not Role.FOLLOWER:
                 self.become_follower(self.term, message.source)
             self.follower.handle_push(message)
+        elif isinstance(message, PushResponse):
+            if self.leader is not None:
+                self.leader.handle_push_response(message)
+        elif isinstance(message, VoteRequest):
+            self.handle_vote_request(message)
+        elif isinstance(message, VoteResponse):
+            self.handle_vote_response(message)
         elif isinstance(message, SnapshotChunk):
             if self.role is not Role.FOLLOWER:
                 self.become_follower(self.term, message.source)
             self.follower.handle_snapshot_chunk(message)
-        elif isinstance(message, PushResponse):
-            if self.leader is not None:
-                self.leader.handle_push_response(message)
         elif isinstance(message, SnapshotResponse):
             if self.leader is not None:
                 self.leader.handle_snapshot_response(message)
@@ -360,7 +361,8 @@ class RaftCore:
             or self.failed_reads
             or self.incoming_snapshot is not None
             or log.pending_truncate_after is not None
-            or log.handed_out_index < log.last_index
+            # `handed_out_index < last_index`, without the property call.
+            or log.handed_out_index < log.unstable_offset + len(log.unstable) - 1
             or self.applying_index < self.commit_index
             or self.term != saved.term
             or self.vote != saved.vote

@@ -30,6 +30,7 @@ count as concurrent: that can hide a bug, but never reports one that is not ther
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Hashable, Sequence
 from typing import Any, Final, Protocol
 
@@ -214,7 +215,17 @@ def failure_is_explained(cas: Operation, operations: Sequence[Operation]) -> boo
     linearized between that append and the cas: the compared value then holds that suffix.
     """
     expected = cas.argument[0] if isinstance(cas.argument, tuple | list) else None
-    replacing = [other for other in operations if other is not cas and replaces_the_value(other)]
+    # Only the latest return among the replacing operations called before the cas
+    # returned matters: one of them overlaps [append.call_time, ...) exactly when that
+    # latest return is after the append was called (one pass, not one per append).
+    replacing_return_max = max(
+        (
+            other.return_time
+            for other in operations
+            if other is not cas and other.call_time < cas.return_time and replaces_the_value(other)
+        ),
+        default=-math.inf,
+    )
     for append in operations:
         suffix = append.argument
         if (
@@ -226,10 +237,7 @@ def failure_is_explained(cas: Operation, operations: Sequence[Operation]) -> boo
             or (isinstance(expected, str) and suffix in expected)
         ):
             continue
-        if not any(
-            other.call_time < cas.return_time and other.return_time > append.call_time
-            for other in replacing
-        ):
+        if not replacing_return_max > append.call_time:
             return True
     return False
 

@@ -50,7 +50,14 @@ class EventQueue:
         heapq.heappush(self._heap, (self.now_ms + delay_ms, self._sequence, callback, argument))
 
     def schedule_at(self, time_ms: int, callback: Callback, argument: Any = None) -> None:
-        self.schedule(max(0, time_ms - self.now_ms), callback, argument)
+        """Run `callback(argument)` at `time_ms` (now, if that is past). Pushed here rather
+        than through `schedule`: every message arrival comes this way."""
+        self._sequence += 1
+        now_ms = self.now_ms
+        heapq.heappush(
+            self._heap,
+            (time_ms if time_ms > now_ms else now_ms, self._sequence, callback, argument),
+        )
 
     def next_time_ms(self) -> int | None:
         return self._heap[0][0] if self._heap else None

@@ -30,6 +30,7 @@ from quorumlog.storage.entry import EntryType, LogEntry
 from quorumlog.testing.sim.checks import InvariantViolation, check_invariant
 
 if TYPE_CHECKING:
+    from quorumlog.raft.core import RaftCore
     from quorumlog.testing.sim.node import SimNode
 
 NEW_LEADER_SCAN_STEPS_MAX = 10_000
@@ -128,9 +129,9 @@ class InvariantChecker:
                 raise InvariantViolation(
                     f"{node_id} commit index went back: {previous} -> {commit}"
                 )
-            self._record_committed(node, previous, commit)
+            self._record_committed(node, core, previous, commit)
             self.node_commit[node_id] = commit
-        applied = node.applied_index
+        applied = core.applied_index  # what `node.applied_index` reads, minus a property call
         applied_before = self.node_applied[node_id]
         if applied != applied_before:
             if applied < applied_before:
@@ -141,8 +142,8 @@ class InvariantChecker:
                 raise InvariantViolation(f"{node_id} applied {applied} beyond its commit {commit}")
             self.node_applied[node_id] = applied
 
-    def _record_committed(self, node: SimNode, previous: int, commit: int) -> None:
-        log = node.core.log
+    def _record_committed(self, node: SimNode, core: RaftCore, previous: int, commit: int) -> None:
+        log = core.log
         if commit > log.last_index:
             raise InvariantViolation(
                 f"{node.node_id} commit {commit} beyond its last index {log.last_index}"
@@ -150,9 +151,11 @@ class InvariantChecker:
         low = max(previous + 1, log.first_index)
         if low > commit:
             return  # all covered by a snapshot just installed, checked on install
-        term = node.core.term
+        term = core.term
+        node_id = node.node_id
+        note_committed = self._note_committed
         for entry in log.entries(low, commit + 1):
-            self._note_committed(entry.index, _identity(entry), node.node_id, term)
+            note_committed(entry.index, (entry.term, entry.type, entry.data), node_id, term)
 
     def _note_committed(
         self, index: int, identity: EntryIdentity, source: str, observer_term: int

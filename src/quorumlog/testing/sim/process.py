@@ -175,13 +175,14 @@ class SimProcess:
         self, delay_ms: int, handler: Handler, argument: Any = None, link: str = LOCAL_LINK
     ) -> None:
         """Run `handler(argument)` in this incarnation of the process after `delay_ms`."""
-        incarnation = self.incarnation
+        # A bound method and a tuple rather than a closure: every timer, fsync and local
+        # step comes this way.
+        self.events.schedule(delay_ms, self.arrive, (self.incarnation, link, handler, argument))
 
-        def arrive(_: Any) -> None:
-            if self.incarnation == incarnation:
-                self.enter(link, handler, argument)
-
-        self.events.schedule(delay_ms, arrive)
+    def arrive(self, scheduled: tuple[int, str, Handler, Any]) -> None:
+        incarnation, link, handler, argument = scheduled
+        if self.incarnation == incarnation:
+            self.enter(link, handler, argument)
 
 
 def interleave_links(
@@ -212,13 +213,18 @@ def milliseconds(delay_seconds: float) -> int:
 
 
 class SimTimer:
-    __slots__ = ("cancelled",)
+    __slots__ = ("callback", "cancelled")
 
-    def __init__(self) -> None:
+    def __init__(self, callback: Callable[[], None]) -> None:
+        self.callback = callback
         self.cancelled = False
 
     def cancel(self) -> None:
         self.cancelled = True
+
+    def fire(self, _: Any) -> None:
+        if not self.cancelled:
+            self.callback()
 
 
 class SimScheduler:
@@ -231,13 +237,8 @@ class SimScheduler:
         self.process.call_soon(callback)
 
     def call_later(self, delay_seconds: float, callback: Callable[[], None]) -> SimTimer:
-        timer = SimTimer()
-
-        def fire(_: Any) -> None:
-            if not timer.cancelled:
-                callback()
-
-        self.process.schedule(milliseconds(delay_seconds), fire)
+        timer = SimTimer(callback)
+        self.process.schedule(milliseconds(delay_seconds), timer.fire)
         return timer
 
     def monotonic_seconds(self) -> float:

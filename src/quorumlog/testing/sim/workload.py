@@ -79,13 +79,8 @@ class QueueTimers:
         self.events = events
 
     def call_later(self, delay_seconds: float, callback: Callable[[], None]) -> SimTimer:
-        timer = SimTimer()
-
-        def fire(_: Any) -> None:
-            if not timer.cancelled:
-                callback()
-
-        self.events.schedule(milliseconds(delay_seconds), fire)
+        timer = SimTimer(callback)
+        self.events.schedule(milliseconds(delay_seconds), timer.fire)
         return timer
 
     def monotonic_seconds(self) -> float:
