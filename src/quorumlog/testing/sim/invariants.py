@@ -154,8 +154,18 @@ class InvariantChecker:
         term = core.term
         node_id = node.node_id
         note_committed = self._note_committed
-        for entry in log.entries(low, commit + 1):
-            note_committed(entry.index, (entry.term, entry.type, entry.data), node_id, term)
+        written = self.written
+        # The content comes from what the checker saw written at (index, term), not from
+        # the disk: log matching (on_append) holds every writer of (index, term) to one
+        # content, and on_apply checks what the store hands back when it is applied. Only
+        # the terms are read here, which the store keeps in memory.
+        for index in range(low, commit + 1):
+            known_term = log.term(index)
+            content = written.get((index, known_term)) if known_term is not None else None
+            if known_term is None or content is None:  # never seen written: read it
+                [entry] = log.entries(index, index + 1)
+                known_term, content = entry.term, (entry.type, entry.data)
+            note_committed(index, (known_term, content[0], content[1]), node_id, term)
 
     def _note_committed(
         self, index: int, identity: EntryIdentity, source: str, observer_term: int
