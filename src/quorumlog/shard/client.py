@@ -185,10 +185,10 @@ class ShardRouter:
     def gid_of_key(self, key: str) -> int | None:
         """The group owning `key`'s shard in the cached configuration; None if none does."""
         shard = self.shard_of(key)
-        if shard is None:
+        configuration = self.configuration
+        if shard is None or configuration is None:
             return None
-        assert self.configuration is not None
-        gid = self.configuration.gid_of_shard(shard)
+        gid = configuration.gid_of_shard(shard)
         return None if gid == UNASSIGNED_GID else gid
 
     def selector(self, gid: int) -> EndpointSelector:
