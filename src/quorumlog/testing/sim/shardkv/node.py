@@ -312,6 +312,7 @@ class ShardNode:
         self.process = SimProcess(
             node_id, events, derive_random(seed, f"resume:{node_id}"), self.after_event
         )
+        self.process.crash_handler = self.crash  # a disk that halts the process crashes it
         self.scheduler = SimScheduler(self.process)
         self.background = SimBackground(
             self.process,
