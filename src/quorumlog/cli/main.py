@@ -154,7 +154,14 @@ def sim_raft(
     Each failure prints the command that replays it and the tail of its trace."""
     import json
 
-    from quorumlog.testing.sim.runner import format_failure, parse_seed_range, run_seeds
+    from quorumlog.testing.sim.runner import (
+        format_failure,
+        parse_seed_range,
+        run_seeds,
+        silence_simulated_nodes,
+    )
+
+    silence_simulated_nodes()
 
     try:
         seeds = parse_seed_range(seed_range)

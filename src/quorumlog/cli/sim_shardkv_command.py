@@ -24,7 +24,7 @@ import click
 def sim_shardkv_command(seed_range: str, scenario: str | None, jobs: int, as_json: bool) -> None:
     """Run the sharded KV (controller + shard groups) under seeded faults; exit 1 if any
     seed fails. Each failure prints its scenario and the command that replays it."""
-    from quorumlog.testing.sim.runner import parse_seed_range
+    from quorumlog.testing.sim.runner import parse_seed_range, silence_simulated_nodes
     from quorumlog.testing.sim.shardkv.runner import format_failure, run_shardkv_seeds
     from quorumlog.testing.sim.shardkv.scenarios import SCENARIOS
 
@@ -37,6 +37,7 @@ def sim_shardkv_command(seed_range: str, scenario: str | None, jobs: int, as_jso
             f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}",
             param_hint="--scenario",
         )
+    silence_simulated_nodes()
     run = run_shardkv_seeds(seeds.start, seeds.stop - 1, scenario=scenario, jobs=jobs)
     summary = run.summary
     for outcome in run.outcomes:

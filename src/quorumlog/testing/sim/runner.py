@@ -18,6 +18,7 @@ seed with tracing on, the tail of the trace.
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import time
 import traceback
 from collections.abc import Sequence
@@ -160,6 +161,13 @@ def plan_seed(seed: int, node_count: int) -> SeedPlan:
         node_count=node_count, raft=raft, node=node, network=network, workload=workload
     )
     return SeedPlan(options=options, nemesis=nemesis)
+
+
+def silence_simulated_nodes() -> None:
+    """Keep the simulated nodes' own log lines (a group stopped on a flipped bit, a log
+    reset at open) off the console: they are events the nemesis caused on purpose, and a
+    failing seed reports its trace instead."""
+    logging.getLogger("quorumlog").setLevel(logging.CRITICAL)
 
 
 def run_seed(
