@@ -15,9 +15,11 @@ Three parts:
   clients' `EndpointSelector`: the known leader, a NOT_LEADER hint, else the next address),
   which answers count, when to back off, the error at the deadline. `PeerSelectors` keeps
   one selector per address set, so the leader learned by one request serves the next;
-- `PeerRequester` (asyncio: one connection per address, kept and reused) and
-  `AsyncioPeerRequests`, which offers it as `PeerRequests`. The simulator has its own
-  transport over simulated frames and the same `PeerAttempts`.
+- `request_by_attempts`: the one loop that carries a request out by those rules, on a
+  scheduler, sending each attempt through a `SendAttempt` function. The node sends attempts
+  over a `PeerRequester` (asyncio: one connection per address, kept and reused), the
+  simulator over simulated frames; both run this loop (`AsyncioPeerRequests`, and
+  `testing/sim/shardkv/transport.py`).
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from quorumlog.codec import wire
-from quorumlog.errors import UnavailableError
-from quorumlog.kv.async_client import StreamConnection
+from quorumlog.errors import ClientError, UnavailableError
+from quorumlog.kv.async_client import TRANSPORT_ERRORS, StreamConnection
 from quorumlog.kv.connection import EndpointSelector
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.resources import Scheduler
@@ -44,6 +46,15 @@ BACKOFF_SECONDS = 0.05
 
 MakeRequest = Callable[[int], wire.ClientRequest]
 Accept = Callable[[wire.Frame], bool]
+AttemptOutcome = Callable[[wire.Frame | None], None]
+"""How one attempt ended: the frame answered, or None (no answer in time, a broken
+connection, a garbled answer)."""
+SendAttempt = Callable[[str, MakeRequest, float, AttemptOutcome], None]
+"""Send one request to an address, giving it `timeout_seconds`; call the outcome once,
+on the scheduler's thread."""
+PEER_ATTEMPT_ERRORS = (*TRANSPORT_ERRORS, ClientError)
+"""What one attempt may meet that is the connection's fault, not the code's: a broken or
+refused connection (ClientError: the handshake), a garbled answer. Anything else escapes."""
 
 
 class PeerRequests(Protocol):
@@ -134,6 +145,55 @@ class PeerSelectors:
         return PeerAttempts(selector, addresses, accept, deadline_seconds)
 
 
+def request_by_attempts(
+    scheduler: Scheduler,
+    selectors: PeerSelectors,
+    send_attempt: SendAttempt,
+    addresses: Sequence[str],
+    make_request: MakeRequest,
+    accept: Accept | None,
+    timeout_seconds: float,
+    attempt_timeout_seconds: float,
+    stopped: Callable[[], bool] = lambda: False,
+) -> Completion[wire.Frame]:
+    """`PeerRequests.request`, attempt after attempt by the rules of `PeerAttempts`."""
+    completion: Completion[wire.Frame] = Completion(scheduler)
+    try:
+        attempts = selectors.attempts(
+            addresses, accept, scheduler.monotonic_seconds() + timeout_seconds
+        )
+    except UnavailableError as error:
+        completion.set_exception(error)
+        return completion
+
+    def next_attempt() -> None:
+        now = scheduler.monotonic_seconds()
+        if stopped():
+            completion.set_exception(UnavailableError("the node is stopping"))
+            return
+        if now >= attempts.deadline_seconds:
+            completion.set_exception(attempts.give_up_error())
+            return
+        address = attempts.choose()
+
+        def outcome(frame: wire.Frame | None) -> None:
+            answer = attempts.outcome(address, frame)
+            if answer is not None:
+                completion.set_result(answer)
+                return
+            pause = attempts.pause_seconds()
+            if pause > 0:
+                scheduler.call_later(pause, next_attempt)  # each address failed once more
+            else:
+                next_attempt()
+
+        timeout = min(attempts.deadline_seconds, now + attempt_timeout_seconds) - now
+        send_attempt(address, make_request, timeout, outcome)
+
+    next_attempt()
+    return completion
+
+
 class PeerRequester:
     """The asyncio transport of peer requests: one connection per address, reused; a
     NOT_LEADER hint is followed, and the address that answered is remembered as the leader
@@ -155,32 +215,6 @@ class PeerRequester:
         self.next_request_id = 1
         self.closed = False
 
-    async def request(
-        self,
-        addresses: Sequence[str],
-        make_request: MakeRequest,
-        timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
-        accept: Accept | None = None,
-        attempt_timeout_seconds: float | None = None,
-    ) -> wire.Frame:
-        """See `PeerRequests.request`; raises UnavailableError at the timeout."""
-        attempts = self.selectors.attempts(addresses, accept, time.monotonic() + timeout_seconds)
-        while time.monotonic() < attempts.deadline_seconds and not self.closed:
-            address = attempts.choose()
-            frame = await self.attempt(
-                address,
-                make_request,
-                attempts.deadline_seconds,
-                attempt_timeout_seconds or self.attempt_timeout_seconds,
-            )
-            answer = attempts.outcome(address, frame)
-            if answer is not None:
-                return answer
-            pause = attempts.pause_seconds()
-            if pause > 0:
-                await asyncio.sleep(pause)  # every address failed once more: back off a little
-        raise attempts.give_up_error()
-
     async def attempt(
         self,
         address: str,
@@ -201,7 +235,7 @@ class PeerRequester:
             # Only this request is late: the connection carries other groups' requests
             # too, and stays unless it breaks (a dead peer's connection does, by itself).
             return None
-        except Exception:  # lost connection, refused handshake, garbled answer
+        except PEER_ATTEMPT_ERRORS:  # lost connection, refused handshake, garbled answer
             await self.drop(address)
             return None
 
@@ -225,7 +259,7 @@ class PeerRequester:
     async def drop(self, address: str) -> None:
         connection = self.connections.pop(address, None)
         if connection is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(*PEER_ATTEMPT_ERRORS):
                 await connection.close()
 
     async def close(self) -> None:
@@ -235,13 +269,14 @@ class PeerRequester:
 
 
 class AsyncioPeerRequests:
-    """`PeerRequests` on a `PeerRequester`: each request runs as a task on the loop and
-    settles a completion on the host's scheduler."""
+    """`PeerRequests` on a `PeerRequester`: `request_by_attempts` on the host's scheduler,
+    each attempt a task on the loop."""
 
     def __init__(self, requester: PeerRequester, scheduler: Scheduler) -> None:
         self.requester = requester
         self.scheduler = scheduler
-        self.tasks: set[asyncio.Task[wire.Frame]] = set()
+        self.tasks: set[asyncio.Task[wire.Frame | None]] = set()
+        self.closing = False
 
     def request(
         self,
@@ -251,38 +286,45 @@ class AsyncioPeerRequests:
         timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
         attempt_timeout_seconds: float | None = None,
     ) -> Completion[wire.Frame]:
-        completion: Completion[wire.Frame] = Completion(self.scheduler)
+        return request_by_attempts(
+            self.scheduler,
+            self.requester.selectors,
+            self.send_attempt,
+            addresses,
+            make_request,
+            accept,
+            timeout_seconds,
+            attempt_timeout_seconds or self.requester.attempt_timeout_seconds,
+            stopped=lambda: self.closing or self.requester.closed,
+        )
+
+    def send_attempt(
+        self,
+        address: str,
+        make_request: MakeRequest,
+        timeout_seconds: float,
+        outcome: AttemptOutcome,
+    ) -> None:
+        deadline = time.monotonic() + timeout_seconds
         task = asyncio.get_running_loop().create_task(
-            self.requester.request(
-                addresses,
-                make_request,
-                timeout_seconds=timeout_seconds,
-                accept=accept,
-                attempt_timeout_seconds=attempt_timeout_seconds,
-            )
+            self.requester.attempt(address, make_request, deadline, timeout_seconds)
         )
         self.tasks.add(task)
 
-        def settle(done: asyncio.Task[wire.Frame]) -> None:
+        def settle(done: asyncio.Task[wire.Frame | None]) -> None:
             self.tasks.discard(done)
-            if done.cancelled():
-                completion.set_exception(UnavailableError("the node is stopping"))
-                return
-            error = done.exception()
-            if error is not None:
-                completion.set_exception(error)
-            else:
-                completion.set_result(done.result())
+            # A cancelled attempt (closing) ends as no answer; the loop then sees `stopped`.
+            outcome(None if done.cancelled() else done.result())
 
         task.add_done_callback(settle)
-        return completion
 
     async def close(self) -> None:
         """Cancel the requests in flight, then close the connections."""
+        self.closing = True
         tasks = list(self.tasks)
         for task in tasks:
             task.cancel()
         for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.requester.close()

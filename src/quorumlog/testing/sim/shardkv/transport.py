@@ -11,9 +11,8 @@ Raft traffic and frames alike). The shipped code names nodes by address ("host:p
   scheduler, and its first answer (a late or duplicated answer is dropped, as a real
   client skips answers to attempts it gave up on). Answers that reach a process restarted
   since the call are dropped too: the call died with the old incarnation.
-- `SimPeerRequests`: `node.peer_requests.PeerRequests` for a simulated node, with the
-  shipped attempt rules (`PeerSelectors`, `PeerAttempts`), so the migrator runs as on
-  asyncio.
+- `SimPeerRequests`: `node.peer_requests.PeerRequests` for a simulated node: the shipped
+  `request_by_attempts` loop and attempt rules, so the migrator runs as on asyncio.
 """
 
 from __future__ import annotations
@@ -21,14 +20,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from quorumlog.codec import wire
-from quorumlog.errors import UnavailableError
 from quorumlog.node.peer_requests import (
     ATTEMPT_TIMEOUT_SECONDS,
     REQUEST_TIMEOUT_SECONDS,
     Accept,
+    AttemptOutcome,
     MakeRequest,
-    PeerAttempts,
     PeerSelectors,
+    request_by_attempts,
 )
 from quorumlog.runtime.completion import Completion
 from quorumlog.testing.sim.frame_network import SimFrameNetwork
@@ -48,10 +47,6 @@ def node_of(address: str) -> str:
     return host if separator and port == str(SIM_PORT) else address
 
 
-Outcome = Callable[[wire.Frame | None], None]
-"""An attempt's end: the answer, or None if none came in time."""
-
-
 class FrameCalls:
     """The requests one simulated process sends, one attempt at a time each."""
 
@@ -67,7 +62,7 @@ class FrameCalls:
         address: str,
         make_request: MakeRequest,
         timeout_seconds: float,
-        outcome: Outcome,
+        outcome: AttemptOutcome,
     ) -> None:
         """Send one request to `address`; `outcome` gets its first answer, or None once
         `timeout_seconds` pass without one."""
@@ -93,7 +88,8 @@ class FrameCalls:
 
 
 class SimPeerRequests:
-    """`PeerRequests` over simulated frames, with the asyncio requester's rules."""
+    """`PeerRequests` over simulated frames: the shipped `request_by_attempts` loop, its
+    attempts sent by `FrameCalls`."""
 
     def __init__(self, calls: FrameCalls, resolve: Callable[[str], str] = str) -> None:
         self.calls = calls
@@ -108,48 +104,16 @@ class SimPeerRequests:
         timeout_seconds: float = REQUEST_TIMEOUT_SECONDS,
         attempt_timeout_seconds: float | None = None,
     ) -> Completion[wire.Frame]:
-        completion: Completion[wire.Frame] = Completion(self.scheduler)
-        scheduler = self.scheduler
-        try:
-            attempts = self.selectors.attempts(
-                addresses, accept, scheduler.monotonic_seconds() + timeout_seconds
-            )
-        except UnavailableError as error:
-            completion.set_exception(error)
-            return completion
-        attempt_seconds = attempt_timeout_seconds or ATTEMPT_TIMEOUT_SECONDS
-        self.next_attempt(attempts, make_request, attempt_seconds, completion)
-        return completion
-
-    def next_attempt(
-        self,
-        attempts: PeerAttempts,
-        make_request: MakeRequest,
-        attempt_seconds: float,
-        completion: Completion[wire.Frame],
-    ) -> None:
-        now = self.scheduler.monotonic_seconds()
-        if now >= attempts.deadline_seconds:
-            completion.set_exception(attempts.give_up_error())
-            return
-        address = attempts.choose()
-
-        def outcome(frame: wire.Frame | None) -> None:
-            answer = attempts.outcome(address, frame)
-            if answer is not None:
-                completion.set_result(answer)
-                return
-            pause = attempts.pause_seconds()
-            if pause > 0:
-                self.scheduler.call_later(
-                    pause,
-                    lambda: self.next_attempt(attempts, make_request, attempt_seconds, completion),
-                )
-            else:
-                self.next_attempt(attempts, make_request, attempt_seconds, completion)
-
-        timeout = min(attempts.deadline_seconds, now + attempt_seconds) - now
-        self.calls.attempt(address, make_request, timeout, outcome)
+        return request_by_attempts(
+            self.scheduler,
+            self.selectors,
+            self.calls.attempt,
+            addresses,
+            make_request,
+            accept,
+            timeout_seconds,
+            attempt_timeout_seconds or ATTEMPT_TIMEOUT_SECONDS,
+        )
 
 
 __all__ = ["SIM_PORT", "FrameCalls", "SimPeerRequests", "address_of", "node_of"]
