@@ -28,7 +28,8 @@ def test_an_invariant_violation_in_a_group_stops_the_node(tmp_path: Path) -> Non
         hosted: list[Node] = []
         running = asyncio.create_task(run_node(settings_for(tmp_path), stop, hosted.append))
         while not hosted:
-            await asyncio.sleep(0)
+            assert not running.done(), "the node did not start"
+            await asyncio.sleep(0)  # start() runs in the task: give it the loop
         group = hosted[0].groups["kv"]
         # A message addressed to another node breaks the core's first invariant.
         misrouted = VoteRequest(source="n2", target="n9", term=5, last_log_index=0, last_log_term=0)

@@ -67,17 +67,15 @@ class SimProcess:
 
     def boot(self) -> None:
         """A new incarnation: nothing scheduled by an earlier one will run."""
-        self.incarnation += 1
-        self.up = True
-        self.paused = False
-        self.inbox = []
-        self.soon = deque()
-        self.drain_pending = False
+        self.new_incarnation(up=True)
 
     def kill(self) -> None:
         """Gone at once: queued input and every pending timer and completion die with it."""
+        self.new_incarnation(up=False)
+
+    def new_incarnation(self, up: bool) -> None:
         self.incarnation += 1
-        self.up = False
+        self.up = up
         self.paused = False
         self.inbox = []
         self.soon = deque()
