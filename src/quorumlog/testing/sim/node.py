@@ -30,9 +30,9 @@ from quorumlog.errors import (
 from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration, MembershipChange
 from quorumlog.raft.core import RaftCore, Role
-from quorumlog.raft.messages import Message, SnapshotMeta
+from quorumlog.raft.messages import Message
 from quorumlog.raft.ready import Ready
-from quorumlog.runtime.host import HostHooks, HostSettings, RaftHost
+from quorumlog.runtime.host import HostSettings, RaftHost
 from quorumlog.runtime.resources import StateMachine
 from quorumlog.storage.entry import LogEntry
 from quorumlog.testing.sim.application import SimApplication
@@ -40,6 +40,7 @@ from quorumlog.testing.sim.checks import InvariantViolation, require
 from quorumlog.testing.sim.disk import SimDisk
 from quorumlog.testing.sim.events import EventQueue, derive_random
 from quorumlog.testing.sim.frame_network import Replier, RequestHandler, SimFrameNetwork
+from quorumlog.testing.sim.hooks import CheckerHooks
 from quorumlog.testing.sim.network import SimNetwork
 from quorumlog.testing.sim.process import SimBackground, SimProcess, SimScheduler
 from quorumlog.testing.sim.trace import TraceRecorder
@@ -75,10 +76,11 @@ class NodeOptions(msgspec.Struct, frozen=True):
     it (checksums): the group then stops (fail-stop) and the node is restarted."""
 
 
-class CheckedHooks(HostHooks):
-    """The host's observation points, wired to the invariant checker and the trace."""
+class CheckedHooks(CheckerHooks):
+    """The checker's hooks, plus the trace of Readies and the cluster's apply observer."""
 
     def __init__(self, node: SimNode) -> None:
+        super().__init__(node.checker, node, node.disk, node.node_id, node.record)
         self.node = node
 
     def on_ready(self, ready: Ready) -> None:
@@ -86,35 +88,11 @@ class CheckedHooks(HostHooks):
         if trace is not None:
             trace.record(self.node.events.now_ms, f"{self.node.node_id} ready {describe(ready)}")
 
-    def on_truncate(self, after: int) -> None:
-        with self.node.disk.reading_truthfully():
-            self.node.checker.on_truncate(self.node, after)
-
-    def on_append(self, entries: list[LogEntry]) -> None:
-        with self.node.disk.reading_truthfully():
-            self.node.checker.on_append(self.node, entries)
-
-    def on_snapshot_install(self, meta: SnapshotMeta, data: bytes) -> None:
-        with self.node.disk.reading_truthfully():
-            self.node.checker.on_snapshot_install(self.node, meta, data)
-
-    def on_snapshot_taken(self, meta: SnapshotMeta, data: bytes) -> None:
-        with self.node.disk.reading_truthfully():
-            self.node.checker.on_snapshot_taken(self.node, meta, data)
-        trace = self.node.trace
-        if trace is not None:
-            trace.record(self.node.events.now_ms, f"{self.node.node_id} snapshot {meta.index}")
-
     def on_apply(self, entry: LogEntry) -> None:
-        with self.node.disk.reading_truthfully():
-            self.node.checker.on_apply(self.node, entry)
+        super().on_apply(entry)
         observer = self.node.apply_observer
         if observer is not None:
             observer(entry)
-
-    def on_acknowledged(self, entry: LogEntry) -> None:
-        with self.node.disk.reading_truthfully():
-            self.node.checker.on_acknowledged(self.node, entry)
 
 
 class SimNode:

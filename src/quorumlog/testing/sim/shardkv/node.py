@@ -39,7 +39,7 @@ from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration
 from quorumlog.raft.core import RaftCore, Role
 from quorumlog.raft.messages import Message, SnapshotMeta
-from quorumlog.runtime.host import HostHooks, HostSettings, RaftHost
+from quorumlog.runtime.host import HostSettings, RaftHost
 from quorumlog.runtime.resources import StateMachine
 from quorumlog.shard.group_commands import (
     ControlApplied,
@@ -49,11 +49,11 @@ from quorumlog.shard.group_commands import (
     decode_message,
 )
 from quorumlog.shard.group_machine import ShardGroupMachine
-from quorumlog.storage.entry import LogEntry
 from quorumlog.testing.sim.checks import InvariantViolation
 from quorumlog.testing.sim.disk import SimDisk
 from quorumlog.testing.sim.events import EventQueue, derive_random, draw_int
 from quorumlog.testing.sim.frame_network import Replier, SimFrameNetwork
+from quorumlog.testing.sim.hooks import CheckerHooks
 from quorumlog.testing.sim.invariants import InvariantChecker
 from quorumlog.testing.sim.network import SimNetwork
 from quorumlog.testing.sim.process import SimBackground, SimProcess, SimScheduler
@@ -146,34 +146,18 @@ class ObservedMachine:
         self.machine.restore(data)
 
 
-class CheckedHooks(HostHooks):
-    """The host's observation points, wired to the group's invariant checker, the apply
-    lag and the trace."""
+class CheckedHooks(CheckerHooks):
+    """The checker's hooks, plus the member's snapshot count and the seeded apply lag."""
 
     def __init__(self, member: GroupMember) -> None:
+        super().__init__(
+            member.checker, member.as_checked_node(), member.disk, member.name, member.node.record
+        )
         self.member = member
-        self.checked = member.as_checked_node()
-
-    def on_truncate(self, after: int) -> None:
-        self.member.checker.on_truncate(self.checked, after)
-
-    def on_append(self, entries: list[LogEntry]) -> None:
-        self.member.checker.on_append(self.checked, entries)
-
-    def on_snapshot_install(self, meta: SnapshotMeta, data: bytes) -> None:
-        self.member.checker.on_snapshot_install(self.checked, meta, data)
-        self.member.node.record(f"{self.member.name} installs snapshot {meta.index}@{meta.term}")
 
     def on_snapshot_taken(self, meta: SnapshotMeta, data: bytes) -> None:
-        self.member.checker.on_snapshot_taken(self.checked, meta, data)
+        super().on_snapshot_taken(meta, data)
         self.member.snapshots_taken += 1
-        self.member.node.record(f"{self.member.name} snapshot {meta.index}")
-
-    def on_apply(self, entry: LogEntry) -> None:
-        self.member.checker.on_apply(self.checked, entry)
-
-    def on_acknowledged(self, entry: LogEntry) -> None:
-        self.member.checker.on_acknowledged(self.checked, entry)
 
     def apply_delay_seconds(self) -> float:
         return self.member.node.apply_delay_ms() / 1000
