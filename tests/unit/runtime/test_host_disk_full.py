@@ -13,24 +13,7 @@ from quorumlog.raft.configuration import Configuration
 from quorumlog.runtime.host import HostSettings, RaftHost
 from quorumlog.testing.manual import InlineBackground, ManualScheduler
 from quorumlog.testing.sim.disk import SimDisk
-
-
-class ListMachine:
-    def __init__(self) -> None:
-        self.items: list[bytes] = []
-
-    def apply(self, index: int, data: bytes) -> int:
-        self.items.append(data)
-        return len(self.items)
-
-    def mark_applied(self, index: int) -> None:
-        pass
-
-    def snapshot(self) -> bytes:
-        return b"\n".join(self.items)
-
-    def restore(self, data: bytes) -> None:
-        self.items = data.split(b"\n") if data else []
+from tests.unit.runtime.test_group import ListMachine
 
 
 class FullDiskBackground:
