@@ -25,8 +25,7 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
-import msgspec
-
+from quorumlog.codec import wire
 from quorumlog.codec.frame import FrameDecoder, FrameError, encode_frame
 from quorumlog.codec.wire import (
     ClientRequest,
@@ -86,16 +85,17 @@ class ConnectionLost(ClientError):
     """The node closed the connection (used inside the client; callers never see it)."""
 
 
-TRANSPORT_ERRORS = (
+TRANSPORT_ERRORS: tuple[type[Exception], ...] = (
     OSError,
     EOFError,
     ConnectionLost,
     FrameError,
-    msgspec.DecodeError,
-    msgspec.ValidationError,
-    UnicodeDecodeError,
+    *wire.DECODE_ERRORS,
     asyncio.IncompleteReadError,
 )
+
+ATTEMPT_ERRORS: tuple[type[Exception], ...] = (*TRANSPORT_ERRORS, TimeoutError)
+"""What one attempt may meet: a transport error, or no answer in time."""
 
 
 class StreamConnection:
@@ -572,7 +572,7 @@ class AsyncKVClient(SessionHolder):
         """One try at one node: the frame answered, or None after reporting the failure."""
         try:
             connection = await self.connect(endpoint, deadline)
-        except (*TRANSPORT_ERRORS, TimeoutError) as error:
+        except ATTEMPT_ERRORS as error:
             attempts.connect_failed(endpoint, error)
             return None
         request_id = self.next_request_id
@@ -580,7 +580,7 @@ class AsyncKVClient(SessionHolder):
         attempts.sent()
         try:
             return await connection.request(make_request(request_id), request_id, deadline)
-        except (*TRANSPORT_ERRORS, TimeoutError) as error:
+        except ATTEMPT_ERRORS as error:
             # Also on a timeout: the peer may be gone without a word; start afresh.
             await self.drop_connection(endpoint, connection)
             attempts.lost(endpoint, error)

@@ -25,8 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
-import msgspec
-
+from quorumlog.codec import wire
 from quorumlog.codec.frame import FrameDecoder, FrameError, encode_frame
 from quorumlog.codec.wire import (
     ClientRequest,
@@ -128,13 +127,11 @@ class BlockingConnection:
 
 
 # Whatever a broken connection or a garbled frame raises: the attempt is lost.
-TRANSPORT_ERRORS = (
+TRANSPORT_ERRORS: tuple[type[Exception], ...] = (
     OSError,
     ConnectionLost,
     FrameError,
-    msgspec.DecodeError,
-    msgspec.ValidationError,
-    UnicodeDecodeError,
+    *wire.DECODE_ERRORS,
 )
 
 

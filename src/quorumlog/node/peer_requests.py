@@ -52,7 +52,7 @@ connection, a garbled answer)."""
 SendAttempt = Callable[[str, MakeRequest, float, AttemptOutcome], None]
 """Send one request to an address, giving it `timeout_seconds`; call the outcome once,
 on the scheduler's thread."""
-PEER_ATTEMPT_ERRORS = (*TRANSPORT_ERRORS, ClientError)
+PEER_ATTEMPT_ERRORS: tuple[type[Exception], ...] = (*TRANSPORT_ERRORS, ClientError)
 """What one attempt may meet that is the connection's fault, not the code's: a broken or
 refused connection (ClientError: the handshake), a garbled answer. Anything else escapes."""
 
