@@ -9,6 +9,7 @@ Code that lives on asyncio awaits one through `runtime.asyncio_host.wait_for_com
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -61,7 +62,7 @@ class Completion(Generic[ResultType]):
     def add_done_callback(self, callback: Callable[[Completion[ResultType]], None]) -> None:
         """Call `callback(self)` once done (soon, through the scheduler; never inline)."""
         if self.finished:
-            self.scheduler.call_soon(lambda: callback(self))
+            self.scheduler.call_soon(functools.partial(callback, self))
         else:
             self.callbacks.append(callback)
 
@@ -69,4 +70,4 @@ class Completion(Generic[ResultType]):
         self.finished = True
         callbacks, self.callbacks = self.callbacks, []
         for callback in callbacks:
-            self.scheduler.call_soon(lambda callback=callback: callback(self))  # type: ignore[misc]
+            self.scheduler.call_soon(functools.partial(callback, self))
