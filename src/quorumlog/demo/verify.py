@@ -16,6 +16,7 @@ from quorumlog.demo.pipeline import (
 )
 from quorumlog.demo.produce import ProduceReport
 from quorumlog.errors import ClientError
+from quorumlog.kv.requests import prefix_end
 from quorumlog.stream.client_admin import Admin
 from quorumlog.stream.consumer import Consumer
 
@@ -68,11 +69,6 @@ def read_kv_results(spark: SparkSession, connection: ClusterConnection) -> dict[
         row["key"][len(RESULT_KEY_PREFIX) :]: pipeline.decode_stats(row["value"])
         for row in table.collect()
     }
-
-
-def prefix_end(prefix: str) -> str:
-    """The first key after every key that starts with `prefix`."""
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 def read_topic_results(cluster: DemoCluster) -> dict[str, FlightStats]:

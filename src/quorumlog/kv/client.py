@@ -18,6 +18,7 @@ client, so sharing one is safe, just not fast.
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
 import threading
 import time
@@ -34,6 +35,8 @@ from quorumlog.codec.wire import (
     KVCommand,
     KVCommandResult,
     KVReadResult,
+    KVScan,
+    KVScanResult,
     KVWriteResult,
     MemberChangeRequest,
     StatusRequest,
@@ -61,7 +64,13 @@ from quorumlog.kv.connection import (
     welcome_node_id,
 )
 from quorumlog.kv.lifetime import Closing
-from quorumlog.kv.requests import SessionCommand, read_request, read_value, write_request
+from quorumlog.kv.requests import (
+    SessionCommand,
+    prefix_end,
+    read_request,
+    read_value,
+    write_request,
+)
 
 ResponseType = TypeVar("ResponseType")
 RECEIVE_BYTES = 256 * 1024
@@ -124,6 +133,10 @@ class BlockingConnection:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def scan_request(request_id: int, start: str, end: str, limit: int, stale: bool) -> KVScan:
+    return KVScan(request_id=request_id, start=start, end=end, limit=limit, stale=stale)
 
 
 # Whatever a broken connection or a garbled frame raises: the attempt is lost.
@@ -275,6 +288,26 @@ class KVClient(KVOperations, AttemptSender, Closing):
             at_leader=not stale,
         )
         return read_value(response)
+
+    def scan_prefix(
+        self, prefix: str, stale: bool = False, page_keys: int = 1000
+    ) -> list[tuple[str, str]]:
+        """Every key starting with `prefix` and its value, in key order, read page by page
+        (each page linearizable unless `stale`; the whole is not one snapshot)."""
+        end = prefix_end(prefix)
+        items: list[tuple[str, str]] = []
+        start: str | None = prefix
+        while start is not None:
+            page = self.call(
+                f"scan {prefix!r}",
+                functools.partial(scan_request, start=start, end=end, limit=page_keys, stale=stale),
+                KVScanResult,
+                side_effects=False,
+                at_leader=not stale,
+            )
+            items.extend(page.items)
+            start = page.next_start
+        return items
 
     def write(self, op: str, key: str, value: str | None, expected: str | None) -> KVCommandResult:
         with self.lock:

@@ -104,3 +104,8 @@ __all__ = [
     "read_value",
     "write_request",
 ]
+
+
+def prefix_end(prefix: str) -> str:
+    """The first key after every key that starts with `prefix` (a non-empty prefix)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
