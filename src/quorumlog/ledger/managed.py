@@ -168,14 +168,19 @@ def chain(
     on_value: Callable[[ValueType], None],
     on_error: Callable[[BaseException], None],
 ) -> None:
-    """Continue with `on_value(result)`, or `on_error(error)` if `completion` failed."""
+    """Continue with `on_value(result)`, or `on_error(error)` if `completion` failed or
+    `on_value` refused what it got with a typed error (a wrong password, bytes that are
+    not a managed entry): those end the step, never the scheduler's loop."""
 
     def done(finished: Completion[ValueType]) -> None:
         error = finished.exception()
         if error is not None:
             on_error(error)
-        else:
+            return
+        try:
             on_value(finished.result())
+        except QuorumLogError as refused:
+            on_error(refused)
 
     completion.add_done_callback(done)
 

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from quorumlog.codec.wire import Record
-from quorumlog.errors import NotPartitionOwnerError
+from quorumlog.errors import BadPasswordError, NotPartitionOwnerError
 from quorumlog.ledger.managed import ManagedLedger, ManagedLedgerConfig
 from quorumlog.ledger.managed_format import ManagedLedgerRecord
 from quorumlog.ledger.metadata import LedgerState
@@ -343,3 +343,13 @@ def test_randomized_takeovers_lose_nothing_acknowledged_and_write_nothing_twice(
     seed: int,
 ) -> None:
     run_takeovers(seed)
+
+
+def test_a_wrong_password_fails_the_takeover_typed() -> None:
+    world = ManagedWorld()
+    managed = opened(world, "node-a", 1)
+    world.wait(managed.append(batch("p", 0, 1), "p", 0))
+    intruder = world.client(2).managed("node-b", ManagedLedgerConfig(password=b"wrong"))
+    world.settle(intruder.open())
+    assert isinstance(intruder.open().exception(), BadPasswordError)
+    assert world.wait(managed.append(batch("p", 1, 1), "p", 1)).base_offset == 1
