@@ -272,3 +272,23 @@ class BookieRejectedError(LedgerError):
         super().__init__(f"bookie {bookie_id} refused the request: {status}")
         self.bookie_id = bookie_id
         self.status = status
+
+
+class ManagedLedgerConflictError(LedgerError):
+    """A managed ledger's record (its partition's ledger list) changed since it was read:
+    the compare-and-set that would have replaced it failed."""
+
+    def __init__(self, name: str, expected_version: int | None, actual_version: int | None) -> None:
+        super().__init__(
+            f"managed ledger {name}: record version is {actual_version}, "
+            f"the update expected {expected_version}"
+        )
+        self.name = name
+        self.expected_version = expected_version
+        self.actual_version = actual_version
+
+
+class NotPartitionOwnerError(LedgerError):
+    """This managed ledger is no longer its partition's owner: another owner took over
+    (fenced its ledger or changed its ledger list). Nothing more is appended here; the
+    partition's current owner answers instead."""

@@ -288,6 +288,12 @@ class DriverWriter(Running):
         return self.writer.metadata.ledger_id
 
     @property
+    def metadata(self) -> LedgerMetadata:
+        """The ledger's metadata as this writer last stored it (its ensembles change as
+        bookies are replaced): what a read of the ledger while it is written needs."""
+        return self.writer.metadata
+
+    @property
     def last_add_confirmed(self) -> int:
         return self.writer.last_add_confirmed
 

@@ -134,39 +134,17 @@ class PartitionMachine:
             self.take_checkpoint()
 
     def admit(self, header: BatchHeader) -> ProduceOutcome | QuorumLogError:
-        count = len(header.records)
-        state = self.producers.get(header.producer_id)
-        if state is None:
-            state = ProducerState()
-            self.producers[header.producer_id] = state
-            while len(self.producers) > self.producer_count_max:
-                self.producers.popitem(last=False)  # least recently active, same everywhere
-        else:
-            self.producers.move_to_end(header.producer_id)
-        if header.base_sequence == state.next_sequence:
-            base_offset = self.next_offset
-            self.next_offset += count
-            state.next_sequence += count
-            state.recent.append((header.base_sequence, count, base_offset))
-            del state.recent[:-RECENT_BATCHES_PER_PRODUCER]
-            return ProduceOutcome(base_offset=base_offset, count=count)
-        if header.base_sequence < state.next_sequence:
-            for base_sequence, recent_count, base_offset in state.recent:
-                if base_sequence == header.base_sequence and recent_count == count:
-                    return ProduceOutcome(base_offset=base_offset, count=count, duplicate=True)
-            if header.base_sequence + count <= state.next_sequence:
-                # Written long ago (a replay, as a restarted Spark task sends): not written
-                # again. Its offsets are no longer remembered, so the answer says -1, as
-                # Kafka answers DUPLICATE_SEQUENCE_NUMBER.
-                return ProduceOutcome(base_offset=-1, count=count, duplicate=True)
-            return OutOfOrderSequenceError(
-                f"producer {header.producer_id}: batch at sequence {header.base_sequence} of "
-                f"{count} records straddles the next expected sequence {state.next_sequence}"
-            )
-        return OutOfOrderSequenceError(
-            f"producer {header.producer_id}: out of order sequence {header.base_sequence}, "
-            f"expected {state.next_sequence}"
+        outcome = admit_batch(
+            self.producers,
+            header.producer_id,
+            header.base_sequence,
+            len(header.records),
+            self.next_offset,
+            self.producer_count_max,
         )
+        if isinstance(outcome, ProduceOutcome) and not outcome.duplicate:
+            self.next_offset += outcome.count
+        return outcome
 
     # --- checkpoints, snapshots, retention ----------------------------------------------
 
@@ -273,3 +251,47 @@ class PartitionMachine:
                     break
             position += 1
         return found
+
+
+def admit_batch(
+    producers: OrderedDict[str, ProducerState],
+    producer_id: str,
+    base_sequence: int,
+    count: int,
+    next_offset: int,
+    producer_count_max: int,
+) -> ProduceOutcome | QuorumLogError:
+    """Decide one producer batch against the producer table: new (written at `next_offset`;
+    the table moves on, the caller moves its offset), a duplicate (the original offsets,
+    or -1 if no longer remembered) or out of order. Shared by every storage mode (Raft
+    partitions here, managed ledgers in ledger/managed.py), so they answer alike."""
+    state = producers.get(producer_id)
+    if state is None:
+        state = ProducerState()
+        producers[producer_id] = state
+        while len(producers) > producer_count_max:
+            producers.popitem(last=False)  # least recently active, same everywhere
+    else:
+        producers.move_to_end(producer_id)
+    if base_sequence == state.next_sequence:
+        state.next_sequence += count
+        state.recent.append((base_sequence, count, next_offset))
+        del state.recent[:-RECENT_BATCHES_PER_PRODUCER]
+        return ProduceOutcome(base_offset=next_offset, count=count)
+    if base_sequence < state.next_sequence:
+        for recent_sequence, recent_count, base_offset in state.recent:
+            if recent_sequence == base_sequence and recent_count == count:
+                return ProduceOutcome(base_offset=base_offset, count=count, duplicate=True)
+        if base_sequence + count <= state.next_sequence:
+            # Written long ago (a replay, as a restarted Spark task sends): not written
+            # again. Its offsets are no longer remembered, so the answer says -1, as
+            # Kafka answers DUPLICATE_SEQUENCE_NUMBER.
+            return ProduceOutcome(base_offset=-1, count=count, duplicate=True)
+        return OutOfOrderSequenceError(
+            f"producer {producer_id}: batch at sequence {base_sequence} of "
+            f"{count} records straddles the next expected sequence {state.next_sequence}"
+        )
+    return OutOfOrderSequenceError(
+        f"producer {producer_id}: out of order sequence {base_sequence}, "
+        f"expected {state.next_sequence}"
+    )
