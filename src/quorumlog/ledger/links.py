@@ -24,7 +24,7 @@ import itertools
 import logging
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Protocol
+from typing import Protocol, cast
 
 from quorumlog.codec import wire
 from quorumlog.codec.frame import FRAME_HEADER, FrameDecoder, FrameError
@@ -160,10 +160,12 @@ class BookieLink(asyncio.Protocol):
     # --- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if not isinstance(transport, asyncio.Transport) or self.failed:
+        if self.failed:
             transport.close()
             return
-        self.transport = transport
+        # A cast, not an isinstance check: uvloop's TCP transport does not derive from
+        # asyncio.Transport, though it has every method used here.
+        self.transport = cast(asyncio.Transport, transport)
         hello = wire.Hello(
             cluster_id=self.links.cluster_id, sender=self.links.client_id, is_peer=False
         )
