@@ -31,13 +31,10 @@ class LiveBookies:
         self.endpoints: list[str] = []
         self.store = InMemoryMetadataStore()
         if metadata_node:
-            self.node = self.run(self.start_node())
+            self.node = self.loop_thread.run(self.start_node())
             self.endpoints = [f"127.0.0.1:{self.node.port}"]
         for number in range(bookie_count):
             self.start_bookie(f"b{number}")
-
-    def run(self, coroutine: object) -> Node:
-        return self.loop_thread.run(coroutine)  # type: ignore[arg-type]
 
     async def start_node(self) -> Node:
         node = Node(
