@@ -4,14 +4,18 @@ liveness; and a LedgerClient whose metadata lives there end to end."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 
 import msgspec
 import pytest
+from click.testing import CliRunner
 
 from quorumlog import LedgerClient
+from quorumlog.cli.main import cli
 from quorumlog.errors import (
+    BadPasswordError,
     LedgerFencedError,
     LedgerMetadataConflictError,
     LedgerNotFoundError,
@@ -152,3 +156,42 @@ def test_a_ledger_client_on_the_metadata_group_writes_recovers_and_deletes(
             assert [entry.data for entry in entries] == [b"entry-%d" % n for n in range(100)]
             recovering_client.delete_ledger(handle.ledger_id)
         assert handle.ledger_id not in writer_client.list_ledgers()
+
+
+def test_the_ledger_command_lists_reads_recovers_and_deletes(cluster: LiveBookies) -> None:
+    with LedgerClient(cluster.endpoints, timeout=10) as client:
+        handle = client.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=b"pw")
+        for number in range(5):
+            handle.append(b"line-%d" % number)
+        ledger_id = handle.ledger_id
+    runner = CliRunner()
+    common = ["--endpoints", ",".join(cluster.endpoints), "--timeout", "10"]
+
+    def run(*arguments: str) -> str:
+        result = runner.invoke(cli, ["ledger", *arguments, *common])
+        assert result.exit_code == 0, result.output + repr(result.exception)
+        return result.output
+
+    listed = json.loads(run("list", "-w", "json"))
+    assert ledger_id in [info["ledger_id"] for info in listed]
+    assert str(ledger_id) in run("list")
+    metadata = json.loads(run("metadata", str(ledger_id), "-w", "json"))
+    assert (metadata["state"], metadata["ensemble_size"]) == ("OPEN", 3)
+    assert len(metadata["ensembles"]["0"]) == 3
+
+    # Not recovered: the bookies' LAC lags the last acknowledged entry by the piggyback.
+    entries = json.loads(run("read", str(ledger_id), "--password", "pw", "-w", "json"))
+    assert [entry["data"] for entry in entries] == [f"line-{n}" for n in range(4)]
+    assert "line-1" in run("read", str(ledger_id), "--password", "pw", "--first", "1")
+
+    recovered = json.loads(run("recover", str(ledger_id), "--password", "pw", "-w", "json"))
+    assert (recovered["state"], recovered["last_entry_id"]) == ("CLOSED", 4)
+    entries = json.loads(run("read", str(ledger_id), "--password", "pw", "-w", "json"))
+    assert len(entries) == 5
+
+    wrong = runner.invoke(cli, ["ledger", "read", str(ledger_id), "--password", "x", *common])
+    assert wrong.exit_code != 0
+    assert isinstance(wrong.exception, BadPasswordError)
+
+    assert f"deleted ledger {ledger_id}" in run("delete", str(ledger_id))
+    assert ledger_id not in [info["ledger_id"] for info in json.loads(run("list", "-w", "json"))]
