@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from quorumlog.kv.async_client import AsyncKVClient
     from quorumlog.kv.client import KVClient
+    from quorumlog.ledger.client import LedgerClient, LedgerEntry, LedgerInfo
     from quorumlog.shard.admin import ShardAdmin
     from quorumlog.shard.client import ShardedKVClient
     from quorumlog.stream.client_admin import Admin
@@ -24,6 +25,9 @@ __all__ = [
     "AsyncKVClient",
     "Consumer",
     "KVClient",
+    "LedgerClient",
+    "LedgerEntry",
+    "LedgerInfo",
     "Producer",
     "ShardAdmin",
     "ShardedKVClient",
@@ -33,6 +37,9 @@ __all__ = [
 _CLIENT_MODULES = {
     "Admin": "quorumlog.stream.client_admin",
     "Consumer": "quorumlog.stream.consumer",
+    "LedgerClient": "quorumlog.ledger.client",
+    "LedgerEntry": "quorumlog.ledger.client",
+    "LedgerInfo": "quorumlog.ledger.client",
     "Producer": "quorumlog.stream.producer",
     "ShardAdmin": "quorumlog.shard.admin",
     "ShardedKVClient": "quorumlog.shard.client",

@@ -22,5 +22,5 @@ def test_every_public_name_imports_once(module_name: str) -> None:
 def test_the_clients_named_in_the_issues_are_top_level() -> None:
     import quorumlog
 
-    for name in ("KVClient", "AsyncKVClient", "Producer", "Consumer", "Admin"):
+    for name in ("KVClient", "AsyncKVClient", "Producer", "Consumer", "Admin", "LedgerClient"):
         assert name in quorumlog.__all__

@@ -216,6 +216,16 @@ def register_kv_commands() -> None:
 
 register_kv_commands()
 
+
+def register_ledger_commands() -> None:
+    from quorumlog.cli.ledger_commands import COMMANDS as LEDGER_COMMANDS
+
+    for command in LEDGER_COMMANDS:
+        cli.add_command(command)
+
+
+register_ledger_commands()
+
 from quorumlog.demo.command import demo_command  # noqa: E402 - after the group it joins
 
 cli.add_command(demo_command)
