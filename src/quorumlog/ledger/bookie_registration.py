@@ -7,30 +7,35 @@ wall clock now. Writers offer a bookie only while that record is younger than
 ours ages out instead).
 
 The KV client is blocking, so each write runs on the registrar's own thread, never on the
-event loop; the record itself is read on the loop, where the bookie's state lives. A
+event loop; the record itself is read on the loop, where the bookie's state lives. The
+thread is a daemon: a write stuck on a lost quorum never holds up the process's exit. A
 failed write (no leader yet, the metadata group unreachable) is logged — once, then at
 most once per `failure_log_interval_seconds` — and tried again at the next period: the
 bookie keeps serving whatever happens here.
 
-A clean stop marks the record `writable=false` (one write, bounded by
-`stop_write_seconds`, not waited for), so writers stop choosing the bookie at once instead
-of after the liveness window; if that write fails (the whole cluster is stopping, say),
-the record simply ages out.
+A clean stop first marks the record `writable=false` — one write, waited for at most
+`stop_write_seconds`, made while the node still runs, so it commits at once whenever the
+metadata group has a quorum — and writers stop choosing the bookie at once instead of
+after the liveness window. If that write fails (the whole cluster is stopping, say), the
+record simply ages out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Protocol
+from concurrent.futures import Future
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
-from quorumlog.errors import QuorumLogError
+from quorumlog.errors import ClientError, QuorumLogError
 from quorumlog.kv.client import KVClient
 from quorumlog.ledger.registry import (
     BOOKIE_HEARTBEAT_SECONDS,
@@ -64,8 +69,9 @@ class RegistrationSettings(msgspec.Struct, frozen=True):
     write_timeout_seconds: float = BOOKIE_LIVENESS_SECONDS / 2
     """How long one heartbeat write may take; a write that cannot finish before the record
     would age out anyway is not worth waiting for."""
-    stop_write_seconds: float = 1.0
-    """How long a clean stop waits to mark the record not writable."""
+    stop_write_seconds: float = 0.5
+    """How long a clean stop waits to mark the record not writable (only a lost quorum
+    makes it wait that long)."""
     failure_log_interval_seconds: float = 30.0
 
     def validate(self) -> None:
@@ -102,7 +108,7 @@ class BookieRegistrar:
         self.settings.validate()
         self.clock = clock
         """Wall clock seconds: heartbeats carry wall time, which readers compare with theirs."""
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"bookie-{bookie.bookie_id}-reg")
+        self.worker = DaemonWorker(f"bookie-{bookie.bookie_id}-registration")
         self.client: KVClient | None = None
         self.client_endpoints: list[str] = []
         """Used only on the registrar's thread, like `client`."""
@@ -125,6 +131,7 @@ class BookieRegistrar:
         )
 
     def start(self) -> None:
+        self.worker.start()
         self.task = asyncio.get_running_loop().create_task(self.run())
 
     async def run(self) -> None:
@@ -138,9 +145,10 @@ class BookieRegistrar:
     async def heartbeat(self) -> None:
         record = self.record()
         endpoints = self.endpoints()
-        loop = asyncio.get_running_loop()
         try:
-            await loop.run_in_executor(self.executor, self.write, record, endpoints)
+            await asyncio.wrap_future(
+                self.worker.submit(functools.partial(self.write, record, endpoints))
+            )
         except (QuorumLogError, OSError) as error:
             self.failed(error)
             return
@@ -170,19 +178,22 @@ class BookieRegistrar:
         """On the registrar's thread: put the record, with a client for `endpoints`."""
         if self.client is None or endpoints != self.client_endpoints:
             self.close_client()
-            self.client = KVClient(
-                endpoints, timeout=self.settings.write_timeout_seconds, cluster_id=self.cluster_id
-            )
+            self.client = self.new_client(endpoints, self.settings.write_timeout_seconds)
             self.client_endpoints = list(endpoints)
         self.client.put(bookie_key(record.bookie_id), encode_bookie_record(record))
 
     def write_final(self, record: BookieRecord, endpoints: list[str]) -> None:
         """On the registrar's thread: the stop's one write, with its own short timeout."""
         self.close_client()
-        with KVClient(
-            endpoints, timeout=self.settings.stop_write_seconds, cluster_id=self.cluster_id
-        ) as client:
+        with self.new_client(endpoints, self.settings.stop_write_seconds) as client:
             client.put(bookie_key(record.bookie_id), encode_bookie_record(record))
+
+    def new_client(self, endpoints: list[str], timeout_seconds: float) -> KVClient:
+        try:
+            return KVClient(endpoints, timeout=timeout_seconds, cluster_id=self.cluster_id)
+        except ValueError as error:
+            # Endpoints are data here (learned, or typed by an operator): a failed heartbeat.
+            raise ClientError(f"no usable metadata endpoints {endpoints}: {error}") from error
 
     def close_client(self) -> None:
         if self.client is not None:
@@ -190,29 +201,64 @@ class BookieRegistrar:
             self.client = None
 
     async def stop(self, mark_unwritable: bool = True) -> None:
-        """Stop heartbeating. With `mark_unwritable`, queue one last write saying the bookie
-        takes no writes; it is not waited for (a process waits for it at exit, which its
-        `stop_write_seconds` timeout bounds), so a stop never hangs on a lost quorum."""
+        """Stop heartbeating; with `mark_unwritable`, first say so in the record (waited
+        for at most `stop_write_seconds`; see the module docs)."""
         if self.task is not None:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
             self.task = None
         if mark_unwritable:
-            # Behind a heartbeat that may still run on the thread: the last word is this one.
-            last = self.executor.submit(
-                self.write_final, self.record(writable=False), self.endpoints()
+            # Queued behind a heartbeat that may still run on the thread: the last word.
+            last = self.worker.submit(
+                functools.partial(self.write_final, self.record(writable=False), self.endpoints())
             )
-            last.add_done_callback(self.final_write_done)
-        self.executor.submit(self.close_client)
-        self.executor.shutdown(wait=False)
+            try:
+                await asyncio.wait_for(asyncio.wrap_future(last), self.settings.stop_write_seconds)
+            except (QuorumLogError, OSError, TimeoutError) as error:
+                log.info(
+                    "bookie %s left its registration to age out (%s)",
+                    self.bookie.bookie_id,
+                    str(error) or type(error).__name__,
+                )
+            else:
+                log.info("bookie %s is registered as taking no writes", self.bookie.bookie_id)
+        self.worker.submit(self.close_client)
+        self.worker.stop()
 
-    def final_write_done(self, done: Future[None]) -> None:
-        """On the registrar's thread (logging is thread-safe)."""
-        error = done.exception()
-        if error is None:
-            log.info("bookie %s marked not writable", self.bookie.bookie_id)
-        else:
-            log.info(
-                "bookie %s left its registration to age out (%s)", self.bookie.bookie_id, error
-            )
+
+Result = TypeVar("Result")
+
+
+class DaemonWorker:
+    """One daemon thread that runs the calls submitted to it, in order. (The threads of a
+    ThreadPoolExecutor are joined at exit: one blocked on a lost quorum would hold up the
+    process's exit for its whole timeout.)"""
+
+    def __init__(self, name: str) -> None:
+        self.calls: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self.thread = threading.Thread(target=self.run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, call: Callable[[], Result]) -> Future[Result]:
+        future: Future[Result] = Future()
+        self.calls.put((future, call))
+        return future
+
+    def stop(self) -> None:
+        """The thread ends once the calls submitted before this have run."""
+        self.calls.put(None)
+
+    def run(self) -> None:
+        while (item := self.calls.get()) is not None:
+            future, call = item
+            if not future.set_running_or_notify_cancel():
+                continue  # its waiter gave up before it started
+            try:
+                future.set_result(call())
+            except BaseException as error:  # handed to the waiter, which decides
+                future.set_exception(error)

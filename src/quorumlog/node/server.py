@@ -35,6 +35,7 @@ import msgspec
 
 from quorumlog.codec import wire
 from quorumlog.errors import QuorumLogError
+from quorumlog.kv.connection import parse_endpoint
 from quorumlog.kv.machine import KVStateMachine
 from quorumlog.ledger.bookie_registration import BookieRegistrar, RegistrationSettings
 from quorumlog.ledger.bookie_server import BookieServer
@@ -184,10 +185,11 @@ class Node:
         self.registrar.start()
 
     def metadata_endpoints(self) -> list[str]:
-        """Client addresses of the "kv" group: this node first, then the peers it knows."""
+        """Client addresses of the "kv" group: this node first, then the peers it knows
+        (leaving out placeholders such as port 0 that no client can dial)."""
         addresses = self.addresses
         own = addresses.pop(self.node_id)
-        return [own, *(address for _, address in sorted(addresses.items()))]
+        return [own, *(a for _, a in sorted(addresses.items()) if is_dialable(a))]
 
     def add_group(self, name: str, machine: StateMachine, voters: tuple[str, ...]) -> GroupRunner:
         """A Raft group hosted here (not started), its data in `data_dir/name`."""
@@ -320,6 +322,14 @@ class Node:
 
     def on_client_request(self, request: wire.ClientRequest, reply: Replier) -> None:
         self.dispatcher.on_client_request(request, reply)
+
+
+def is_dialable(address: str) -> bool:
+    try:
+        parse_endpoint(address)
+    except ValueError:
+        return False
+    return True
 
 
 class NodeFailedError(QuorumLogError):
