@@ -69,7 +69,7 @@ class RegistrationSettings(msgspec.Struct, frozen=True):
     write_timeout_seconds: float = BOOKIE_LIVENESS_SECONDS / 2
     """How long one heartbeat write may take; a write that cannot finish before the record
     would age out anyway is not worth waiting for."""
-    stop_write_seconds: float = 0.5
+    stop_write_seconds: float = 1.0
     """How long a clean stop waits to mark the record not writable (only a lost quorum
     makes it wait that long)."""
     failure_log_interval_seconds: float = 30.0
