@@ -115,6 +115,8 @@ class BookieRegistrar:
         self.task: asyncio.Task[None] | None = None
         self.heartbeats = 0
         """Writes that succeeded (for tests and status)."""
+        self.failures = 0
+        """Writes that failed, in all."""
         self.failures_unlogged = 0
         self.failure_logged_at = -float("inf")
         self.failing = False
@@ -160,6 +162,7 @@ class BookieRegistrar:
     def failed(self, error: BaseException) -> None:
         """Log the first failure of a run of them, then at most one line per interval."""
         self.failing = True
+        self.failures += 1
         self.failures_unlogged += 1
         now = time.monotonic()
         if now - self.failure_logged_at < self.settings.failure_log_interval_seconds:
