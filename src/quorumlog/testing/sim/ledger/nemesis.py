@@ -1,8 +1,8 @@
 """The faults of one ledger seed, drawn from the seed: bookies crash (a kill, or a power
 loss that loses or tears what was not synced), halt in the middle of a disk change, pause,
 fill their disks; partitions cut bookies off from clients; clients pause (a writer in a
-long GC pause is the classic fenced writer). Each fault ends after a seeded time;
-`heal_all` ends every one at once (the final heal before the checks).
+long GC pause is the classic fenced writer) and writers crash for good. Each fault ends
+after a seeded time; `heal_all` ends every one at once (the final heal before the checks).
 
 At most `down_max` bookies are down or paused at once, so writers usually find
 replacements; safety never depends on it.
@@ -29,6 +29,7 @@ DEFAULT_WEIGHTS = {
     "partition": 2,
     "disk_full": 2,
     "pause_client": 2,
+    "crash_writer": 1,
 }
 
 
@@ -59,6 +60,7 @@ class LedgerNemesis:
             "partition": self.partition,
             "disk_full": self.disk_full,
             "pause_client": self.pause_client,
+            "crash_writer": self.crash_writer,
         }
         for bookie_id, bookie in world.bookies.items():
             bookie.process.crash_handler = self.halted_handler(bookie_id)
@@ -200,6 +202,21 @@ class LedgerNemesis:
         self.world.clients[name].process.pause()
         self.world.note(f"pause client {name}")
         self.later(self.resume_client, name)
+        return True
+
+    def crash_writer(self) -> bool:
+        """A writer's process dies for good: what it was told stays recorded, and a
+        recovery must close the ledger without it."""
+        candidates = sorted(
+            name
+            for name, client in self.world.clients.items()
+            if name.startswith("writer") and client.process.up and name not in self.paused_clients
+        )
+        if not candidates:
+            return False
+        name = self.rng.choice(candidates)
+        self.world.clients[name].process.kill()
+        self.world.note(f"crash client {name}")
         return True
 
     def resume_client(self, name: str) -> None:

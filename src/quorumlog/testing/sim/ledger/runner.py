@@ -49,6 +49,11 @@ SHAPES = ((3, 2, 2), (3, 3, 2), (5, 3, 2), (4, 2, 2))
 """(ensemble, write quorum, ack quorum) of the seeds' ledgers."""
 LIVENESS_MS = 30_000
 """After the final heal, every recovery (and the read-back) must finish within this."""
+READ_BACK_MS_PER_ENTRY = 10
+"""The read-back's deadline grows with the ledger: seeds that read 4 entries a frame over
+a slow, lossy network need it."""
+WRITER_STOP_MS = 10_000
+"""After the checks, a writer still running must learn within this that it was fenced."""
 TRACE_TAIL_LINES = 80
 PASSWORD = b"sim-password"
 
@@ -249,12 +254,38 @@ class LedgerSeed:
                 read_back = ReadBack(checker_client, result)
                 read_backs.append(read_back)
                 checker_client.run(read_back.start)
+        entries = sum(read_back.closed.last_entry_id + 1 for read_back in read_backs)
+        deadline_ms = world.now_ms + LIVENESS_MS + READ_BACK_MS_PER_ENTRY * entries
         read = world.run_until(lambda: all(r.finished for r in read_backs), deadline_ms)
         check_invariant(read, f"liveness: the read-back did not finish by {deadline_ms} ms")
         for record, recoverer, read_back in zip(self.records, final, read_backs, strict=True):
             if recoverer.result is not None:
                 check_ledger(world, record, recoverer.result, read_back, self.checks.check)
         world.store.versions_never_went_back()
+        self.check_writers_stop(world.now_ms + WRITER_STOP_MS)
+
+    def check_writers_stop(self, deadline_ms: int) -> None:
+        """Every writer still running fails once its ledger is recovered (its next adds
+        are fenced, or its next metadata change finds the ledger closed)."""
+        running = [
+            writer
+            for writer in self.writers
+            if writer.handle is not None and writer.client.process.up and not writer.stopped
+        ]
+
+        def still_writing() -> list[str]:
+            return [
+                writer.client.name
+                for writer in running
+                if writer.handle is None or writer.handle.failure is None
+            ]
+
+        stopped = self.world.run_until(lambda: not still_writing(), deadline_ms)
+        check_invariant(
+            stopped,
+            f"liveness: writers {still_writing()} still write to recovered ledgers at "
+            f"{deadline_ms} ms",
+        )
 
     def fill(self, result: LedgerSeedResult) -> None:
         world = self.world
