@@ -138,6 +138,9 @@ def sim() -> None:
 from quorumlog.cli.sim_shardkv_command import sim_shardkv_command  # noqa: E402 - joins sim
 
 sim.add_command(sim_shardkv_command)
+from quorumlog.cli.sim_ledger_command import sim_ledger_command  # noqa: E402 - joins sim
+
+sim.add_command(sim_ledger_command)
 
 
 @sim.command("raft")

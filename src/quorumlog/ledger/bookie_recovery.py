@@ -11,8 +11,10 @@ What can be on disk after a crash, and what open does about it:
   because the size reached the disk before the data): only unsynced bytes can be torn, and
   an add is acknowledged only after its sync, so cutting them off loses nothing that was
   acknowledged. Open truncates the file to its last whole record, syncs it, and reports the
-  bytes dropped. A newest file torn inside its first record (a crash while a new file was
-  being started, before anything was added to it) is removed whole.
+  bytes dropped; a newest file found whole is synced (after a kill it may hold writes
+  never synced, which must not tear once a newer file follows it). A newest file torn
+  inside its first record (a crash while a new file was being started, before anything
+  was added to it) is removed whole.
 - Damage anywhere else (a bad checksum in an older file, a bad header followed by non-zero
   bytes, a file whose header names another number, a record that checks out but makes no
   sense) may hit acknowledged data: CorruptLogError with the file and offset, never a repair.
@@ -112,6 +114,12 @@ def recover_directory(file_system: BookieFileSystem, directory: Path) -> Recover
             _truncate(file_system, path, problem.offset)
             torn_bytes_dropped = len(data) - problem.offset
             sizes[number] = problem.offset
+    if sizes and torn_file is None:
+        # What open replayed must stay: after a kill (the OS lived on) the newest file may
+        # hold writes never synced, and the storage starts a new file after it, so a later
+        # power loss tearing them would leave a torn tail in a file that is no longer the
+        # newest — corruption to every later open.
+        _sync(file_system, directory / log_file_name(max(sizes)))
     if directory_version != FORMAT_VERSION:
         # Replayed in full: from here on files of the current version are written.
         atomic_write(file_system, directory / VERSION_FILE_NAME, encode_version_file())
@@ -141,6 +149,14 @@ def _truncate(file_system: BookieFileSystem, path: Path, size: int) -> None:
     handle = file_system.open_file(path, writable=True)
     try:
         handle.truncate(size)
+        handle.sync_data()
+    finally:
+        handle.close()
+
+
+def _sync(file_system: BookieFileSystem, path: Path) -> None:
+    handle = file_system.open_file(path, writable=True)
+    try:
         handle.sync_data()
     finally:
         handle.close()

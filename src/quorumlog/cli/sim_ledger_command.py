@@ -1,0 +1,48 @@
+"""`quorumlog sim ledger`: run seeds of the ledger simulation, exit 1 on a failure.
+
+The summary line has the keys of `quorumlog sim raft --json` (failures, seeds,
+simulated_seconds, wall_seconds, simulated_per_wall, invariant_checks) and the ledger
+counts (entries acknowledged and read, recoveries, ensemble changes, fenced writers); each
+failure prints its seed, the command that replays it and its trace tail.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+@click.command("ledger")
+@click.option("--seeds", "seed_range", required=True, help='Seeds to run: "7" or "10-19".')
+@click.option("--jobs", type=click.IntRange(1, 64), default=1, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="End with one JSON summary line.")
+def sim_ledger_command(seed_range: str, jobs: int, as_json: bool) -> None:
+    """Run ledger writers, recoveries and readers on bookies under seeded faults; exit 1 if
+    any seed fails. Each failure prints the command that replays it."""
+    from quorumlog.testing.sim.ledger.runner import format_failure, run_seeds
+    from quorumlog.testing.sim.runner import parse_seed_range, silence_simulated_nodes
+
+    try:
+        seeds = parse_seed_range(seed_range)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--seeds") from error
+    silence_simulated_nodes()
+    summary = run_seeds(seeds, jobs)
+    for result in summary.results:
+        if not result.ok:
+            click.echo(format_failure(result), err=not as_json)
+    figures = summary.to_json_line()
+    if as_json:
+        click.echo(json.dumps(figures, sort_keys=True))
+    else:
+        failed = ", ".join(str(seed) for seed in summary.failures) or "none"
+        click.echo(
+            f"{summary.seeds} seeds: failed {failed}; {figures['simulated_seconds']} simulated s "
+            f"in {figures['wall_seconds']} wall s ({figures['simulated_per_wall']}x), "
+            f"{summary.invariant_checks} invariant checks, {figures['recoveries']} recoveries, "
+            f"{figures['ensemble_changes']} ensemble changes"
+        )
+    if summary.failures:
+        sys.exit(1)
