@@ -46,7 +46,11 @@ from quorumlog.ledger.client import BookieDirectory, ThreadedMetadataAccess, cal
 from quorumlog.ledger.driver import LedgerDriver
 from quorumlog.ledger.links import AsyncioBookieLinks
 from quorumlog.ledger.managed import ManagedLedger, ManagedLedgerConfig
-from quorumlog.ledger.managed_format import decode_record, managed_ledger_key
+from quorumlog.ledger.managed_format import (
+    ManagedLedgerRecord,
+    decode_record,
+    managed_ledger_key,
+)
 from quorumlog.ledger.managed_kv import KVManagedLedgerStore, compare_and_set
 from quorumlog.ledger.metadata_kv import KVMetadataStore
 from quorumlog.ledger.ownership import (
@@ -240,12 +244,42 @@ class LedgerTopicService:
             self.task = asyncio.create_task(self.keep_ownership_forever())
 
     def drop(self, descriptor: wire.TopicDescriptor) -> None:
+        """The topic was deleted: the owner of each partition closes it, then deletes its
+        ledgers (dropped on their bookies), its ledger list and its lease."""
         for partition in range(len(descriptor.replicas)):
             part = self.partitions.get((descriptor.name, partition))
             if part is None or part.descriptor.created_ms != descriptor.created_ms:
                 continue
             del self.partitions[(descriptor.name, partition)]
-            self.let_go(part)
+            closing = self.let_go(part)
+            if part.held_value is not None and self.parts is not None:
+                self.delete_partition(self.parts, part, closing)
+
+    def delete_partition(
+        self, parts: LedgerParts, part: LedgerPartition, closing: Completion[None] | None
+    ) -> None:
+        """Best effort: what a failure leaves behind is only space (the topic is gone)."""
+        held = part.held_value
+
+        def record_read(done: Completion[ManagedLedgerRecord | None]) -> None:
+            error = done.exception()
+            record = None if error is not None else done.result()
+            if error is not None:
+                log.info("%s: left its ledgers behind: %s", part.name, error)
+                return
+            for ledger in [] if record is None else record.ledgers:
+                parts.store.delete_ledger(ledger.ledger_id).add_done_callback(
+                    functools.partial(logged_failure, part.name)
+                )
+            parts.call(functools.partial(forget_keys, parts.ledger_kv, part.name, held))
+
+        def closed(_: Completion[None] | None = None) -> None:
+            parts.store.read_record(part.name).add_done_callback(record_read)
+
+        if closing is None:
+            closed()
+        else:
+            closing.add_done_callback(closed)
 
     def serves(self, topic: str, partition: int) -> LedgerPartition | None:
         return self.partitions.get((topic, partition))
@@ -610,6 +644,20 @@ def produce_refusal(request_id: int, problem: BaseException) -> wire.ErrorRespon
     else:
         raise problem  # a bug, never turned into a retry
     return wire.ErrorResponse(request_id=request_id, code=code, message=str(problem))
+
+
+def forget_keys(kv: KVClient, name: str, held_lease: str | None) -> None:
+    """Delete a deleted partition's ledger list and (if still ours) its lease."""
+    value = kv.get(managed_ledger_key(name))
+    if value is not None:
+        kv.cas(managed_ledger_key(name), value, None)
+    if held_lease is not None:
+        kv.cas(owner_key(name), held_lease, None)
+
+
+def logged_failure(name: str, done: Completion[None]) -> None:
+    if done.exception() is not None:
+        log.info("%s: a ledger was left behind: %s", name, done.exception())
 
 
 def trimmed(name: str, done: Completion[list[int]]) -> None:

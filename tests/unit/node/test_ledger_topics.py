@@ -2,7 +2,8 @@
 unchanged Producer, Consumer and Admin on a topic created with storage="ledger"; offsets
 contiguous across rollovers (a ledger of 5 records here); an idempotent retry answered
 with the original offsets; the owner stopped, another node taking over and producing
-going on, every acknowledged record readable exactly once."""
+going on, every acknowledged record readable exactly once; deleting the topic deletes
+its ledgers."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from quorumlog.codec import wire
 from quorumlog.kv.client import KVClient
 from quorumlog.ledger.managed_format import decode_record, managed_ledger_key
+from quorumlog.ledger.metadata_kv import KVMetadataStore
 from quorumlog.ledger.ownership import decode_lease, owner_key
 from quorumlog.node.server import Node
 from quorumlog.stream.client_admin import Admin, check_topic_settings
@@ -153,6 +155,24 @@ async def check_topic(nodes: list[Node], stopped: list[Node]) -> None:
     found = await asyncio.to_thread(read_all, live, 20)
     expected = [*enumerate(first), (12, b"retried"), *zip(range(13, 20), second, strict=True)]
     assert found == expected, "every acknowledged record, once, in order"
+    await check_delete(live, name)
+
+
+async def check_delete(endpoints: list[str], name: str) -> None:
+    """Deleting the topic deletes its ledgers, its ledger list and its lease."""
+
+    def delete() -> None:
+        with Admin(endpoints) as admin:
+            admin.delete_topic(TOPIC)
+
+    def all_gone() -> bool:
+        with KVClient(endpoints, timeout=5.0) as client:
+            keys = [client.get(managed_ledger_key(name)), client.get(owner_key(name))]
+            ledgers = KVMetadataStore(client).list_ledgers()
+        return keys == [None, None] and not ledgers
+
+    await asyncio.to_thread(delete)
+    await eventually(all_gone, "the deleted topic's ledgers, list and lease to go")
 
 
 async def check_idempotent_retry(owner: Node, next_offset: int) -> None:
