@@ -136,3 +136,30 @@ def test_fail_on_data_loss_after_retention_on_real_nodes(
     counted = read("false")
     # What is left: at least what was retained when we looked (retention may cut more).
     assert 0 < counted <= end - begin
+
+
+def test_batch_read_of_a_ledger_topic_sees_every_record_once(
+    spark: SparkSession, cluster: ProcessCluster
+) -> None:
+    """The Spark source reads a ledger-backed topic as it reads a Raft one."""
+    topic = unique_topic("ledger-source")
+    values = [b"ledger-%04d" % number for number in range(400)]
+    with Admin(cluster.endpoints, cluster_id=CLUSTER_ID, timeout=WAIT_SECONDS) as admin:
+        admin.create_topic(topic, partitions=2, storage="ledger", ensemble=3, write_quorum=2)
+    with Producer(cluster.endpoints, cluster_id=CLUSTER_ID, timeout=WAIT_SECONDS) as producer:
+        for number, value in enumerate(values):
+            producer.send(topic, value, partition=number % 2)
+        producer.flush()
+    rows = (
+        spark.read.format("quorumlog")
+        .option("endpoints", ",".join(cluster.endpoints))
+        .option("clusterId", CLUSTER_ID)
+        .option("topic", topic)
+        .load()
+        .select("partition", "offset", "value")
+        .collect()
+    )
+    assert sorted(row.value for row in rows) == values
+    for partition in (0, 1):
+        offsets = sorted(row.offset for row in rows if row.partition == partition)
+        assert offsets == list(range(len(values) // 2)), f"partition {partition}"

@@ -93,6 +93,27 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
     help="Shard data per pull chunk (one frame and one log entry).",
 )
 @click.option("--no-bookie", is_flag=True, help="Host no bookie (ledger storage) on this node.")
+@click.option(
+    "--ledger-owner-renew-ms",
+    default=1_000,
+    show_default=True,
+    type=click.IntRange(10),
+    help="Ledger topics: how often a partition owner renews its lease.",
+)
+@click.option(
+    "--ledger-owner-stale-ms",
+    default=3_000,
+    show_default=True,
+    type=click.IntRange(20),
+    help="Ledger topics: an unrenewed lease is taken over after this long.",
+)
+@click.option(
+    "--ledger-rollover-entries",
+    default=50_000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Ledger topics: records per ledger before rolling over to a new one.",
+)
 def node_command(
     node_id: str,
     listen: str,
@@ -110,6 +131,9 @@ def node_command(
     shard_migration_mib_per_second: float,
     shard_pull_kib: int,
     no_bookie: bool,
+    ledger_owner_renew_ms: int,
+    ledger_owner_stale_ms: int,
+    ledger_rollover_entries: int,
 ) -> None:
     """Run one node in the foreground; logs to stderr; SIGTERM stops it cleanly."""
     from quorumlog.node.server import NodeFailedError, NodeSettings, run_node
@@ -137,6 +161,9 @@ def node_command(
         shard_migration_bytes_per_second=int(shard_migration_mib_per_second * 1024 * 1024),
         shard_pull_bytes_max=shard_pull_kib * 1024,
         bookie=not no_bookie,
+        ledger_owner_renew_ms=ledger_owner_renew_ms,
+        ledger_owner_stale_ms=ledger_owner_stale_ms,
+        ledger_rollover_entries=ledger_rollover_entries,
     )
 
     async def main() -> None:

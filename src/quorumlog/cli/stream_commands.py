@@ -93,6 +93,16 @@ def topic_group() -> None:
     "--retention-bytes", type=click.IntRange(-1), default=-1, help="Per partition; -1: none."
 )
 @click.option("--retention-ms", type=click.IntRange(-1), default=-1, help="-1: none.")
+@click.option(
+    "--storage",
+    type=click.Choice(["raft", "ledger"]),
+    default="raft",
+    show_default=True,
+    help="raft: a Raft group per partition; ledger: ledgers on bookies, one owner node.",
+)
+@click.option("--ensemble", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--write-quorum", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--ack-quorum", type=click.IntRange(1), default=2, show_default=True)
 @client_options
 def topic_create(
     settings: StreamSettings,
@@ -101,12 +111,28 @@ def topic_create(
     replication: int,
     retention_bytes: int,
     retention_ms: int,
+    storage: str,
+    ensemble: int,
+    write_quorum: int,
+    ack_quorum: int,
 ) -> None:
-    """Create topic NAME."""
+    """Create topic NAME. With --storage ledger, --ensemble, --write-quorum and
+    --ack-quorum size its ledgers and --replication counts the nodes that may own each
+    partition."""
     from quorumlog.stream.client_admin import Admin
 
     with admin_for(settings, Admin) as admin:
-        admin.create_topic(name, partitions, replication, retention_bytes, retention_ms)
+        admin.create_topic(
+            name,
+            partitions,
+            replication,
+            retention_bytes,
+            retention_ms,
+            storage=storage,
+            ensemble=ensemble,
+            write_quorum=write_quorum,
+            ack_quorum=ack_quorum,
+        )
     click.echo(f"Created topic {name}.")
 
 
@@ -140,6 +166,13 @@ def describe_lines(description: TopicDescription) -> Iterator[str]:
         f"Topic: {description.name}\tPartitionCount: {description.partition_count}\t"
         f"ReplicationFactor: {description.replication}\t"
         f"RetentionBytes: {description.retention_bytes}\tRetentionMs: {description.retention_ms}"
+        f"\tStorage: {description.storage}"
+        + (
+            f"\tEnsemble: {description.ensemble}\tWriteQuorum: {description.write_quorum}\t"
+            f"AckQuorum: {description.ack_quorum}"
+            if description.storage == "ledger"
+            else ""
+        )
     )
     for partition in description.partitions:
         line = (

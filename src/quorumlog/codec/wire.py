@@ -302,6 +302,16 @@ class TopicSettings(msgspec.Struct, frozen=True, array_like=True):
     """Per partition; -1: unbounded."""
     retention_ms: int = -1
     """-1: unbounded."""
+    storage: str = "raft"
+    """"raft" (each partition a Raft group) or "ledger" (each partition a list of ledgers
+    on bookies, written by its owner). The fields from here on were added later, with
+    defaults, so descriptors stored before them still decode."""
+    ensemble: int = 3
+    """Ledger storage: bookies per ledger (E)."""
+    write_quorum: int = 2
+    """Ledger storage: bookies each entry is written to (Qw)."""
+    ack_quorum: int = 2
+    """Ledger storage: acknowledgements an entry waits for (Qa)."""
 
 
 class TopicDescriptor(msgspec.Struct, frozen=True, array_like=True):

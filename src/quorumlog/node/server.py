@@ -103,6 +103,12 @@ class NodeSettings(msgspec.Struct, frozen=True):
     """Host a bookie (ledger storage) in `data_dir/bookie`, registered in the "kv" group."""
     bookie_heartbeat_ms: int = int(BOOKIE_HEARTBEAT_SECONDS * 1000)
     """How often the bookie rewrites its registration."""
+    ledger_owner_renew_ms: int = 1_000
+    """Ledger topics: how often a partition's owner renews its lease."""
+    ledger_owner_stale_ms: int = 3_000
+    """Ledger topics: a lease left unrenewed this long is taken over by another replica."""
+    ledger_rollover_entries: int = 50_000
+    """Ledger topics: records per ledger before the owner rolls over to a new ledger."""
 
 
 class Node:
@@ -262,6 +268,9 @@ class Node:
         return [addresses[member] for member in self.settings.controller if member in addresses]
 
     async def stop(self) -> None:
+        # First, while this node's endpoint and bookie still serve: close the ledger topics
+        # it owns and hand their leases on.
+        await self.streams.release_ledger_topics()
         if self.registrar is not None:
             # First, while the "kv" group still runs here to take the last write.
             await self.registrar.stop()

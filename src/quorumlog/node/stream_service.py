@@ -5,6 +5,9 @@ Every node learns topics the same way: descriptors are KV entries under "__topic
 when the metadata group applies one, each node starts (or stops) the partition groups it
 is a replica of. Produce goes to a partition's leader; fetch is served by any replica up
 to what it has applied (only committed records are ever readable).
+
+Topics created with storage "ledger" are served by `LedgerTopicService`
+(node/ledger_topics.py): their partitions are managed ledgers on bookies, not Raft groups.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from quorumlog.errors import NotLeaderError, QuorumLogError
 from quorumlog.kv.commands import ClientBatch, KVEntry, encode_entry
 from quorumlog.kv.machine import KVStateMachine
 from quorumlog.node.errors_to_wire import error_code
+from quorumlog.node.ledger_topics import LedgerTopicService, LedgerTopicSettings
 from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration
 from quorumlog.raft.messages import SnapshotMeta
@@ -41,6 +45,7 @@ from quorumlog.stream.topics import (
     decode_descriptor,
     encode_descriptor,
     group_id,
+    is_ledger_topic,
     topic_key,
 )
 
@@ -109,6 +114,19 @@ class StreamService:
         self.sync_scheduled = False
         self.retention_task: asyncio.Task[None] | None = None
         self.stopping = False
+        settings = node.settings
+        self.ledger_topics = LedgerTopicService(
+            node.node_id,
+            settings.cluster_id,
+            LedgerTopicSettings(
+                renew_seconds=settings.ledger_owner_renew_ms / 1000,
+                stale_seconds=settings.ledger_owner_stale_ms / 1000,
+                rollover_entries_max=settings.ledger_rollover_entries,
+            ),
+            metadata.data.get,
+            node.metadata_endpoints,
+            node.address_of,
+        )
 
     # --- topic life cycle ---------------------------------------------------------------
 
@@ -116,8 +134,13 @@ class StreamService:
         self.retention_task = asyncio.create_task(self.enforce_retention_forever())
         self.schedule_sync()
 
+    async def release_ledger_topics(self) -> None:
+        """Close the ledger topic partitions this node owns and hand their leases on."""
+        await self.ledger_topics.stop()
+
     async def stop(self) -> None:
         self.stopping = True
+        await self.ledger_topics.stop()
         if self.retention_task is not None:
             self.retention_task.cancel()
         for hosted in list(self.partitions.values()):
@@ -155,6 +178,9 @@ class StreamService:
     def host_topic(self, descriptor: wire.TopicDescriptor) -> None:
         node = self.node
         node.learn_addresses(descriptor.addresses)
+        if is_ledger_topic(descriptor):
+            self.ledger_topics.host(descriptor)
+            return
         for partition, replicas in enumerate(descriptor.replicas):
             if node.node_id not in replicas:
                 continue
@@ -184,6 +210,9 @@ class StreamService:
             log.info("hosting %s partition %d (group %s)", descriptor.name, partition, gid)
 
     async def drop_topic(self, descriptor: wire.TopicDescriptor) -> None:
+        if is_ledger_topic(descriptor):
+            self.ledger_topics.drop(descriptor)
+            return
         for partition in range(len(descriptor.replicas)):
             hosted = self.partitions.get((descriptor.name, partition))
             if hosted is None or hosted.descriptor.created_ms != descriptor.created_ms:
@@ -202,6 +231,7 @@ class StreamService:
         while not self.stopping:
             await asyncio.sleep(RETENTION_CHECK_SECONDS)
             now_ms = int(time.time() * 1000)
+            self.ledger_topics.trim()
             for hosted in list(self.partitions.values()):
                 settings = hosted.descriptor.settings
                 if settings.retention_bytes < 0 and settings.retention_ms < 0:
@@ -388,6 +418,11 @@ class StreamService:
         return None
 
     def produce(self, request: wire.Produce, reply: Replier) -> None:
+        ledger_partition = self.ledger_topics.serves(request.topic, request.partition)
+        if ledger_partition is not None:
+            if not refuse_batch(request, reply):
+                self.ledger_topics.produce(ledger_partition, request, reply)
+            return
         hosted = self.hosted_or_refuse(request.request_id, request.topic, request.partition, reply)
         if hosted is None:
             return
@@ -400,18 +435,7 @@ class StreamService:
                 group,
             )
             return
-        if not request.records:
-            error(reply, request.request_id, wire.ErrorCode.BAD_REQUEST, "no records to produce")
-            return
-        size = sum(len(r.value) + len(r.key or b"") for r in request.records)
-        if len(request.records) > PRODUCE_RECORDS_MAX or size > PRODUCE_BYTES_MAX:
-            error(
-                reply,
-                request.request_id,
-                wire.ErrorCode.TOO_LARGE,
-                f"{len(request.records)} records of {size} bytes; at most "
-                f"{PRODUCE_RECORDS_MAX} records and {PRODUCE_BYTES_MAX} bytes per batch",
-            )
+        if refuse_batch(request, reply):
             return
         batch = wire.RecordBatch(
             producer_id=request.producer_id,
@@ -448,6 +472,10 @@ class StreamService:
         future.add_done_callback(answer)
 
     def fetch(self, request: wire.Fetch, reply: Replier) -> None:
+        ledger_partition = self.ledger_topics.serves(request.topic, request.partition)
+        if ledger_partition is not None:
+            self.ledger_topics.fetch(ledger_partition, request, reply)
+            return
         hosted = self.hosted_or_refuse(request.request_id, request.topic, request.partition, reply)
         if hosted is None:
             return
@@ -485,6 +513,10 @@ class StreamService:
         )
 
     def partition_status(self, request: wire.PartitionStatusRequest, reply: Replier) -> None:
+        ledger_partition = self.ledger_topics.serves(request.topic, request.partition)
+        if ledger_partition is not None:
+            self.ledger_topics.partition_status(ledger_partition, request, reply)
+            return
         hosted = self.hosted_or_refuse(request.request_id, request.topic, request.partition, reply)
         if hosted is None:
             return
@@ -530,6 +562,24 @@ class StreamService:
                 request_id=request_id, code=code, message=str(problem), leader_hint=hint
             )
         )
+
+
+def refuse_batch(request: wire.Produce, reply: Replier) -> bool:
+    """Refuse an empty or oversized batch (True: refused)."""
+    if not request.records:
+        error(reply, request.request_id, wire.ErrorCode.BAD_REQUEST, "no records to produce")
+        return True
+    size = sum(len(r.value) + len(r.key or b"") for r in request.records)
+    if len(request.records) > PRODUCE_RECORDS_MAX or size > PRODUCE_BYTES_MAX:
+        error(
+            reply,
+            request.request_id,
+            wire.ErrorCode.TOO_LARGE,
+            f"{len(request.records)} records of {size} bytes; at most "
+            f"{PRODUCE_RECORDS_MAX} records and {PRODUCE_BYTES_MAX} bytes per batch",
+        )
+        return True
+    return False
 
 
 def error(reply: Replier, request_id: int, code: wire.ErrorCode, message: str) -> None:

@@ -31,7 +31,7 @@ from quorumlog.stream.client_common import (
     leader_status,
 )
 from quorumlog.stream.records import PartitionDescription, TopicDescription
-from quorumlog.stream.topics import PARTITIONS_MAX, TOPIC_NAME
+from quorumlog.stream.topics import PARTITIONS_MAX, STORAGE_LEDGER, TOPIC_NAME, storage_problem
 
 
 def check_topic_name(name: str) -> None:
@@ -51,6 +51,9 @@ def check_topic_settings(settings: TopicSettings) -> None:
     ):
         if value < -1:
             raise ValueError(f"{name} must be -1 (unbounded) or at least 0, got {value}")
+    problem = storage_problem(settings)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 class Admin(BlockingClient):
@@ -78,18 +81,33 @@ class Admin(BlockingClient):
         replication: int = 3,
         retention_bytes: int = -1,
         retention_ms: int = -1,
+        storage: str = "raft",
+        ensemble: int = 3,
+        write_quorum: int = 2,
+        ack_quorum: int = 2,
     ) -> None:
         """Create a topic. TopicExistsError if the name is taken (by a different topic).
 
         Retention: per partition, by size (`retention_bytes`) and by age (`retention_ms`);
         -1 leaves that bound off. Whole segments are cut, so a partition may keep a little
-        more than the bound."""
+        more than the bound.
+
+        `storage="raft"` (the default) makes each partition a Raft group of `replication`
+        nodes. `storage="ledger"` makes each partition a list of ledgers on bookies
+        (`ensemble`, `write_quorum`, `ack_quorum`: E, Qw, Qa), written by one owner node
+        among `replication` candidates; retention drops whole ledgers."""
         check_topic_name(name)
+        ledger = storage == STORAGE_LEDGER
         settings = TopicSettings(
             partitions=partitions,
             replication=replication,
             retention_bytes=retention_bytes,
             retention_ms=retention_ms,
+            storage=storage,
+            # Raft topics store the defaults, so equal settings compare equal on a retry.
+            ensemble=ensemble if ledger else 3,
+            write_quorum=write_quorum if ledger else 2,
+            ack_quorum=ack_quorum if ledger else 2,
         )
         check_topic_settings(settings)
         self.run(create_topic(self.transport, name, settings))
@@ -180,6 +198,7 @@ async def describe_topic(transport: StreamTransport, name: str) -> TopicDescript
         )
     )
     settings = descriptor.settings
+    ledger = settings.storage == STORAGE_LEDGER
     return TopicDescription(
         name=descriptor.name,
         partition_count=len(descriptor.replicas),
@@ -187,6 +206,10 @@ async def describe_topic(transport: StreamTransport, name: str) -> TopicDescript
         retention_bytes=settings.retention_bytes,
         retention_ms=settings.retention_ms,
         partitions=list(partitions),
+        storage=settings.storage,
+        ensemble=settings.ensemble if ledger else 0,
+        write_quorum=settings.write_quorum if ledger else 0,
+        ack_quorum=settings.ack_quorum if ledger else 0,
     )
 
 

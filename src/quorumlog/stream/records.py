@@ -64,6 +64,12 @@ class TopicDescription(msgspec.Struct, frozen=True):
     retention_ms: int
     """-1: unbounded."""
     partitions: list[PartitionDescription]
+    storage: str = "raft"
+    """"raft" or "ledger"."""
+    ensemble: int = 0
+    """Ledger storage: E, Qw, Qa (0 for Raft topics)."""
+    write_quorum: int = 0
+    ack_quorum: int = 0
 
 
 __all__ = ["PartitionDescription", "Record", "RecordMetadata", "TopicDescription"]

@@ -11,6 +11,9 @@ from quorumlog.codec.wire import TopicDescriptor, TopicSettings
 TOPIC_PREFIX = "__topics/"
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 PARTITIONS_MAX = 1024
+STORAGE_RAFT = "raft"
+STORAGE_LEDGER = "ledger"
+STORAGES = (STORAGE_RAFT, STORAGE_LEDGER)
 
 
 def topic_key(name: str) -> str:
@@ -41,7 +44,27 @@ def check_settings(name: str, settings: TopicSettings, voters: int) -> str | Non
         return f"replication must be 1..{voters} (the cluster's voters), got {settings.replication}"
     if settings.retention_bytes < -1 or settings.retention_ms < -1:
         return "retention_bytes and retention_ms must be -1 (unbounded) or >= 0"
+    return storage_problem(settings)
+
+
+def storage_problem(settings: TopicSettings) -> str | None:
+    """Why the storage settings are wrong, or None. (Whether enough bookies are writable
+    is known only when a ledger is created: NotEnoughBookiesError then.)"""
+    if settings.storage not in STORAGES:
+        return f"storage must be one of {', '.join(STORAGES)}, got {settings.storage!r}"
+    if settings.storage == STORAGE_LEDGER and not (
+        1 <= settings.ack_quorum <= settings.write_quorum <= settings.ensemble
+    ):
+        return (
+            "ledger storage needs 1 <= ack_quorum <= write_quorum <= ensemble, got "
+            f"ensemble {settings.ensemble}, write_quorum {settings.write_quorum}, "
+            f"ack_quorum {settings.ack_quorum}"
+        )
     return None
+
+
+def is_ledger_topic(descriptor: TopicDescriptor) -> bool:
+    return descriptor.settings.storage == STORAGE_LEDGER
 
 
 def assign_replicas(voters: list[str], partitions: int, replication: int) -> list[list[str]]:
