@@ -27,7 +27,8 @@ from quorumlog.ledger.registry import (
     registration,
 )
 
-from .process_cluster import ProcessCluster, _die_with_parent, wait_until
+from .bookie_processes import BookieProcess
+from .process_cluster import ProcessCluster, wait_until
 
 CLUSTER_ID = "bookie-process"
 HEARTBEAT_MS = 100
@@ -49,46 +50,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProcessCluster
         yield running
 
 
-class BookieProcess:
-    """One `quorumlog bookie` child; killed (and reaped) when the test ends."""
-
-    def __init__(self, bookie_id: str, data_dir: Path, metadata: list[str], log: Path) -> None:
-        self.bookie_id = bookie_id
-        self.log = log
-        with open(log, "ab") as log_file:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "quorumlog",
-                    "bookie",
-                    "--id",
-                    bookie_id,
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--data-dir",
-                    str(data_dir),
-                    "--metadata",
-                    ",".join(metadata),
-                    "--cluster-id",
-                    CLUSTER_ID,
-                    "--heartbeat-ms",
-                    str(HEARTBEAT_MS),
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=log_file,
-                preexec_fn=_die_with_parent,
-            )
-
-    def stop(self, signal_number: int) -> int:
-        self.process.send_signal(signal_number)
-        return self.process.wait(timeout=TIMEOUT_SECONDS)
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
 @pytest.fixture
 def bookies(cluster: ProcessCluster, tmp_path: Path) -> Iterator[list[BookieProcess]]:
     started: list[BookieProcess] = []
@@ -103,7 +64,9 @@ def start(
     bookies: list[BookieProcess], cluster: ProcessCluster, bookie_id: str, data_dir: Path
 ) -> BookieProcess:
     log = cluster.base_directory / f"{bookie_id}-{len(bookies)}.log"
-    bookie = BookieProcess(bookie_id, data_dir, cluster.endpoints, log)
+    bookie = BookieProcess(
+        bookie_id, data_dir, cluster.endpoints, log, CLUSTER_ID, heartbeat_ms=HEARTBEAT_MS
+    )
     bookies.append(bookie)
     return bookie
 
