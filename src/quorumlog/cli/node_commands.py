@@ -415,6 +415,27 @@ def dev_group() -> None:
     """A local cluster of node processes under one data directory (the embedded default)."""
 
 
+def wait_for_dev_bookies(state: dict[str, object], count: int) -> None:
+    """Return once `count` bookies are registered and writable, so a ledger can be created
+    the moment `dev up` returns (their first heartbeat needs an elected metadata group)."""
+    from quorumlog.kv.client import KVClient
+    from quorumlog.ledger.metadata_kv import KVMetadataStore
+
+    endpoints = str(state["endpoints"]).split(",")
+    deadline = time.monotonic() + JOIN_TIMEOUT_SECONDS
+    with KVClient(
+        endpoints, timeout=JOIN_TIMEOUT_SECONDS, cluster_id=str(state["cluster_id"])
+    ) as client:
+        store = KVMetadataStore(client)
+        while len(store.writable_bookies()) < count:
+            if time.monotonic() >= deadline:
+                raise QuorumLogError(
+                    f"{len(store.writable_bookies())} of {count} bookies writable after "
+                    f"{JOIN_TIMEOUT_SECONDS:.0f}s"
+                )
+            time.sleep(0.05)  # polling a registry that changes once per heartbeat
+
+
 @dev_group.command("up")
 @click.option("--nodes", default=3, show_default=True, type=click.IntRange(1, 9))
 @click.option(
@@ -450,6 +471,13 @@ def dev_up(
     )
     bookies_started = f" and {bookie_count} bookies" if bookie_count else ""
     click.echo(f"started {nodes} nodes{bookies_started}; data and logs under {state['directory']}")
+    try:
+        wait_for_dev_bookies(state, nodes + bookie_count)
+    except QuorumLogError as error:
+        raise QuorumLogError(
+            f"the nodes run but their bookies did not register ({error}); "
+            f"`quorumlog dev down` stops them"
+        ) from error
     if group_count:
         try:
             number, joined = join_dev_groups(state)

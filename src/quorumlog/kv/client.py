@@ -405,6 +405,10 @@ class KVClient(KVOperations, AttemptSender, Closing):
             while (attempt := attempts.next()) is not None:
                 if attempt.delay_seconds:
                     time.sleep(attempt.delay_seconds)  # back-off between attempts
+                if self.closed:
+                    # Closed from another thread: give up now, with the error that says
+                    # whether a write may have taken effect.
+                    raise attempts.give_up_error()
                 response = self.attempt(attempts, attempt.endpoint, attempt.deadline, make_request)
                 if response is None:
                     continue
@@ -433,8 +437,15 @@ class KVClient(KVOperations, AttemptSender, Closing):
     # --- lifetime -----------------------------------------------------------------------
 
     def close(self) -> None:
+        """Close; a call in flight on another thread gives up at once (its socket is shut
+        down under it) instead of running to its timeout, so a stopping process can close
+        its clients without waiting out their calls."""
+        self.closed = True
+        connection = self.connection
+        if connection is not None:
+            with contextlib.suppress(OSError):
+                connection.sock.shutdown(socket.SHUT_RDWR)
         with self.lock:
-            self.closed = True
             if self.connection is not None:
                 self.drop_connection(self.connection)
 

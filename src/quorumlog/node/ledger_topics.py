@@ -199,8 +199,10 @@ class LedgerParts:
         self.driver.close()
         self.links.close()
         for client in (self.ledger_kv, self.lease_kv):
+            # Not on `executor`: a call stuck there (no metadata leader while the cluster
+            # stops) would hold the close behind it for the client's whole timeout.
             with contextlib.suppress(QuorumLogError, OSError):
-                await self.loop.run_in_executor(self.executor, client.close)
+                await asyncio.to_thread(client.close)
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
