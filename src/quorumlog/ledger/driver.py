@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import random as random_module
 from collections.abc import Callable
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from quorumlog.codec.wire import LedgerEntryData
 from quorumlog.errors import LedgerError
@@ -49,6 +49,8 @@ from quorumlog.ledger.protocol_recovery import LedgerRecovery
 from quorumlog.ledger.protocol_write import LedgerWriter, WriterState
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.resources import Scheduler, Timer
+
+ResultType = TypeVar("ResultType")
 
 
 class BookieLinks(Protocol):
@@ -140,7 +142,7 @@ class LedgerDriver:
         core = LedgerRecovery(
             metadata, master_key, self.config, request_ids=self.request_ids, random=self.random
         )
-        self.start(RunningRecovery(core, self.keys(), completion))
+        self.start(RunningOperation(core, self.keys(), completion, closed_metadata))
         return completion
 
     def read(
@@ -164,14 +166,14 @@ class LedgerDriver:
         except LedgerError as error:
             completion.set_exception(error)
             return completion
-        self.start(RunningRead(core, self.keys(), completion))
+        self.start(RunningOperation(core, self.keys(), completion, entries_read))
         return completion
 
     def read_last_add_confirmed(self, metadata: LedgerMetadata) -> Completion[int]:
         """The highest LAC the last ensemble reports, without fencing."""
         completion: Completion[int] = Completion(self.scheduler)
         core = LastAddConfirmedRead(metadata, self.config, request_ids=self.request_ids)
-        self.start(RunningLastAddConfirmed(core, self.keys(), completion))
+        self.start(RunningOperation(core, self.keys(), completion, last_add_confirmed_read))
         return completion
 
     # --- events from the world -----------------------------------------------------------
@@ -353,18 +355,27 @@ class DriverWriter(Running):
             self.close_completion.set_exception(error)
 
 
-class RunningRecovery(Running):
-    __slots__ = ("completion",)
+class RunningOperation(Running, Generic[ResultType]):
+    """A one-shot core (recovery, read, LAC read): done with a result or a failure."""
+
+    __slots__ = ("completion", "result_of")
 
     def __init__(
-        self, core: LedgerRecovery, key: int, completion: Completion[LedgerMetadata]
+        self,
+        core: LedgerCore,
+        key: int,
+        completion: Completion[ResultType],
+        result_of: Callable[[LedgerActions], ResultType | None],
     ) -> None:
         super().__init__(core, key)
         self.completion = completion
+        self.result_of = result_of
+        """The operation's result in a batch of actions (None: not there yet)."""
 
     def outcome(self, actions: LedgerActions) -> bool:
-        if actions.closed is not None:
-            self.completion.set_result(actions.closed)
+        result = self.result_of(actions)
+        if result is not None:
+            self.completion.set_result(result)
             return True
         if actions.failure is not None:
             self.completion.set_exception(actions.failure)
@@ -375,43 +386,13 @@ class RunningRecovery(Running):
         self.completion.set_exception(error)
 
 
-class RunningRead(Running):
-    __slots__ = ("completion",)
-
-    def __init__(
-        self, core: EntryRangeRead, key: int, completion: Completion[list[LedgerEntryData]]
-    ) -> None:
-        super().__init__(core, key)
-        self.completion = completion
-
-    def outcome(self, actions: LedgerActions) -> bool:
-        if actions.entries is not None:
-            self.completion.set_result(actions.entries)
-            return True
-        if actions.failure is not None:
-            self.completion.set_exception(actions.failure)
-            return True
-        return False
-
-    def abandon(self, error: LedgerError) -> None:
-        self.completion.set_exception(error)
+def closed_metadata(actions: LedgerActions) -> LedgerMetadata | None:
+    return actions.closed
 
 
-class RunningLastAddConfirmed(Running):
-    __slots__ = ("completion",)
+def entries_read(actions: LedgerActions) -> list[LedgerEntryData] | None:
+    return actions.entries
 
-    def __init__(self, core: LastAddConfirmedRead, key: int, completion: Completion[int]) -> None:
-        super().__init__(core, key)
-        self.completion = completion
 
-    def outcome(self, actions: LedgerActions) -> bool:
-        if actions.last_add_confirmed is not None:
-            self.completion.set_result(actions.last_add_confirmed)
-            return True
-        if actions.failure is not None:
-            self.completion.set_exception(actions.failure)
-            return True
-        return False
-
-    def abandon(self, error: LedgerError) -> None:
-        self.completion.set_exception(error)
+def last_add_confirmed_read(actions: LedgerActions) -> int | None:
+    return actions.last_add_confirmed
