@@ -10,6 +10,7 @@ import sys
 import click
 
 from quorumlog import __version__
+from quorumlog.cli.sim_report import failed_seeds, report_seeds
 from quorumlog.errors import QuorumLogError
 
 
@@ -155,7 +156,6 @@ def sim_raft(
     """Run Raft clusters under a seeded nemesis; exit 1 if any seed fails.
 
     Each failure prints the command that replays it and the tail of its trace."""
-    import json
 
     from quorumlog.testing.sim.runner import (
         format_failure,
@@ -171,21 +171,15 @@ def sim_raft(
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--seeds") from error
     summary = run_seeds(seeds, node_count, simulated_seconds, jobs)
-    for result in summary.results:
-        if not result.ok:
-            click.echo(format_failure(result), err=not as_json)
     figures = summary.to_json_line()
-    if as_json:
-        click.echo(json.dumps(figures, sort_keys=True))
-    else:
-        failed = ", ".join(str(seed) for seed in summary.failures) or "none"
-        click.echo(
-            f"{summary.seeds} seeds, {node_count} nodes: failed {failed}; "
-            f"{figures['simulated_seconds']} simulated s in {figures['wall_seconds']} wall s "
-            f"({figures['simulated_per_wall']}x), {summary.invariant_checks} invariant checks"
-        )
-    if summary.failures:
-        sys.exit(1)
+    report_seeds(
+        [format_failure(result) for result in summary.results if not result.ok],
+        figures,
+        as_json,
+        f"{summary.seeds} seeds, {node_count} nodes: failed {failed_seeds(summary.failures)}; "
+        f"{figures['simulated_seconds']} simulated s in {figures['wall_seconds']} wall s "
+        f"({figures['simulated_per_wall']}x), {summary.invariant_checks} invariant checks",
+    )
 
 
 def register_node_commands() -> None:

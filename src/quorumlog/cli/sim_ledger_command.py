@@ -8,10 +8,9 @@ failure prints its seed, the command that replays it and its trace tail.
 
 from __future__ import annotations
 
-import json
-import sys
-
 import click
+
+from quorumlog.cli.sim_report import failed_seeds, report_seeds
 
 
 @click.command("ledger")
@@ -30,19 +29,13 @@ def sim_ledger_command(seed_range: str, jobs: int, as_json: bool) -> None:
         raise click.BadParameter(str(error), param_hint="--seeds") from error
     silence_simulated_nodes()
     summary = run_seeds(seeds, jobs)
-    for result in summary.results:
-        if not result.ok:
-            click.echo(format_failure(result), err=not as_json)
     figures = summary.to_json_line()
-    if as_json:
-        click.echo(json.dumps(figures, sort_keys=True))
-    else:
-        failed = ", ".join(str(seed) for seed in summary.failures) or "none"
-        click.echo(
-            f"{summary.seeds} seeds: failed {failed}; {figures['simulated_seconds']} simulated s "
-            f"in {figures['wall_seconds']} wall s ({figures['simulated_per_wall']}x), "
-            f"{summary.invariant_checks} invariant checks, {figures['recoveries']} recoveries, "
-            f"{figures['ensemble_changes']} ensemble changes"
-        )
-    if summary.failures:
-        sys.exit(1)
+    report_seeds(
+        [format_failure(result) for result in summary.results if not result.ok],
+        figures,
+        as_json,
+        f"{summary.seeds} seeds: failed {failed_seeds(summary.failures)}; "
+        f"{figures['simulated_seconds']} simulated s in {figures['wall_seconds']} wall s "
+        f"({figures['simulated_per_wall']}x), {summary.invariant_checks} invariant checks, "
+        f"{figures['recoveries']} recoveries, {figures['ensemble_changes']} ensemble changes",
+    )

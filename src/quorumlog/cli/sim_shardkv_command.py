@@ -6,10 +6,9 @@ seed, its scenario and the command that replays it.
 
 from __future__ import annotations
 
-import json
-import sys
-
 import click
+
+from quorumlog.cli.sim_report import failed_seeds, report_seeds
 
 
 @click.command("shardkv")
@@ -40,18 +39,12 @@ def sim_shardkv_command(seed_range: str, scenario: str | None, jobs: int, as_jso
     silence_simulated_nodes()
     run = run_shardkv_seeds(seeds.start, seeds.stop - 1, scenario=scenario, jobs=jobs)
     summary = run.summary
-    for outcome in run.outcomes:
-        if not outcome.result.ok:
-            click.echo(format_failure(outcome), err=not as_json)
     figures = run.to_json_line()
-    if as_json:
-        click.echo(json.dumps(figures, sort_keys=True))
-    else:
-        failed = ", ".join(str(seed) for seed in summary.failures) or "none"
-        click.echo(
-            f"{summary.seeds} seeds: failed {failed}; {figures['simulated_seconds']} simulated s "
-            f"in {figures['wall_seconds']} wall s ({figures['simulated_per_wall']}x), "
-            f"{summary.invariant_checks} invariant checks"
-        )
-    if summary.failures:
-        sys.exit(1)
+    report_seeds(
+        [format_failure(outcome) for outcome in run.outcomes if not outcome.result.ok],
+        figures,
+        as_json,
+        f"{summary.seeds} seeds: failed {failed_seeds(summary.failures)}; "
+        f"{figures['simulated_seconds']} simulated s in {figures['wall_seconds']} wall s "
+        f"({figures['simulated_per_wall']}x), {summary.invariant_checks} invariant checks",
+    )
