@@ -478,16 +478,23 @@ class RaftHost:
             self.fail(error)
             return
         try:
+            core = self.core
+            unapplied = self.unapplied
+            apply_at_once = self.settings.apply_entries_per_step_max == 0
             for ready in batch:
+                # Most Readies carry only messages: each step below is skipped unless its
+                # part of the Ready (or a read waiting for an apply) is there.
                 for message in ready.messages_after_persist:
                     self.send_message(message)
                 if ready.entries:
                     last = ready.entries[-1]
-                    self.core.persisted(last.index, last.term)
-                self.unapplied.extend(ready.committed_entries)
-                if self.settings.apply_entries_per_step_max == 0:
+                    core.persisted(last.index, last.term)
+                if ready.committed_entries:
+                    unapplied.extend(ready.committed_entries)
+                if apply_at_once and unapplied:
                     self.apply_available()
-                self.note_reads(ready)
+                if ready.read_states or ready.failed_reads or self.reads_waiting_apply:
+                    self.note_reads(ready)
             if self.unapplied and not self.apply_scheduled:
                 self.schedule_apply_step()
             self.note_role_and_configuration()
