@@ -354,7 +354,10 @@ class RaftCore:
         self.outbox_after_persist.append(message)
 
     def has_ready(self) -> bool:
-        if self.leader is not None and self.leader.has_work():
+        leader = self.leader
+        # The leader has work when `flush` has something to send. Read here rather than
+        # through a method: the host asks after every event.
+        if leader is not None and (leader.replicate_pending or leader.heartbeat_due):
             return True
         log = self.log
         saved = self.last_hard_state

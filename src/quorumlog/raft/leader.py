@@ -102,9 +102,6 @@ class LeaderState:
         self.reads_before_first_commit = []
         return failed
 
-    def has_work(self) -> bool:
-        return self.replicate_pending or self.heartbeat_due
-
     # --- local appends ------------------------------------------------------------------
 
     def append_local(self, data: bytes, entry_type: EntryType) -> int:
@@ -419,16 +416,18 @@ class LeaderState:
 
     def maybe_commit(self) -> None:
         core = self.core
-        voters = core.configuration.voters
-        matches = sorted(
-            (
-                core.log.persisted_index
-                if voter == core.node_id
-                else (self.progress[voter].match_index if voter in self.progress else 0)
-            )
-            for voter in voters
-        )
-        quorum_index = matches[len(matches) - core.configuration.quorum()]
+        configuration = core.configuration
+        node_id = core.node_id
+        progress = self.progress
+        # A list comprehension, not a generator: this runs on every acknowledgement.
+        matches = [
+            core.log.persisted_index
+            if voter == node_id
+            else (progress[voter].match_index if voter in progress else 0)
+            for voter in configuration.voters
+        ]
+        matches.sort()
+        quorum_index = matches[len(matches) - configuration.quorum()]
         if quorum_index <= core.commit_index:
             return
         if core.log.term(quorum_index) != core.term:
@@ -472,14 +471,15 @@ class LeaderState:
         every sequence it sent): the quorum-th highest acknowledgement, one sort of the
         voters rather than one quorum count per outstanding sequence."""
         configuration = self.core.configuration
-        acknowledged = sorted(
-            (
-                self.read_sequence
-                if voter == self.core.node_id
-                else (self.progress[voter].read_sequence_acked if voter in self.progress else 0)
-            )
+        node_id = self.core.node_id
+        progress = self.progress
+        acknowledged = [
+            self.read_sequence
+            if voter == node_id
+            else (progress[voter].read_sequence_acked if voter in progress else 0)
             for voter in configuration.voters
-        )
+        ]
+        acknowledged.sort()
         return acknowledged[len(acknowledged) - configuration.quorum()]
 
     def check_reads(self) -> None:
