@@ -469,9 +469,10 @@ class RaftHost:
 
     def after_sync(self, batch: list[Ready], error: BaseException | None) -> None:
         self.syncing = False
-        idle, self.idle_callbacks = self.idle_callbacks, []
-        for callback in idle:
-            callback()
+        if self.idle_callbacks:
+            idle, self.idle_callbacks = self.idle_callbacks, []
+            for callback in idle:
+                callback()
         if self.failure is not None or self.stopped:
             return  # a sync that ends after a stop or a failure changes nothing more
         if error is not None:
