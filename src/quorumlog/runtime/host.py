@@ -388,6 +388,23 @@ class RaftHost:
 
     def write_and_sync(self) -> None:
         """Write every queued Ready and cover them all with one sync (group commit)."""
+        unwritten = self.unwritten
+        if len(unwritten) == 1 and not self.disk_full_logged:
+            ready = unwritten[0]
+            if (
+                ready.snapshot is None
+                and ready.truncate_after is None
+                and not ready.entries
+                and (
+                    ready.hard_state is None
+                    or not self.hard_state_store.needs_save(ready.hard_state)
+                )
+            ):
+                # The common Ready, with nothing to write or sync (messages, a new commit
+                # index): what the loop below would do for it, without the loop.
+                unwritten.popleft()
+                self.after_sync([ready], None)
+                return
         batch: list[Ready] = []
         needs_sync = False
         hard_state: HardState | None = None

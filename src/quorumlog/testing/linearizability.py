@@ -144,6 +144,11 @@ class RegisterModel:
         search blow up (seen in the simulator and on real processes). A substring match
         keeps an append whenever in doubt.
         """
+        if not any(
+            operation.status is OperationStatus.UNKNOWN and operation.kind == "append"
+            for operation in operations
+        ):
+            return list(operations)  # nothing to drop: skip the scans below
         observed: list[str] = []
         unexplained_failed_cas = [
             operation
