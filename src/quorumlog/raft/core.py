@@ -60,6 +60,10 @@ class Role(enum.Enum):
     LEADER = "leader"
 
 
+FOLLOWER = Role.FOLLOWER
+"""Read once (see messages.PUSH_APPEND): `dispatch` compares the role on every push."""
+
+
 class RaftCore:
     def __init__(
         self,
@@ -197,7 +201,7 @@ class RaftCore:
     def dispatch(self, message: Message) -> None:
         # The message types are disjoint; the commonest (pushes and their answers) go first.
         if isinstance(message, Push):
-            if self.role is not Role.FOLLOWER:
+            if self.role is not FOLLOWER:
                 self.become_follower(self.term, message.source)
             self.follower.handle_push(message)
         elif isinstance(message, PushResponse):
