@@ -481,10 +481,16 @@ class SimDirectoryLock:
 # --- helpers -----------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=4096)
 def _names(path: Path | PurePosixPath) -> tuple[str, ...]:
-    """The names from the root down to `path` (cached, as `_normal`)."""
-    return _normal(path).parts[1:]
+    """The names from the root down to `path` (a relative path counts from the root).
+
+    Read from the path's own parts, which a path parses once: `_normal` would build two
+    more paths for every new name (each snapshot and temporary file has one)."""
+    parts = path.parts
+    names = parts[1:] if path.anchor else parts
+    if ".." in names:
+        raise SimulationError(f"paths with '..' are not simulated: {path}")
+    return names
 
 
 @functools.lru_cache(maxsize=4096)
