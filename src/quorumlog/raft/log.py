@@ -78,8 +78,8 @@ class RaftLog:
             return self.unstable[offset].term if offset < len(self.unstable) else None
         if index == self.snapshot_index:
             return self.snapshot_term
-        if index < self.first_index:
-            return None
+        if index < self.first_index_floor or index < self.stable.first_index:
+            return None  # below `first_index` (written out: this runs for every term asked)
         return self.stable.term(index)
 
     def entries(self, low: int, high: int, bytes_max: int | None = None) -> list[LogEntry]:
