@@ -82,6 +82,7 @@ def test_a_new_leader_without_the_committed_entries(cluster: SimCluster) -> None
     committed = cluster.checker.committed_index_max
     node.disk.store.truncate_suffix(committed - 1)
     node.core.log.unstable_offset = committed
+    node.core.log.last_index = committed - 1
     node.core.term += 5
     node.core.role = Role.LEADER
     with pytest.raises(InvariantViolation, match="leader completeness"):

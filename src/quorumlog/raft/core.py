@@ -60,6 +60,10 @@ class Role(enum.Enum):
     LEADER = "leader"
 
 
+FOLLOWER = Role.FOLLOWER
+"""Read once (see messages.PUSH_APPEND): `dispatch` compares the role on every push."""
+
+
 class RaftCore:
     def __init__(
         self,
@@ -165,7 +169,10 @@ class RaftCore:
 
     def step(self, message: Message) -> None:
         require(
-            message.target == self.node_id, f"{self.node_id} got a message for {message.target}"
+            message.target == self.node_id,
+            "%s got a message for %s",
+            self.node_id,
+            message.target,
         )
         if message.source == self.node_id:
             return
@@ -194,7 +201,7 @@ class RaftCore:
     def dispatch(self, message: Message) -> None:
         # The message types are disjoint; the commonest (pushes and their answers) go first.
         if isinstance(message, Push):
-            if self.role is not Role.FOLLOWER:
+            if self.role is not FOLLOWER:
                 self.become_follower(self.term, message.source)
             self.follower.handle_push(message)
         elif isinstance(message, PushResponse):
@@ -329,7 +336,9 @@ class RaftCore:
             self.leader.maybe_commit()
 
     def applied(self, index: int) -> None:
-        require(index <= self.applying_index, f"applied {index} > handed out {self.applying_index}")
+        require(
+            index <= self.applying_index, "applied %d > handed out %d", index, self.applying_index
+        )
         self.applied_index = max(self.applied_index, index)
 
     def snapshot_taken(self, meta: SnapshotMeta, data: bytes) -> None:
@@ -349,7 +358,10 @@ class RaftCore:
         self.outbox_after_persist.append(message)
 
     def has_ready(self) -> bool:
-        if self.leader is not None and self.leader.has_work():
+        leader = self.leader
+        # The leader has work when `flush` has something to send. Read here rather than
+        # through a method: the host asks after every event.
+        if leader is not None and (leader.replicate_pending or leader.heartbeat_due):
             return True
         log = self.log
         saved = self.last_hard_state
@@ -361,8 +373,7 @@ class RaftCore:
             or self.failed_reads
             or self.incoming_snapshot is not None
             or log.pending_truncate_after is not None
-            # `handed_out_index < last_index`, without the property call.
-            or log.handed_out_index < log.unstable_offset + len(log.unstable) - 1
+            or log.handed_out_index < log.last_index
             or self.applying_index < self.commit_index
             or self.term != saved.term
             or self.vote != saved.vote
@@ -375,23 +386,36 @@ class RaftCore:
     def ready(self) -> Ready:
         if self.leader is not None:
             self.leader.flush()
-        ready = Ready()
-        if self.incoming_snapshot is not None:
-            ready.snapshot = self.incoming_snapshot
-            self.incoming_snapshot = None
-        ready.truncate_after, ready.entries = self.log.take_unsent()
-        hard_state = self.current_hard_state()
-        if hard_state != self.last_hard_state:
-            ready.hard_state = hard_state
+        snapshot = self.incoming_snapshot
+        self.incoming_snapshot = None
+        truncate_after, entries = self.log.take_unsent()
+        # Field by field (as in `has_ready`): no HardState is built unless it changed.
+        hard_state: HardState | None = None
+        saved = self.last_hard_state
+        if self.term != saved.term or self.vote != saved.vote or self.commit_index != saved.commit:
+            hard_state = self.current_hard_state()
             self.last_hard_state = hard_state
+        committed_entries: list[LogEntry] = []
         if self.applying_index < self.commit_index:
             high = min(self.commit_index, self.applying_index + COMMITTED_ENTRIES_PER_READY_MAX)
-            ready.committed_entries = self.log.entries(self.applying_index + 1, high + 1)
+            committed_entries = self.log.entries(self.applying_index + 1, high + 1)
             self.applying_index = high
-        ready.messages, self.outbox = self.outbox, []
-        ready.messages_after_persist, self.outbox_after_persist = self.outbox_after_persist, []
-        ready.read_states, self.read_states = self.read_states, []
-        ready.failed_reads, self.failed_reads = self.failed_reads, []
+        # Built in one call with every field (not filled in afterwards): one Ready per pass.
+        ready = Ready(
+            hard_state=hard_state,
+            snapshot=snapshot,
+            truncate_after=truncate_after,
+            entries=entries,
+            messages=self.outbox,
+            messages_after_persist=self.outbox_after_persist,
+            committed_entries=committed_entries,
+            read_states=self.read_states,
+            failed_reads=self.failed_reads,
+        )
+        self.outbox = []
+        self.outbox_after_persist = []
+        self.read_states = []
+        self.failed_reads = []
         return ready
 
     # --- roles --------------------------------------------------------------------------

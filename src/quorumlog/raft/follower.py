@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING
 
 from quorumlog.raft.invariants import require
 from quorumlog.raft.messages import (
+    PUSH_APPEND,
+    PUSH_COMPARE,
+    PUSH_TRUNCATE,
     Push,
-    PushKind,
     PushResponse,
     SnapshotChunk,
     SnapshotResponse,
@@ -73,11 +75,12 @@ class FollowerState:
             self.start(core.term, push.source)
         if not self.accept_round(push.round):
             return
-        if push.kind is PushKind.COMPARE:
+        kind = push.kind
+        if kind is PUSH_COMPARE:
             self.handle_compare(push)
-        elif push.kind is PushKind.TRUNCATE:
+        elif kind is PUSH_TRUNCATE:
             self.handle_truncate(push)
-        elif push.kind is PushKind.APPEND:
+        elif kind is PUSH_APPEND:
             self.handle_append(push)
         else:
             self.advance_commit(push.commit_index)

@@ -16,6 +16,10 @@ from typing import TYPE_CHECKING
 
 from quorumlog.errors import InvalidConfigurationChangeError, NotLeaderError
 from quorumlog.raft.messages import (
+    PUSH_APPEND,
+    PUSH_COMMIT,
+    PUSH_COMPARE,
+    PUSH_TRUNCATE,
     Push,
     PushKind,
     PushResponse,
@@ -101,9 +105,6 @@ class LeaderState:
         self.pending_reads = []
         self.reads_before_first_commit = []
         return failed
-
-    def has_work(self) -> bool:
-        return self.replicate_pending or self.heartbeat_due
 
     # --- local appends ------------------------------------------------------------------
 
@@ -234,7 +235,7 @@ class LeaderState:
             self.start_snapshot(peer, progress)
             return
         progress.request_tick = self.core.ticks
-        self.core.send(self.push(peer, progress, PushKind.COMPARE, index=index, index_term=term))
+        self.core.send(self.push(peer, progress, PUSH_COMPARE, index=index, index_term=term))
 
     def send_truncate(self, peer: str, progress: Progress) -> None:
         index = progress.match_index
@@ -243,7 +244,7 @@ class LeaderState:
             self.start_snapshot(peer, progress)
             return
         progress.request_tick = self.core.ticks
-        self.core.send(self.push(peer, progress, PushKind.TRUNCATE, index=index, index_term=term))
+        self.core.send(self.push(peer, progress, PUSH_TRUNCATE, index=index, index_term=term))
 
     def send_appends(self, peer: str, progress: Progress) -> None:
         core = self.core
@@ -269,7 +270,7 @@ class LeaderState:
                 self.push(
                     peer,
                     progress,
-                    PushKind.APPEND,
+                    PUSH_APPEND,
                     index=previous_index,
                     index_term=previous_term,
                     entries=entries,
@@ -282,7 +283,7 @@ class LeaderState:
         self.read_sequence += 1
         self.sequence_sent_tick[self.read_sequence] = self.core.ticks
         for peer, progress in sorted(self.progress.items()):
-            self.core.send(self.push(peer, progress, PushKind.COMMIT))
+            self.core.send(self.push(peer, progress, PUSH_COMMIT))
         self.check_reads()  # alone in the group: every read is confirmed at once
 
     def start_snapshot(self, peer: str, progress: Progress) -> None:
@@ -326,7 +327,7 @@ class LeaderState:
             return  # an answer to an older round: the state it answers is gone
         progress.retry_ticks = 0  # the link answers within the round: no more backing off
         kind = response.kind
-        if kind is PushKind.COMMIT:
+        if kind is PUSH_COMMIT:
             if response.success and response.match_index > progress.match_index:
                 progress.acknowledge(response.match_index)
                 self.maybe_commit()
@@ -338,12 +339,12 @@ class LeaderState:
                 # no commit index from us. COMPARE again; its entries are still durable.
                 progress.enter(COMPARE, self.core.log.last_index)
                 self.send_compare(peer, progress)
-        elif progress.state is COMPARE and kind is PushKind.COMPARE:
+        elif progress.state is COMPARE and kind is PUSH_COMPARE:
             if response.index == progress.next_index - 1:  # else: an answer to an old probe
                 self.handle_compare_response(peer, progress, response)
         elif (
             progress.state is TRUNCATE
-            and kind is PushKind.TRUNCATE
+            and kind is PUSH_TRUNCATE
             and response.index == progress.match_index
         ):
             if response.success:
@@ -351,7 +352,7 @@ class LeaderState:
             else:
                 progress.enter(COMPARE, self.core.log.last_index)
                 self.send_compare(peer, progress)
-        elif progress.state is APPEND and kind is PushKind.APPEND:
+        elif progress.state is APPEND and kind is PUSH_APPEND:
             if response.success:
                 progress.acknowledge(response.match_index)
                 self.maybe_commit()
@@ -419,16 +420,18 @@ class LeaderState:
 
     def maybe_commit(self) -> None:
         core = self.core
-        voters = core.configuration.voters
-        matches = sorted(
-            (
-                core.log.persisted_index
-                if voter == core.node_id
-                else (self.progress[voter].match_index if voter in self.progress else 0)
-            )
-            for voter in voters
-        )
-        quorum_index = matches[len(matches) - core.configuration.quorum()]
+        configuration = core.configuration
+        node_id = core.node_id
+        progress = self.progress
+        # A list comprehension, not a generator: this runs on every acknowledgement.
+        matches = [
+            core.log.persisted_index
+            if voter == node_id
+            else (progress[voter].match_index if voter in progress else 0)
+            for voter in configuration.voters
+        ]
+        matches.sort()
+        quorum_index = matches[len(matches) - configuration.quorum()]
         if quorum_index <= core.commit_index:
             return
         if core.log.term(quorum_index) != core.term:
@@ -472,14 +475,15 @@ class LeaderState:
         every sequence it sent): the quorum-th highest acknowledgement, one sort of the
         voters rather than one quorum count per outstanding sequence."""
         configuration = self.core.configuration
-        acknowledged = sorted(
-            (
-                self.read_sequence
-                if voter == self.core.node_id
-                else (self.progress[voter].read_sequence_acked if voter in self.progress else 0)
-            )
+        node_id = self.core.node_id
+        progress = self.progress
+        acknowledged = [
+            self.read_sequence
+            if voter == node_id
+            else (progress[voter].read_sequence_acked if voter in progress else 0)
             for voter in configuration.voters
-        )
+        ]
+        acknowledged.sort()
         return acknowledged[len(acknowledged) - configuration.quorum()]
 
     def check_reads(self) -> None:

@@ -43,6 +43,9 @@ class RaftLog:
         self.first_index_floor = self.snapshot_index + 1 if snapshot else 1
         self.unstable: list[LogEntry] = []
         self.unstable_offset = max(stable.last_index + 1, self.first_index_floor)
+        self.last_index = self.unstable_offset - 1
+        """The index of the last entry (stable or unstable). Kept, not computed: the core
+        reads it on every step; every method that changes the tail updates it."""
         # Unstable entries already handed out in a Ready (written or being written).
         self.handed_out_index = self.unstable_offset - 1
         self.pending_truncate_after: int | None = None
@@ -51,11 +54,9 @@ class RaftLog:
 
     @property
     def first_index(self) -> int:
-        return max(self.stable.first_index, self.first_index_floor)
-
-    @property
-    def last_index(self) -> int:
-        return self.unstable_offset + len(self.unstable) - 1
+        stable_first = self.stable.first_index
+        floor = self.first_index_floor
+        return stable_first if stable_first > floor else floor  # max(), minus a call
 
     @property
     def persisted_index(self) -> int:
@@ -77,8 +78,8 @@ class RaftLog:
             return self.unstable[offset].term if offset < len(self.unstable) else None
         if index == self.snapshot_index:
             return self.snapshot_term
-        if index < self.first_index:
-            return None
+        if index < self.first_index_floor or index < self.stable.first_index:
+            return None  # below `first_index` (written out: this runs for every term asked)
         return self.stable.term(index)
 
     def entries(self, low: int, high: int, bytes_max: int | None = None) -> list[LogEntry]:
@@ -144,6 +145,7 @@ class RaftLog:
         if entries and entries[0].index != self.last_index + 1:
             raise ValueError(f"append at {entries[0].index}, expected {self.last_index + 1}")
         self.unstable.extend(entries)
+        self.last_index = self.unstable_offset + len(self.unstable) - 1
 
     def truncate_after(self, index: int) -> None:
         """Drop entries after `index` (which must be at or above the snapshot index)."""
@@ -154,6 +156,7 @@ class RaftLog:
         else:
             self.unstable = []
             self.unstable_offset = index + 1
+        self.last_index = index
         if self.handed_out_index > index:
             self.handed_out_index = index
             self.pending_truncate_after = (
@@ -168,6 +171,7 @@ class RaftLog:
         self.first_index_floor = meta.index + 1
         self.unstable = []
         self.unstable_offset = meta.index + 1
+        self.last_index = meta.index
         self.handed_out_index = meta.index
         self.pending_truncate_after = None
 

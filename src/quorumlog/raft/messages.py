@@ -29,6 +29,14 @@ class PushKind(enum.IntEnum):
     """Heartbeat: carries only `commit_index` and the read sequence."""
 
 
+# The kinds as module constants, for the per-push comparisons: on Python 3.11 reading an
+# enum member through its class (`PushKind.APPEND`) costs several times a global's lookup.
+PUSH_COMPARE = PushKind.COMPARE
+PUSH_TRUNCATE = PushKind.TRUNCATE
+PUSH_APPEND = PushKind.APPEND
+PUSH_COMMIT = PushKind.COMMIT
+
+
 class VoteRequest(msgspec.Struct, frozen=True, tag=True, array_like=True):
     source: str
     target: str

@@ -64,6 +64,11 @@ from quorumlog.storage.entry import EntryType, LogEntry
 
 log = logging.getLogger("quorumlog.group")
 
+# Enum members read once: on Python 3.11 `Role.LEADER` through its class costs several times
+# a global's lookup, and these are read after every sync and for every applied entry.
+LEADER = Role.LEADER
+DATA = EntryType.DATA
+
 SendFunction = Callable[[Message], None]
 
 
@@ -210,7 +215,7 @@ class RaftHost:
 
     @property
     def is_leader(self) -> bool:
-        return self.failure is None and not self.stopped and self.core.role is Role.LEADER
+        return self.failure is None and not self.stopped and self.core.role is LEADER
 
     @property
     def leader_id(self) -> str | None:
@@ -388,6 +393,23 @@ class RaftHost:
 
     def write_and_sync(self) -> None:
         """Write every queued Ready and cover them all with one sync (group commit)."""
+        unwritten = self.unwritten
+        if len(unwritten) == 1 and not self.disk_full_logged:
+            ready = unwritten[0]
+            if (
+                ready.snapshot is None
+                and ready.truncate_after is None
+                and not ready.entries
+                and (
+                    ready.hard_state is None
+                    or not self.hard_state_store.needs_save(ready.hard_state)
+                )
+            ):
+                # The common Ready, with nothing to write or sync (messages, a new commit
+                # index): what the loop below would do for it, without the loop.
+                unwritten.popleft()
+                self.after_sync([ready], None)
+                return
         batch: list[Ready] = []
         needs_sync = False
         hard_state: HardState | None = None
@@ -469,25 +491,33 @@ class RaftHost:
 
     def after_sync(self, batch: list[Ready], error: BaseException | None) -> None:
         self.syncing = False
-        idle, self.idle_callbacks = self.idle_callbacks, []
-        for callback in idle:
-            callback()
+        if self.idle_callbacks:
+            idle, self.idle_callbacks = self.idle_callbacks, []
+            for callback in idle:
+                callback()
         if self.failure is not None or self.stopped:
             return  # a sync that ends after a stop or a failure changes nothing more
         if error is not None:
             self.fail(error)
             return
         try:
+            core = self.core
+            unapplied = self.unapplied
+            apply_at_once = self.settings.apply_entries_per_step_max == 0
             for ready in batch:
+                # Most Readies carry only messages: each step below is skipped unless its
+                # part of the Ready (or a read waiting for an apply) is there.
                 for message in ready.messages_after_persist:
                     self.send_message(message)
                 if ready.entries:
                     last = ready.entries[-1]
-                    self.core.persisted(last.index, last.term)
-                self.unapplied.extend(ready.committed_entries)
-                if self.settings.apply_entries_per_step_max == 0:
+                    core.persisted(last.index, last.term)
+                if ready.committed_entries:
+                    unapplied.extend(ready.committed_entries)
+                if apply_at_once and unapplied:
                     self.apply_available()
-                self.note_reads(ready)
+                if ready.read_states or ready.failed_reads or self.reads_waiting_apply:
+                    self.note_reads(ready)
             if self.unapplied and not self.apply_scheduled:
                 self.schedule_apply_step()
             self.note_role_and_configuration()
@@ -546,7 +576,7 @@ class RaftHost:
         for entry in entries:
             hooks.on_apply(entry)
             result: Any = None
-            if entry.type is EntryType.DATA:
+            if entry.type is DATA:
                 result = self.machine.apply(entry.index, entry.data)
             else:
                 self.machine.mark_applied(entry.index)
@@ -657,7 +687,7 @@ class RaftHost:
         self.reads_waiting_apply = still_waiting
 
     def note_role_and_configuration(self) -> None:
-        is_leader = self.core.role is Role.LEADER
+        is_leader = self.core.role is LEADER
         if self.was_leader and not is_leader:
             # Outcomes are unknown now; clients retry with the same sequence (deduplicated).
             self.fail_waiters(

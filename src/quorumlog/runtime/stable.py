@@ -93,20 +93,25 @@ class SnapshotStore:
                 file_system.unlink(directory / name)
 
     def paths(self) -> list[tuple[int, Path]]:
+        return [(index, self.directory / name) for index, name in self.names()]
+
+    def names(self) -> list[tuple[int, str]]:
+        """(index, file name) of each snapshot, oldest first: `paths` without building a path
+        for every file (a save lists them all and needs a path only for those it drops)."""
         found = []
         for name in self.file_system.list_directory(self.directory):
             if not name.startswith(SNAPSHOT_PREFIX) or name.endswith(".tmp"):
                 continue
             parts = name[len(SNAPSHOT_PREFIX) :].split("_")
             if len(parts) == 2 and all(part.isdigit() for part in parts):
-                found.append((int(parts[0]), self.directory / name))
+                found.append((int(parts[0]), name))
         return sorted(found)
 
     def latest(self) -> SnapshotFile | None:
-        paths = self.paths()
-        if not paths:
+        names = self.names()
+        if not names:
             return None
-        path = paths[-1][1]
+        path = self.directory / names[-1][1]
         sealed = self.file_system.read_file(path)
         return msgspec.msgpack.decode(unseal(path, sealed), type=SnapshotFile)
 
@@ -114,8 +119,8 @@ class SnapshotStore:
         name = f"{SNAPSHOT_PREFIX}{meta.index:020d}_{meta.term:020d}"
         sealed = seal(msgspec.msgpack.encode(SnapshotFile(meta, data)))
         atomic_write(self.directory / name, sealed, self.file_system)
-        paths = self.paths()
-        for _, old in paths[: -self.keep]:
-            self.file_system.unlink(old)
-        if len(paths) > self.keep:
+        names = self.names()
+        for _, old in names[: -self.keep]:
+            self.file_system.unlink(self.directory / old)
+        if len(names) > self.keep:
             self.file_system.sync_directory(self.directory)

@@ -359,9 +359,15 @@ class SegmentLogStore:
             index = stop
 
     def term(self, index: int) -> int:
-        self._check_not_closed()
-        check_index(index, self._first_index, self._last_index)
-        segment = self._segment_holding(index)
+        # The checks written as tests first (the helpers raise): the core asks for terms on
+        # every push and acknowledgement, mostly from the open segment.
+        if self._closed:
+            self._check_not_closed()
+        if not self._first_index <= index <= self._last_index:
+            check_index(index, self._first_index, self._last_index)
+        segment = self._segments[-1]
+        if index < segment.first_index:
+            segment = self._segment_holding(index)
         return segment.terms[index - segment.first_index]
 
     def _segment_holding(self, index: int) -> SegmentFile:

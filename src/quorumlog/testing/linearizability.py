@@ -144,6 +144,11 @@ class RegisterModel:
         search blow up (seen in the simulator and on real processes). A substring match
         keeps an append whenever in doubt.
         """
+        if not any(
+            operation.status is OperationStatus.UNKNOWN and operation.kind == "append"
+            for operation in operations
+        ):
+            return list(operations)  # nothing to drop: skip the scans below
         observed: list[str] = []
         unexplained_failed_cas = [
             operation
@@ -199,12 +204,17 @@ class RegisterModel:
         return f"{kind}({argument!r})"
 
 
+STATUS_OK = OperationStatus.OK
+"""Read once: on Python 3.11 an enum member read through its class costs several times a
+global's lookup, and the scans below compare statuses in nested loops."""
+
+
 def replaces_the_value(operation: Operation) -> bool:
     """May this operation set the value outright (dropping what appends added)?"""
     if operation.kind in ("put", "delete"):
         return True
     return operation.kind == "cas" and not (
-        operation.status is OperationStatus.OK and operation.output is False
+        operation.status is STATUS_OK and operation.output is False
     )
 
 
@@ -230,7 +240,7 @@ def failure_is_explained(cas: Operation, operations: Sequence[Operation]) -> boo
         suffix = append.argument
         if (
             append.kind != "append"
-            or append.status is not OperationStatus.OK
+            or append.status is not STATUS_OK
             or append.return_time >= cas.call_time
             or not isinstance(suffix, str)
             or not suffix

@@ -180,7 +180,7 @@ class SimFileSystem:
         return SimFileHandle(self, node, path, writable)
 
     def create_file(self, path: Path, *, exclusive: bool = True) -> FileHandle:
-        self._step(f"create {path}")
+        self._step("create %s", path)
         parent, name = self._parent(path)
         node = parent.entries.get(name)
         if isinstance(node, SimDirectory):
@@ -213,14 +213,14 @@ class SimFileSystem:
         return self._lookup(path) is not None
 
     def make_directory(self, path: Path) -> None:
-        self._step(f"make directory {path}")
+        self._step("make directory %s", path)
         parent, name = self._parent(path)
         if name in parent.entries:
             raise _error(path, errno.EEXIST)
         parent.change(Link(name, SimDirectory()))
 
     def rename(self, source: Path, target: Path) -> None:
-        self._step(f"rename {source} to {target}")
+        self._step("rename %s to %s", source, target)
         parent, source_name = self._parent(source)
         target_parent, target_name = self._parent(target)
         if target_parent is not parent:
@@ -236,7 +236,7 @@ class SimFileSystem:
             parent.change(Rename(source_name, target_name))
 
     def unlink(self, path: Path) -> None:
-        self._step(f"unlink {path}")
+        self._step("unlink %s", path)
         parent, name = self._parent(path)
         node = parent.entries.get(name)
         if node is None:
@@ -246,7 +246,7 @@ class SimFileSystem:
         parent.change(Unlink(name))
 
     def sync_directory(self, path: Path) -> None:
-        self._step(f"sync directory {path}")
+        self._step("sync directory %s", path)
         self._directory(path).sync()
 
     def lock_directory(self, path: Path) -> DirectoryLock:
@@ -306,13 +306,16 @@ class SimFileSystem:
         if self._halted:
             raise SimulatedCrash("the simulated process has halted")
 
-    def _step(self, what: str) -> None:
-        """Every change passes here: count it, or halt the process just before it."""
+    def _step(self, what: str, *arguments: object) -> None:
+        """Every change passes here: count it, or halt the process just before it.
+
+        `what % arguments` names the change; formatted only for a halt, since every write
+        and sync comes this way."""
         self.check_alive()
         if self._halt_countdown is not None:
             if self._halt_countdown == 0:
                 self._halted = True
-                raise SimulatedCrash(f"the simulated process halted before: {what}")
+                raise SimulatedCrash(f"the simulated process halted before: {what % arguments}")
             self._halt_countdown -= 1
         self.operation_count += 1
 
@@ -334,7 +337,7 @@ class SimFileSystem:
         return min(end, len(node.current) + max(0, free))
 
     def write(self, node: SimFile, path: Path, data: bytes, offset: int) -> None:
-        self._step(f"write {len(data)} bytes at {offset} of {path}")
+        self._step("write %d bytes at %d of %s", len(data), offset, path)
         end = offset + len(data)
         room = self._room_for(node, end)
         if room >= end:
@@ -345,13 +348,13 @@ class SimFileSystem:
         raise _error(path, errno.ENOSPC)
 
     def truncate(self, node: SimFile, path: Path, size: int) -> None:
-        self._step(f"truncate {path} to {size}")
+        self._step("truncate %s to %d", path, size)
         if self._room_for(node, size) < size:
             raise _error(path, errno.ENOSPC)
         node.change(Truncate(size))
 
     def sync_file(self, node: SimFile, path: Path) -> None:
-        self._step(f"sync {path}")
+        self._step("sync %s", path)
         node.sync()
 
     def read(self, node: SimFile, size: int, offset: int) -> bytes:
@@ -478,10 +481,16 @@ class SimDirectoryLock:
 # --- helpers -----------------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=4096)
 def _names(path: Path | PurePosixPath) -> tuple[str, ...]:
-    """The names from the root down to `path` (cached, as `_normal`)."""
-    return _normal(path).parts[1:]
+    """The names from the root down to `path` (a relative path counts from the root).
+
+    Read from the path's own parts, which a path parses once: `_normal` would build two
+    more paths for every new name (each snapshot and temporary file has one)."""
+    parts = path.parts
+    names = parts[1:] if path.anchor else parts
+    if ".." in names:
+        raise SimulationError(f"paths with '..' are not simulated: {path}")
+    return names
 
 
 @functools.lru_cache(maxsize=4096)

@@ -37,6 +37,9 @@ NEW_LEADER_SCAN_STEPS_MAX = 10_000
 """How far below the newest committed entry a new leader's check looks for one committed
 before its term (entries committed in its own term or later need not be in its log)."""
 
+LEADER = Role.LEADER
+"""Read once: `check_node` runs after every event."""
+
 EntryIdentity = tuple[int, EntryType, bytes]
 """(term, type, data): what makes two entries at one index the same entry."""
 
@@ -107,9 +110,9 @@ class InvariantChecker:
 
     def check_node(self, node: SimNode) -> None:
         self.checks += 1
-        core = node.core
+        core = node.host.core  # what `node.core` reads, minus a property call
         node_id = node.node_id
-        if core.role is Role.LEADER:
+        if core.role is LEADER:
             term = core.term
             holder = self.leaders.get(term)
             if holder is None:
@@ -119,8 +122,8 @@ class InvariantChecker:
             if self.node_leader_term.get(node_id) != term:
                 self.node_leader_term[node_id] = term
                 self._check_new_leader(node)
-        else:
-            self.node_leader_term.pop(node_id, None)
+        elif node_id in self.node_leader_term:  # a test, not a pop: most nodes never led
+            del self.node_leader_term[node_id]
         commit = core.commit_index
         previous = self.node_commit[node_id]
         # Hot path: plain ifs, so no message is formatted unless a check fails.

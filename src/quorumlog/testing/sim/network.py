@@ -56,21 +56,31 @@ def draw_delays_ms(faults: NetworkFaults, rng: random.Random, stats: NetworkStat
     """The fault draws for one message: [] if it is dropped, else one delay per copy that
     goes out (two when duplicated). Every network draws in this one order, so a seed
     replays the same faults whatever carries the message."""
-    if faults.drop_probability and rng.random() < faults.drop_probability:
+    draw = rng.random
+    drop_probability = faults.drop_probability
+    if drop_probability and draw() < drop_probability:
         stats.dropped_random += 1
         return []
     copies = 1
-    if faults.duplicate_probability and rng.random() < faults.duplicate_probability:
+    duplicate_probability = faults.duplicate_probability
+    if duplicate_probability and draw() < duplicate_probability:
         copies = 2
         stats.duplicated += 1
-    delays_ms: list[int] = []
-    for _ in range(copies):
-        if faults.tail_probability and rng.random() < faults.tail_probability:
+    tail_probability = faults.tail_probability
+    if copies == 1:  # the common case, without the loop: this runs for every message
+        if tail_probability and draw() < tail_probability:
             low, high = faults.delay_ms_max, faults.tail_delay_ms_max
         else:
             low, high = faults.delay_ms_min, faults.delay_ms_max
-        # `draw_int` written out (the same draw): this runs for every message.
-        delays_ms.append(low + int(rng.random() * (high - low + 1)))
+        return [low + int(draw() * (high - low + 1))]
+    delays_ms: list[int] = []
+    for _ in range(copies):
+        if tail_probability and draw() < tail_probability:
+            low, high = faults.delay_ms_max, faults.tail_delay_ms_max
+        else:
+            low, high = faults.delay_ms_min, faults.delay_ms_max
+        # `draw_int` written out (the same draw).
+        delays_ms.append(low + int(draw() * (high - low + 1)))
     return delays_ms
 
 
@@ -151,13 +161,15 @@ class SimNetwork:
                 self.trace.record(self.events.now_ms, f"net drop {message!r}")
             return
         data = _encoder.encode(message)
+        events = self.events
+        fifo_links = self.faults.fifo_links
         for delay_ms in delays_ms:
-            arrival_ms = self.events.now_ms + delay_ms
-            if self.faults.fifo_links:
+            arrival_ms = events.now_ms + delay_ms
+            if fifo_links:
                 link = (source, target)
                 arrival_ms = max(arrival_ms, self.link_arrival_ms.get(link, 0))
                 self.link_arrival_ms[link] = arrival_ms
-            self.events.schedule_at(arrival_ms, self._arrive, (source, target, data))
+            events.schedule_at(arrival_ms, self._arrive, (source, target, data))
 
     def _arrive(self, packet: tuple[str, str, bytes]) -> None:
         source, target, data = packet

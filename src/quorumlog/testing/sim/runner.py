@@ -18,10 +18,12 @@ seed with tracing on, the tail of the trace.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import gc
 import logging
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import msgspec
 
@@ -38,6 +40,12 @@ from quorumlog.testing.sim.trace import TraceRecorder
 from quorumlog.testing.sim.workload import WorkloadOptions, appends_applied_twice
 
 LIVENESS_TICKS = 200
+GC_THRESHOLDS_DURING_RUN = (50_000, 20, 100)
+"""`gc.set_threshold` while a seed runs (Python's default is 700, 10, 10). A run allocates
+millions of short-lived objects (messages, Readies, events) that form no cycles, so frequent
+collections, the full ones above all, only rescan live state. Measured on seeds 1-50: 1-4%
+less CPU time (noisy on a shared machine), though hardly fewer instructions: what it saves
+is mostly the cache misses of walking the whole heap."""
 """After the final heal, a newly called write must complete within this many ticks."""
 DRAIN_MS = 3000
 TRACE_TAIL_LINES = 60
@@ -211,10 +219,11 @@ def _run_once(
         replay_command=replay_command(seed, node_count, simulated_seconds),
     )
     try:
-        cluster = SimCluster(seed, plan.options, trace)
-        nemesis = Nemesis(cluster, plan.nemesis, derive_random(seed, "nemesis"))
-        _run_timeline(cluster, nemesis, end_ms)
-        _check_history(cluster, result)
+        with _fewer_collections():
+            cluster = SimCluster(seed, plan.options, trace)
+            nemesis = Nemesis(cluster, plan.nemesis, derive_random(seed, "nemesis"))
+            _run_timeline(cluster, nemesis, end_ms)
+            _check_history(cluster, result)
     except Exception as error:  # any exception is a finding, reported with its seed
         result.ok = False
         result.failure = _describe_failure(error, cluster)
@@ -226,6 +235,18 @@ def _run_once(
         result.faults = dict(sorted(nemesis.stats.faults.items()))
     result.wall_seconds = time.perf_counter() - started
     return result
+
+
+@contextlib.contextmanager
+def _fewer_collections() -> Iterator[None]:
+    """Collect the young generation less often during a run; the caller's settings come
+    back afterwards. Garbage is still collected (cycles included), only in larger batches."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(*map(max, thresholds, GC_THRESHOLDS_DURING_RUN))
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
 
 
 def _run_timeline(cluster: SimCluster, nemesis: Nemesis, end_ms: int) -> None:
