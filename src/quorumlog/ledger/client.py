@@ -26,11 +26,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 import random as random_module
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from types import TracebackType
@@ -427,12 +428,25 @@ def settle_future(future: Future[ResultType], completion: Completion[ResultType]
 # --- handles -------------------------------------------------------------------------------
 
 
+QueuedAppend = tuple["bytes | list[bytes]", Future[int], int]
+"""What an append queues for the loop: its data (one entry, or a batch's list), its future,
+and what the future completes with: ONE_ENTRY (the entry's id), BATCH_FIRST_UNKNOWN (the
+batch's first id, not assigned yet), or the batch's first id once part of it was handed
+over (a batch split by backpressure)."""
+ONE_ENTRY = -1
+BATCH_FIRST_UNKNOWN = -2
+
+
 class WriteHandle:
     """An open ledger this client writes (`LedgerClient.create_ledger`).
 
     Entry ids are contiguous from 0, assigned in the order appends are called; futures
     complete in entry order. After a failure (fenced by a recoverer: LedgerFencedError)
-    every pending and later append fails with it; entries acknowledged before stay."""
+    every pending and later append fails with it; entries acknowledged before stay.
+
+    `append_many_async` takes a batch with one future for all of it: a future per entry
+    costs more than the rest of the client's work on an entry (its lock and condition),
+    so a caller with many entries at hand should hand them over together."""
 
     def __init__(self, client: LedgerClient, metadata: LedgerMetadata, key: bytes) -> None:
         self.client = client
@@ -446,12 +460,14 @@ class WriteHandle:
         self.lock = threading.Lock()
         self.space = threading.Condition(self.lock)
         # Shared with user threads (under `lock`):
-        self.queued: list[tuple[bytes, Future[int]]] = []
+        self.queued: list[QueuedAppend] = []
+        self.queued_entries = 0
         self.drain_scheduled = False
         self.failure: LedgerError | None = None
         self.closing = False
         # The loop thread's alone:
-        self.unacknowledged: collections.deque[Future[int]] = collections.deque()
+        self.unacknowledged: collections.deque[tuple[int, int, Future[int]]] = collections.deque()
+        """(last entry id, result, future) per append handed to the writer, in order."""
         self.next_entry_id = 0
         self.acknowledged_through = -1
         self.waiting_for_room = False
@@ -509,12 +525,46 @@ class WriteHandle:
             return future
         with self.lock:
             refusal = self.refusal()
-            if refusal is None and len(self.queued) >= self.queued_entries_max:
-                refusal = self.wait_for_room()
+            if refusal is None and self.queued_entries >= self.queued_entries_max:
+                refusal = self.wait_for_room(1)
             if refusal is not None:
                 future.set_exception(refusal)
                 return future
-            self.queued.append((data, future))
+            self.queued.append((data, future, ONE_ENTRY))
+            self.queued_entries += 1
+            wake = not self.drain_scheduled
+            self.drain_scheduled = True
+        if wake:
+            self.client.loop.call_soon_threadsafe(self.drain)
+        return future
+
+    def append_many(self, datas: Sequence[bytes]) -> int:
+        """Append entries in order and wait until Qa bookies acknowledged all of them;
+        the first one's id (the rest follow it, contiguous)."""
+        return self.client.wait(self.append_many_async(datas), f"append to ledger {self.ledger_id}")
+
+    def append_many_async(self, datas: Sequence[bytes]) -> Future[int]:
+        """Append entries in order (contiguous ids); one future for the whole batch, which
+        completes with the first entry's id once every entry of the batch is acknowledged
+        (or with the handle's failure: some of the batch may then be stored, as with
+        separate appends). Blocks while the queue holds `pending_entries_max` entries."""
+        if not datas:
+            raise ValueError("append_many_async needs at least one entry")
+        future: Future[int] = Future()
+        batch = [data if type(data) is bytes else bytes(data) for data in datas]
+        largest = max(map(len, batch))
+        if largest > self.entry_bytes_max:
+            future.set_exception(EntryTooLargeError(f"{largest} bytes > entry_bytes_max"))
+            return future
+        with self.lock:
+            refusal = self.refusal()
+            if refusal is None and self.queued_entries + len(batch) > self.queued_entries_max:
+                refusal = self.wait_for_room(len(batch))
+            if refusal is not None:
+                future.set_exception(refusal)
+                return future
+            self.queued.append((batch, future, BATCH_FIRST_UNKNOWN))
+            self.queued_entries += len(batch)
             wake = not self.drain_scheduled
             self.drain_scheduled = True
         if wake:
@@ -529,13 +579,15 @@ class WriteHandle:
             return LedgerClosedError(f"ledger {self.ledger_id} is closed")
         return None
 
-    def wait_for_room(self) -> LedgerError | None:
+    def wait_for_room(self, count: int) -> LedgerError | None:
+        """Wait (under `lock`) until `count` more entries fit the queue; a batch larger
+        than the whole queue waits until the queue is empty."""
         deadline = time.monotonic() + self.client.timeout
-        while len(self.queued) >= self.queued_entries_max:
+        while self.queued_entries and self.queued_entries + count > self.queued_entries_max:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return LedgerPendingFullError(
-                    f"ledger {self.ledger_id}: {len(self.queued)} entries still wait to be "
+                    f"ledger {self.ledger_id}: {self.queued_entries} entries still wait to be "
                     f"sent after {self.client.timeout}s"
                 )
             self.space.wait(remaining)
@@ -565,49 +617,76 @@ class WriteHandle:
         with self.lock:
             self.drain_scheduled = False
             queued, self.queued = self.queued, []
+            self.queued_entries = 0
             closing = self.closing
             self.space.notify_all()
-        start = 0
+        datas, ends = flatten(queued)
+        first_entry_id = self.next_entry_id
+        handed = 0
         try:
-            while start < len(queued):
-                end = self.chunk_end(queued, start)
-                self.hand_over(queued[start:end])
-                start = end
+            while handed < len(datas):
+                end = self.chunk_end(datas, handed)
+                self.hand_over(datas[handed:end])
+                handed = end
         except LedgerPendingFullError:
             # The writer holds all it may: keep the rest (first, in order) until acks
             # make room, then drain again.
+            self.track(queued, ends, first_entry_id, handed)
             with self.lock:
-                self.queued[:0] = queued[start:]
+                self.queued[:0] = remainder(queued, ends, first_entry_id, handed)
+                self.queued_entries += len(datas) - handed
                 self.waiting_for_room = True
             return
         except LedgerError as error:
-            for _, future in queued[start:]:
+            self.track(queued, ends, first_entry_id, handed)
+            for _, future, _ in remainder(queued, ends, first_entry_id, handed):
                 set_future_exception(future, error)
+        else:
+            self.track(queued, ends, first_entry_id, handed)
         if closing and not self.close_started:
             self.start_close()
 
-    def chunk_end(self, queued: list[tuple[bytes, Future[int]]], start: int) -> int:
-        """The end of a chunk from `start` within the batch bounds (one larger entry goes
-        alone), so a chunk always fits a writer with nothing pending."""
-        end = min(len(queued), start + self.chunk_entries_max)
-        size = 0
-        for index in range(start, end):
-            size += len(queued[index][0])
-            if size > self.chunk_bytes_max:
-                return max(index, start + 1)
-        return end
+    def track(
+        self, queued: list[QueuedAppend], ends: list[int], first_entry_id: int, handed: int
+    ) -> None:
+        """Wait for the acks of every append whose entries were all handed over (the
+        first `handed` entries, from `first_entry_id` on)."""
+        unacknowledged = self.unacknowledged
+        start = 0
+        for (_, future, result), end in zip(queued, ends, strict=True):
+            if end > handed:
+                return
+            last = first_entry_id + end - 1
+            if result == ONE_ENTRY:
+                unacknowledged.append((last, last, future))
+            else:
+                first = first_entry_id + start if result == BATCH_FIRST_UNKNOWN else result
+                unacknowledged.append((last, first, future))
+            start = end
 
-    def hand_over(self, chunk: list[tuple[bytes, Future[int]]]) -> None:
-        first = self.writer.append_many([data for data, _ in chunk])
+    def chunk_end(self, datas: list[bytes], start: int) -> int:
+        """The end of a chunk from `start` within the batch bounds (one larger entry goes
+        alone), so a chunk always fits a writer with nothing pending. Sizes are summed in
+        C: this runs over every entry."""
+        end = min(len(datas), start + self.chunk_entries_max)
+        if sum(map(len, itertools.islice(datas, start, end))) <= self.chunk_bytes_max:
+            return end
+        sizes = itertools.accumulate(map(len, itertools.islice(datas, start, end)))
+        fitting = sum(1 for _ in itertools.takewhile(self.chunk_bytes_max.__ge__, sizes))
+        return start + max(fitting, 1)
+
+    def hand_over(self, chunk: list[bytes]) -> None:
+        first = self.writer.append_many(chunk)
         require(first == self.next_entry_id, "the writer assigns ids in append order")
         self.next_entry_id = first + len(chunk)
-        self.unacknowledged.extend(future for _, future in chunk)
 
     def acknowledged(self, last_add_confirmed: int) -> None:
-        """Entries up to `last_add_confirmed` are acknowledged: resolve them in order."""
+        """Entries up to `last_add_confirmed` are acknowledged: resolve the appends they
+        complete, in order."""
         unacknowledged = self.unacknowledged
-        for entry_id in range(self.acknowledged_through + 1, last_add_confirmed + 1):
-            set_future_result(unacknowledged.popleft(), entry_id)
+        while unacknowledged and unacknowledged[0][0] <= last_add_confirmed:
+            _, result, future = unacknowledged.popleft()
+            set_future_result(future, result)
         self.acknowledged_through = last_add_confirmed
         if self.waiting_for_room:
             self.waiting_for_room = False
@@ -618,11 +697,12 @@ class WriteHandle:
             if self.failure is None:
                 self.failure = error
             queued, self.queued = self.queued, []
+            self.queued_entries = 0
             self.space.notify_all()
         unacknowledged, self.unacknowledged = self.unacknowledged, collections.deque()
-        for future in unacknowledged:
+        for _, _, future in unacknowledged:
             set_future_exception(future, error)
-        for _, future in queued:
+        for _, future, _ in queued:
             set_future_exception(future, error)
         if not self.close_started:
             set_future_exception(self.close_future, error)
@@ -631,6 +711,40 @@ class WriteHandle:
         self.close_started = True
         completion = self.writer.close()
         completion.add_done_callback(lambda done: settle_future(self.close_future, done))
+
+
+def flatten(queued: list[QueuedAppend]) -> tuple[list[bytes], list[int]]:
+    """The entries of `queued` in order, and where each append's entries end among them."""
+    datas: list[bytes] = []
+    ends: list[int] = []
+    add_one = datas.append
+    add_batch = datas.extend
+    for data, _, _ in queued:
+        if isinstance(data, list):
+            add_batch(data)
+        else:
+            add_one(data)
+        ends.append(len(datas))
+    return datas, ends
+
+
+def remainder(
+    queued: list[QueuedAppend], ends: list[int], first_entry_id: int, handed: int
+) -> list[QueuedAppend]:
+    """The appends not wholly handed over: a batch split at `handed` keeps its entries not
+    handed yet and the first id it already got."""
+    left: list[QueuedAppend] = []
+    start = 0
+    for (data, future, result), end in zip(queued, ends, strict=True):
+        if end > handed:
+            if start >= handed:
+                left.append((data, future, result))
+            else:
+                require(isinstance(data, list), "only a batch is split")
+                first = first_entry_id + start if result == BATCH_FIRST_UNKNOWN else result
+                left.append((data[handed - start :], future, first))
+        start = end
+    return left
 
 
 def set_future_result(future: Future[int], value: int) -> None:
