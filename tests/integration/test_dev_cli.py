@@ -204,3 +204,37 @@ def test_dev_down_then_up_on_new_ports_keeps_every_client_working(dev_directory:
     )
     assert sorted(consumed.split()) == ["one", "three", "two"]
     in_dev_directory(dev_directory, "dev", "down", "--dir", str(dev_directory))
+
+
+def test_dev_up_with_bookies_lists_node_and_bookie_only_processes(dev_directory: Path) -> None:
+    started = quorumlog("dev", "up", "--nodes", "1", "--bookies", "1", "--dir", str(dev_directory))
+    assert started.returncode == 0, started.stderr
+    assert "started 1 nodes and 1 bookies" in started.stdout
+    state = json.loads((dev_directory / DEV_STATE_FILE).read_text())
+    assert sorted(state["pids"]) == ["bookie-1", "n1"]
+    assert state["endpoints"] == state["addresses"]["n1"]  # a bookie is no metadata endpoint
+
+    def both_writable() -> dict[str, Any] | None:
+        shown = quorumlog("bookie", "list", "-w", "json", endpoints=state["endpoints"])
+        if shown.returncode != 0:
+            return None
+        rows = {row["id"]: row for row in json.loads(shown.stdout)}
+        writable = all(rows.get(name, {}).get("writable") for name in ("n1", "bookie-1"))
+        return rows if writable else None
+
+    rows = wait_until(both_writable, COMMAND_TIMEOUT_SECONDS, "n1 and bookie-1 to register")
+    assert rows["bookie-1"]["address"] == state["bookies"]["bookie-1"]
+    assert rows["n1"]["address"] == state["addresses"]["n1"]
+    status = quorumlog("dev", "status", "--dir", str(dev_directory))
+    assert "bookie-1" in status.stdout and status.stdout.count(" up") == 2, status.stdout
+
+    pids = recorded_pids(dev_directory)
+    stopped = quorumlog("dev", "down", "--dir", str(dev_directory))
+    assert stopped.returncode == 0, stopped.stderr
+    assert "stopped n1, bookie-1" in stopped.stdout
+    wait_until(
+        lambda: not any(process_alive(pid) for pid in pids),
+        COMMAND_TIMEOUT_SECONDS,
+        "the node and the bookie process to exit",
+    )
+    assert (dev_directory / "bookie-1").is_dir()  # data stays

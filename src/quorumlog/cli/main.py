@@ -198,9 +198,11 @@ def sim_raft(
 
 
 def register_node_commands() -> None:
+    from quorumlog.cli.bookie_commands import bookie_group
     from quorumlog.cli.node_commands import dev_group, node_command
 
     cli.add_command(node_command)
+    cli.add_command(bookie_group)
     cli.add_command(dev_group)
 
 

@@ -92,6 +92,7 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
     type=click.IntRange(1, 16 * 1024),
     help="Shard data per pull chunk (one frame and one log entry).",
 )
+@click.option("--no-bookie", is_flag=True, help="Host no bookie (ledger storage) on this node.")
 def node_command(
     node_id: str,
     listen: str,
@@ -108,6 +109,7 @@ def node_command(
     shard_count: int,
     shard_migration_mib_per_second: float,
     shard_pull_kib: int,
+    no_bookie: bool,
 ) -> None:
     """Run one node in the foreground; logs to stderr; SIGTERM stops it cleanly."""
     from quorumlog.node.server import NodeFailedError, NodeSettings, run_node
@@ -134,6 +136,7 @@ def node_command(
         shard_count=shard_count,
         shard_migration_bytes_per_second=int(shard_migration_mib_per_second * 1024 * 1024),
         shard_pull_bytes_max=shard_pull_kib * 1024,
+        bookie=not no_bookie,
     )
 
     async def main() -> None:
@@ -217,8 +220,10 @@ def start_dev_cluster(
     cluster_id: str,
     extra_arguments: list[str] | None = None,
     group_count: int = 0,
+    bookie_count: int = 0,
 ) -> dict[str, object]:
-    """Start `nodes` node processes under `directory`; returns the state written there.
+    """Start `nodes` node processes (each hosting a bookie) and `bookie_count` bookie-only
+    processes ("bookie-1", ...) under `directory`; returns the state written there.
 
     Each start picks free ports anew, so a cluster brought down and up again listens on
     new addresses: every node gets all current addresses (`--peers`), which beat the old
@@ -235,18 +240,22 @@ def start_dev_cluster(
         raise QuorumLogError(
             f"a dev cluster is already running under {base}; `quorumlog dev down` first"
         )
-    ports = free_ports(nodes)
+    ports = free_ports(nodes + bookie_count)
     ids = [f"n{i}" for i in range(1, nodes + 1)]
-    addresses = {node_id: f"127.0.0.1:{port}" for node_id, port in zip(ids, ports, strict=True)}
+    addresses = {node_id: f"127.0.0.1:{port}" for node_id, port in zip(ids, ports, strict=False)}
+    bookie_ids = [f"bookie-{i}" for i in range(1, bookie_count + 1)]
+    bookies = {
+        bookie_id: f"127.0.0.1:{port}"
+        for bookie_id, port in zip(bookie_ids, ports[nodes:], strict=True)
+    }
+    endpoints = ",".join(addresses.values())
     pids: dict[str, int] = {}
     for node_id in ids:
         peers = ",".join(f"{p}={a}" for p, a in addresses.items() if p != node_id)
-        log_file = open(base / f"{node_id}.log", "ab")  # noqa: SIM115 - handed to the child
-        process = subprocess.Popen(
+        pids[node_id] = launch_dev_process(
+            base,
+            node_id,
             [
-                sys.executable,
-                "-m",
-                "quorumlog",
                 "node",
                 "--id",
                 node_id,
@@ -261,24 +270,51 @@ def start_dev_cluster(
                 *sharded_kv_arguments(ids, group_count),
                 *(extra_arguments or []),
             ],
-            stdout=log_file,
-            stderr=log_file,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
         )
-        log_file.close()
-        pids[node_id] = process.pid
-        STARTED_HERE[process.pid] = process
+    for bookie_id, address in bookies.items():
+        pids[bookie_id] = launch_dev_process(
+            base,
+            bookie_id,
+            [
+                "bookie",
+                "--id",
+                bookie_id,
+                "--listen",
+                address,
+                "--data-dir",
+                str(base / bookie_id),
+                "--metadata",
+                endpoints,
+                "--cluster-id",
+                cluster_id,
+            ],
+        )
     state: dict[str, object] = {
         "directory": str(base),
         "cluster_id": cluster_id,
         "addresses": addresses,
+        "bookies": bookies,
         "pids": pids,
-        "endpoints": ",".join(addresses.values()),
+        "endpoints": endpoints,
         "groups": {str(gid): list(ids) for gid in range(1, group_count + 1)},
     }
     dev_state_path(str(base)).write_text(json.dumps(state, indent=2))
     return state
+
+
+def launch_dev_process(base: Path, name: str, arguments: list[str]) -> int:
+    """Start `quorumlog ARGUMENTS` in the background, logging to `base/NAME.log`; its pid."""
+    log_file = open(base / f"{name}.log", "ab")  # noqa: SIM115 - handed to the child
+    process = subprocess.Popen(
+        [sys.executable, "-m", "quorumlog", *arguments],
+        stdout=log_file,
+        stderr=log_file,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    log_file.close()
+    STARTED_HERE[process.pid] = process
+    return process.pid
 
 
 JOIN_TIMEOUT_SECONDS = 30.0
@@ -363,17 +399,30 @@ def dev_group() -> None:
     help="Shard groups 1..G (sharded KV), each on every node, with the controller group.",
 )
 @click.option(
+    "--bookies",
+    "bookie_count",
+    default=0,
+    show_default=True,
+    type=click.IntRange(0, 16),
+    help="Bookie-only processes (bookie-1..N) besides the bookie every node hosts.",
+)
+@click.option(
     "--dir", "directory", default=DEFAULT_DEV_DIR, show_default=True, envvar="QUORUMLOG_DEV_DIR"
 )
 @click.option("--cluster-id", default="quorumlog", envvar="QUORUMLOG_CLUSTER_ID")
-def dev_up(nodes: int, group_count: int, directory: str, cluster_id: str) -> None:
+def dev_up(
+    nodes: int, group_count: int, bookie_count: int, directory: str, cluster_id: str
+) -> None:
     """Start the cluster in the background and print the endpoints.
 
-    With --groups G, every node also hosts the shard controller and shard groups 1..G,
-    and the groups are joined through the controller, so `quorumlog shard put` works at
-    once."""
-    state = start_dev_cluster(directory, nodes, cluster_id, group_count=group_count)
-    click.echo(f"started {nodes} nodes; data and logs under {state['directory']}")
+    Every node hosts a bookie; --bookies N adds N bookie-only processes. With --groups G,
+    every node also hosts the shard controller and shard groups 1..G, and the groups are
+    joined through the controller, so `quorumlog shard put` works at once."""
+    state = start_dev_cluster(
+        directory, nodes, cluster_id, group_count=group_count, bookie_count=bookie_count
+    )
+    bookies_started = f" and {bookie_count} bookies" if bookie_count else ""
+    click.echo(f"started {nodes} nodes{bookies_started}; data and logs under {state['directory']}")
     if group_count:
         try:
             number, joined = join_dev_groups(state)
@@ -412,6 +461,10 @@ def dev_status(directory: str) -> None:
     for node_id, address in addresses.items():
         alive = "up" if process_alive(pids[node_id]) else "down"
         click.echo(f"{node_id}  {address}  pid {pids[node_id]}  {alive}")
+    bookies: dict[str, str] = state.get("bookies") or {}  # type: ignore[assignment]
+    for bookie_id, address in bookies.items():
+        alive = "up" if process_alive(pids[bookie_id]) else "down"
+        click.echo(f"{bookie_id}  {address}  pid {pids[bookie_id]}  {alive}  (bookie only)")
     groups: dict[str, list[str]] = state.get("groups") or {}  # type: ignore[assignment]
     for gid, servers in groups.items():
         click.echo(f"shard group {gid}  {','.join(servers)}")

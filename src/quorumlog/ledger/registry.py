@@ -105,11 +105,18 @@ def decode_bookie_record(value: str) -> BookieRecord | None:
         return None
 
 
-def is_live(record: BookieRecord, now_ms: int) -> bool:
-    return now_ms - record.heartbeat_ms < BOOKIE_LIVENESS_SECONDS * 1000
+def is_live(
+    record: BookieRecord, now_ms: int, liveness_seconds: float = BOOKIE_LIVENESS_SECONDS
+) -> bool:
+    """`liveness_seconds` is a parameter so that a test can shrink the window."""
+    return now_ms - record.heartbeat_ms < liveness_seconds * 1000
 
 
-def registration(record: BookieRecord, now_ms: int) -> BookieRegistration:
+def registration(
+    record: BookieRecord, now_ms: int, liveness_seconds: float = BOOKIE_LIVENESS_SECONDS
+) -> BookieRegistration:
     return BookieRegistration(
-        record.bookie_id, record.address, record.writable and is_live(record, now_ms)
+        record.bookie_id,
+        record.address,
+        record.writable and is_live(record, now_ms, liveness_seconds),
     )

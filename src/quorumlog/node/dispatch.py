@@ -10,6 +10,7 @@ reaches them to one `RequestDispatcher`, which sends it to the service that serv
   → its service;
 - status, membership changes and leadership transfers of a hosted group → its host (these
   ride on the "kv" group: a node without one answers UNKNOWN_GROUP);
+- the bookie protocol (adds, reads, LAC reads and fences, drops) → this node's bookie;
 - anything else (topics, produce, fetch, partitions) → the stream service.
 
 A service that this node does not run answers UNKNOWN_GROUP naming the group.
@@ -22,6 +23,7 @@ from typing import Any
 
 from quorumlog.codec import wire
 from quorumlog.errors import QuorumLogError
+from quorumlog.ledger.bookie import BookieRequest
 from quorumlog.node.controller_service import ControllerService
 from quorumlog.node.errors_to_wire import error_response
 from quorumlog.node.kv_service import KVService
@@ -42,6 +44,9 @@ ShardedKVRequest = (
     | wire.KVScan
 )
 StreamHandler = Callable[[wire.ClientRequest, Replier], None]
+BookieHandler = Callable[[BookieRequest, Replier], None]
+BOOKIE_GROUP = "bookie"
+"""How an answer names the bookie service (a node started with `--no-bookie` has none)."""
 
 
 def shard_gid(group: str) -> int:
@@ -55,7 +60,7 @@ def shard_gid(group: str) -> int:
 
 class RequestDispatcher:
     """Routes client requests to this node's services. The node fills in the services as
-    it brings them up (`kv`, `controller`, `shard_services`, `streams`)."""
+    it brings them up (`kv`, `controller`, `shard_services`, `streams`, `bookie`)."""
 
     def __init__(
         self,
@@ -75,8 +80,15 @@ class RequestDispatcher:
         self.controller: ControllerService | None = None
         self.shard_services: dict[int, ShardGroupService] = {}
         self.streams: StreamHandler | None = None
+        self.bookie: BookieHandler | None = None
 
     def on_client_request(self, request: wire.ClientRequest, reply: Replier) -> None:
+        if isinstance(
+            request,
+            wire.AddEntries | wire.ReadEntries | wire.ReadLastAddConfirmed | wire.DropLedger,
+        ):
+            self.on_bookie_request(request, reply)
+            return
         if isinstance(
             request,
             wire.ControllerRequest
@@ -146,6 +158,18 @@ class RequestDispatcher:
         else:
             reply(service.status(request.request_id, self.node_id))
         return True
+
+    def on_bookie_request(self, request: BookieRequest, reply: Replier) -> None:
+        if self.bookie is None:
+            reply(
+                wire.ErrorResponse(
+                    request_id=request.request_id,
+                    code=wire.ErrorCode.UNKNOWN_GROUP,
+                    message=f"no {BOOKIE_GROUP} on {self.node_id} (it runs with --no-bookie)",
+                )
+            )
+            return
+        self.bookie(request, reply)
 
     def on_stream_request(self, request: wire.ClientRequest, reply: Replier) -> None:
         if self.streams is None:
@@ -250,4 +274,12 @@ class RequestDispatcher:
         reply(error_response(request_id, error, lambda: self.address_of(host.leader_id)))
 
 
-__all__ = ["KV_GROUP", "RequestDispatcher", "ShardedKVRequest", "StreamHandler", "shard_gid"]
+__all__ = [
+    "BOOKIE_GROUP",
+    "KV_GROUP",
+    "BookieHandler",
+    "RequestDispatcher",
+    "ShardedKVRequest",
+    "StreamHandler",
+    "shard_gid",
+]

@@ -9,6 +9,10 @@ Every group shares the one endpoint; messages carry their group's name.
   a `ShardMigrator` moving shards while it leads, and `PreferredLeaders` spreading their
   leaders over the nodes.
 
+Unless started with `bookie=False`, a node also hosts a bookie (`BookieServer`, data in
+`data_dir/bookie`, id = the node id, reached at the node's client address) and keeps its
+registration in the "kv" group fresh (`BookieRegistrar`).
+
 Which service answers a client request is `node/dispatch.py`'s `RequestDispatcher`; the
 sharded KV's services, migrators and preferred leaders are put together by
 `node/composition.py` (the simulator composes its nodes with the same two).
@@ -31,7 +35,11 @@ import msgspec
 
 from quorumlog.codec import wire
 from quorumlog.errors import QuorumLogError
+from quorumlog.kv.connection import parse_endpoint
 from quorumlog.kv.machine import KVStateMachine
+from quorumlog.ledger.bookie_registration import BookieRegistrar, RegistrationSettings
+from quorumlog.ledger.bookie_server import BookieServer
+from quorumlog.ledger.registry import BOOKIE_HEARTBEAT_SECONDS
 from quorumlog.node.addresses import AddressBook, AddressSource
 from quorumlog.node.composition import ShardedKVLayout, ShardedKVParts, compose_sharded_kv
 from quorumlog.node.controller_service import ControllerService
@@ -91,6 +99,10 @@ class NodeSettings(msgspec.Struct, frozen=True):
     advertise: str = ""
     """HOST:PORT peers and clients should use to reach this node, when not the listen
     address (behind NAT or a proxy); said in every handshake, so peers follow it."""
+    bookie: bool = True
+    """Host a bookie (ledger storage) in `data_dir/bookie`, registered in the "kv" group."""
+    bookie_heartbeat_ms: int = int(BOOKIE_HEARTBEAT_SECONDS * 1000)
+    """How often the bookie rewrites its registration."""
 
 
 class Node:
@@ -115,11 +127,19 @@ class Node:
         self.migration_pacer = ByteRatePacer(settings.shard_migration_bytes_per_second)
         self.port = 0
         self.unknown_group_messages = 0
+        self.bookie: BookieServer | None = None
+        self.registrar: BookieRegistrar | None = None
 
     async def start(self) -> int:
         """Open storage, start listening; returns the port bound."""
         settings = self.settings
         host, port = parse_address(settings.listen)
+        if settings.bookie:
+            # Before listening: a bookie that cannot open its storage stops the start.
+            self.bookie = BookieServer(
+                self.node_id, Path(settings.data_dir) / "bookie", asyncio.get_running_loop()
+            )
+            self.dispatcher.bookie = self.bookie.handle
         self.port = await self.endpoint.listen(host, port, settings.advertise)
         self.address_book.learn(
             self.node_id, settings.advertise or format_address(host, self.port), AddressSource.SELF
@@ -141,6 +161,7 @@ class Node:
             hosted.start()
         self.streams.start()
         self.sharded_kv.start()
+        self.start_registration()
         log.info(
             "node %s listening on %s:%d (data in %s)",
             self.node_id,
@@ -149,6 +170,26 @@ class Node:
             settings.data_dir,
         )
         return self.port
+
+    def start_registration(self) -> None:
+        """Heartbeat the bookie's registration through this node and its peers."""
+        if self.bookie is None:
+            return
+        self.registrar = BookieRegistrar(
+            self.bookie,
+            lambda: self.addresses[self.node_id],
+            self.metadata_endpoints,
+            self.settings.cluster_id,
+            RegistrationSettings(heartbeat_seconds=self.settings.bookie_heartbeat_ms / 1000),
+        )
+        self.registrar.start()
+
+    def metadata_endpoints(self) -> list[str]:
+        """Client addresses of the "kv" group: this node first, then the peers it knows
+        (leaving out placeholders such as port 0 that no client can dial)."""
+        addresses = self.addresses
+        own = addresses.pop(self.node_id)
+        return [own, *(a for _, a in sorted(addresses.items()) if is_dialable(a))]
 
     def add_group(self, name: str, machine: StateMachine, voters: tuple[str, ...]) -> GroupRunner:
         """A Raft group hosted here (not started), its data in `data_dir/name`."""
@@ -221,6 +262,9 @@ class Node:
         return [addresses[member] for member in self.settings.controller if member in addresses]
 
     async def stop(self) -> None:
+        if self.registrar is not None:
+            # First, while the "kv" group still runs here to take the last write.
+            await self.registrar.stop()
         self.sharded_kv.stop()
         if self.peers is not None:
             await self.peers.close()
@@ -230,6 +274,8 @@ class Node:
         for group in list(self.groups.values()):
             if not group.stopped:
                 await group.stop()
+        if self.bookie is not None:
+            await self.bookie.close()
         self.executor.shutdown(wait=True)
 
     @property
@@ -278,6 +324,14 @@ class Node:
         self.dispatcher.on_client_request(request, reply)
 
 
+def is_dialable(address: str) -> bool:
+    try:
+        parse_endpoint(address)
+    except ValueError:
+        return False
+    return True
+
+
 class NodeFailedError(QuorumLogError):
     """The node stopped itself: something that must never happen did (a violated
     invariant, a bug). Going on could persist or send wrong state, so it stops instead."""
@@ -291,12 +345,9 @@ def is_fatal(error: BaseException | None) -> bool:
     )
 
 
-async def run_node(
-    settings: NodeSettings, stop: asyncio.Event, started: Callable[[Node], None] | None = None
-) -> None:
-    """Run a node until `stop` is set. Raises NodeFailedError, after stopping cleanly, if
-    an unexpected exception reached the event loop (fail-stop)."""
-    loop = asyncio.get_running_loop()
+def stop_on_fatal_errors(name: str, stop: asyncio.Event) -> list[str]:
+    """Make an unexpected exception reaching the running loop set `stop` (fail-stop);
+    returns the list its reasons are appended to."""
     failures: list[str] = []
 
     def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -305,11 +356,20 @@ async def run_node(
             loop.default_exception_handler(context)
             return
         reason = f"{type(error).__name__}: {error}".splitlines()[0]
-        log.critical("node %s stops: %s (%s)", settings.node_id, reason, context.get("message"))
+        log.critical("%s stops: %s (%s)", name, reason, context.get("message"))
         failures.append(reason)
         stop.set()
 
-    loop.set_exception_handler(handle)
+    asyncio.get_running_loop().set_exception_handler(handle)
+    return failures
+
+
+async def run_node(
+    settings: NodeSettings, stop: asyncio.Event, started: Callable[[Node], None] | None = None
+) -> None:
+    """Run a node until `stop` is set. Raises NodeFailedError, after stopping cleanly, if
+    an unexpected exception reached the event loop (fail-stop)."""
+    failures = stop_on_fatal_errors(f"node {settings.node_id}", stop)
     node = Node(settings)
     await node.start()
     if started is not None:

@@ -45,6 +45,7 @@ class LiveBookies:
                 tick_ms=5,
                 election_ticks=2,
                 fsync=False,
+                bookie=False,  # the test registers its own bookies
             )
         )
         await node.start()
