@@ -3,9 +3,8 @@ real cluster (issue 11, "Benchmark").
 
     quorumlog bench ledger --json [--quick] [--dir DIR]
 
-Setup: 3 `quorumlog node` processes run the metadata group (without bookies where the node
-can leave them out) and 5 bookie-only processes store the entries, all with fsync on, on
-loopback. The client is a `LedgerClient` in this process: with the batch API it spends
+Setup: 3 `quorumlog node --no-bookie` processes run the metadata group and 5 `quorumlog
+bookie` processes store the entries, all with fsync on, on loopback. The client is a `LedgerClient` in this process: with the batch API it spends
 well under a microsecond of CPU per entry (reported below), so it is not what bounds the
 figures; the bookies' CPU per entry is reported beside it.
 

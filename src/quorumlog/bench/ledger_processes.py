@@ -1,11 +1,10 @@
 """Processes for `quorumlog bench ledger`: the metadata nodes and bookie-only processes.
 
-- `MetadataNodes`: three `quorumlog node` processes (fsync on) that run the metadata group.
-  Where the node takes `--no-bookie` they are started with it, so every ledger entry goes
-  to the bookie-only processes and the figures are about those.
-- `BookieProcesses`: N bookie-only processes with fsync on, each registering itself in the
-  metadata group. `quorumlog bookie` where the command exists; otherwise the benchmark's
-  own runner (bench/ledger_bookie.py) with the same flags.
+- `MetadataNodes`: three `quorumlog node --no-bookie` processes (fsync on) that run the
+  metadata group, so every ledger entry goes to the bookie-only processes and the figures
+  are about those.
+- `BookieProcesses`: N `quorumlog bookie` processes (fsync on), each registering itself in
+  the metadata group and heartbeating there.
 
 Ports are asked of the OS (kv_processes.free_ports); a bookie that lost its port to another
 process exits at once and the start is tried again with fresh ports. Every process started
@@ -14,7 +13,6 @@ here is stopped and reaped by `stop` (the caller's `finally`).
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import subprocess
 import sys
@@ -36,25 +34,11 @@ REGISTER_TIMEOUT_SECONDS = 30.0
 """Bookies open their storage, listen and register within this (a loaded machine)."""
 
 
-def node_takes_no_bookie() -> bool:
-    """Whether `quorumlog node` has `--no-bookie` (nodes that host bookies)."""
-    from quorumlog.cli.node_commands import node_command
-
-    return any(parameter.name == "no_bookie" for parameter in node_command.params)
-
-
-def bookie_command_prefix() -> list[str]:
-    """How to start a bookie-only process: `quorumlog bookie` if this tree has it."""
-    if importlib.util.find_spec("quorumlog.cli.bookie_commands") is not None:
-        return [sys.executable, "-m", "quorumlog", "bookie"]
-    return [sys.executable, "-m", "quorumlog.bench.ledger_bookie"]
-
-
 class MetadataNodes(NodeCluster):
-    """The metadata group: nodes without bookies where the node can leave them out."""
+    """The metadata group, on nodes that host no bookie."""
 
     def extra_node_arguments(self, node_id: str) -> list[str]:
-        return ["--no-bookie"] if node_takes_no_bookie() else []
+        return ["--no-bookie"]
 
 
 class BookieProcesses:
@@ -91,7 +75,10 @@ class BookieProcesses:
 
     def launch(self, bookie_id: str) -> None:
         command = [
-            *bookie_command_prefix(),
+            sys.executable,
+            "-m",
+            "quorumlog",
+            "bookie",
             "--id",
             bookie_id,
             "--listen",
