@@ -4,9 +4,10 @@ real cluster (issue 11, "Benchmark").
     quorumlog bench ledger --json [--quick] [--dir DIR]
 
 Setup: 3 `quorumlog node --no-bookie` processes run the metadata group and 5 `quorumlog
-bookie` processes store the entries, all with fsync on, on loopback. The client is a `LedgerClient` in this process: with the batch API it spends
-well under a microsecond of CPU per entry (reported below), so it is not what bounds the
-figures; the bookies' CPU per entry is reported beside it.
+bookie` processes store the entries, all with fsync on, on loopback. The client is a
+`LedgerClient` in this process: with the batch API it spends well under a microsecond of
+CPU per 100-byte entry (reported below), so it is not what bounds the figures; the
+bookies' CPU per entry is reported beside it.
 
 Cases, one JSON object each:
 
