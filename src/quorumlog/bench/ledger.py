@@ -12,7 +12,9 @@ bookies' CPU per entry is reported beside it.
 Cases, one JSON object each:
 
 - `adds-<bytes>-e<E>-w<Qw>-a<Qa>`: saturated throughput. `append_many_async` batches of
-  BATCH_ENTRIES entries, at most WINDOW_ENTRIES unacknowledged; adds_per_s counts entries
+  BATCH_ENTRIES entries, as many as the handle takes (it blocks appends while it holds
+  twice `pending_entries_max`: what its writer may have unacknowledged, and as many again
+  queued behind it); adds_per_s counts entries
   acknowledged (Qa bookies fsynced them), from the first append to the last ack. For 100 B
   the same with one `append_async` per entry (`single_adds_per_s`): a future per entry is
   what that API costs.
@@ -60,10 +62,6 @@ CONFIGURATIONS = [(3, 2, 2), (3, 3, 2)]
 ENTRY_SIZES = [100, 4096]
 BATCH_ENTRIES = 1000
 """Entries per `append_many_async` in the throughput cases."""
-WINDOW_BYTES = 64 * 1024 * 1024
-WINDOW_ENTRIES = 100_000
-"""Unacknowledged entries (and bytes) the throughput loop allows: the writer keeps them to
-resend after an ensemble change, so the window is its memory."""
 PACED_ADDS_PER_SECOND = 5000.0
 PACE_TICK_SECONDS = 0.002
 RECOVERY_ENTRIES = 1_000_000
@@ -108,31 +106,50 @@ def percentile_ms(sorted_seconds: list[float], fraction: float) -> float | None:
 
 
 class CpuMeter:
-    """CPU seconds used by this process and by the bookies between `start` and `stop`."""
+    """CPU seconds used by this process (the client), the bookies and the metadata nodes
+    while `measure` runs its work."""
 
-    def __init__(self, bookie_pids: list[int]) -> None:
+    def __init__(self, bookie_pids: list[int], node_pids: list[int]) -> None:
         self.bookie_pids = bookie_pids
+        self.node_pids = node_pids
         self.client_seconds = 0.0
         self.bookie_seconds = 0.0
+        self.node_seconds = 0.0
 
-    def read(self) -> tuple[float, float]:
-        return time.process_time(), sum(cpu_seconds(pid) for pid in self.bookie_pids)
+    def read(self) -> tuple[float, float, float]:
+        return (
+            time.process_time(),
+            sum(cpu_seconds(pid) for pid in self.bookie_pids),
+            sum(cpu_seconds(pid) for pid in self.node_pids),
+        )
 
     def measure(self, work: Callable[[], None]) -> None:
-        client_before, bookies_before = self.read()
+        client_before, bookies_before, nodes_before = self.read()
         work()
-        client_after, bookies_after = self.read()
+        client_after, bookies_after, nodes_after = self.read()
         self.client_seconds = client_after - client_before
         self.bookie_seconds = bookies_after - bookies_before
+        self.node_seconds = nodes_after - nodes_before
 
 
 # --- throughput -------------------------------------------------------------------------
 
 
+def window_entries(handle: WriteHandle, entry_bytes: int) -> int:
+    """Entries the loops keep unacknowledged: the writer's limit and a queue as deep behind
+    it, so the writer always has the next entries at hand (a smaller window leaves the
+    bookies idle while a round trip is out: in alternating runs at load 5, a window of
+    100,000 gave 266-314k adds/s at 100 B, this one 353-360k). Large entries stop at the writer's byte limit instead, or the
+    tail would take seconds to drain. The futures are the loops' only memory: every entry
+    is the same bytes object."""
+    config = handle.client.driver.config
+    return min(2 * config.pending_entries_max, config.pending_bytes_max // entry_bytes)
+
+
 def stream_batches(handle: WriteHandle, data: bytes, seconds: float) -> tuple[int, float]:
     """Append batches for `seconds` within the window; (entries acknowledged, elapsed)."""
     batch = [data] * BATCH_ENTRIES
-    window_batches = max(min(WINDOW_ENTRIES, WINDOW_BYTES // len(data)) // BATCH_ENTRIES, 1)
+    window_batches = max(window_entries(handle, len(data)) // BATCH_ENTRIES, 1)
     outstanding: deque[Future[int]] = deque()
     sent = 0
     started = time.perf_counter()
@@ -149,7 +166,7 @@ def stream_batches(handle: WriteHandle, data: bytes, seconds: float) -> tuple[in
 
 def stream_singles(handle: WriteHandle, data: bytes, seconds: float) -> tuple[int, float]:
     """As stream_batches with one `append_async` (one future) per entry."""
-    window = min(WINDOW_ENTRIES, WINDOW_BYTES // len(data))
+    window = window_entries(handle, len(data))
     outstanding: deque[Future[int]] = deque()
     sent = 0
     started = time.perf_counter()
@@ -167,7 +184,7 @@ def stream_singles(handle: WriteHandle, data: bytes, seconds: float) -> tuple[in
 
 def throughput_case(
     client: LedgerClient,
-    bookie_pids: list[int],
+    pids: tuple[list[int], list[int]],
     entry_bytes: int,
     configuration: tuple[int, int, int],
     settings: Settings,
@@ -177,7 +194,7 @@ def throughput_case(
     load = load_average()
     handle = client.create_ledger(ensemble, write_quorum, ack_quorum, PASSWORD)
     handle.append(data)  # connections open, the writer runs
-    meter = CpuMeter(bookie_pids)
+    meter = CpuMeter(*pids)
     figures: dict[str, float] = {}
 
     def run() -> None:
@@ -198,6 +215,10 @@ def throughput_case(
         "mb_per_s": round(adds * entry_bytes / seconds / 1e6, 1),
         "client_cpu_us_per_add": round(meter.client_seconds / adds * 1e6, 2),
         "bookie_cpu_us_per_add": round(meter.bookie_seconds / adds * 1e6, 2),
+        "metadata_node_cpu_us_per_add": round(meter.node_seconds / adds * 1e6, 2),
+        "cores_used": round(
+            (meter.client_seconds + meter.bookie_seconds + meter.node_seconds) / seconds, 2
+        ),
         "load_average_at_start": load,
     }
     if entry_bytes == min(ENTRY_SIZES):
@@ -359,13 +380,16 @@ def ledger_topic_produce_per_s(endpoints: list[str], records: int) -> int | None
 # --- the run --------------------------------------------------------------------------------
 
 
-def run_cases(endpoints: list[str], bookie_pids: list[int], settings: Settings) -> dict[str, Any]:
+def run_cases(
+    endpoints: list[str], pids: tuple[list[int], list[int]], settings: Settings
+) -> dict[str, Any]:
+    """Every case in order; the summary. `pids`: the bookies' and the metadata nodes'."""
     summary: dict[str, Any] = {"case": "summary", "load_average": load_average()}
     with LedgerClient(endpoints, cluster_id=CLUSTER_ID) as client:
         for configuration in CONFIGURATIONS:
             suffix = "_".join(map(str, configuration))
             for entry_bytes in ENTRY_SIZES:
-                line = throughput_case(client, bookie_pids, entry_bytes, configuration, settings)
+                line = throughput_case(client, pids, entry_bytes, configuration, settings)
                 emit(line, settings.as_json)
                 summary[f"adds_per_s_{entry_bytes}_{suffix}"] = line["adds_per_s"]
                 if "single_adds_per_s" in line:
@@ -398,7 +422,8 @@ def run_ledger_benchmark(as_json: bool, quick: bool, directory: str | None) -> N
         bookies.metadata_endpoints = nodes.endpoints
         with KVClient(nodes.endpoints, timeout=10.0, cluster_id=CLUSTER_ID) as kv:
             bookies.start(KVMetadataStore(kv))
-        summary = run_cases(nodes.endpoints, list(bookies.pids.values()), settings)
+        pids = (list(bookies.pids.values()), list(nodes.pids.values()))
+        summary = run_cases(nodes.endpoints, pids, settings)
     finally:
         bookies.stop()
         nodes.stop()
