@@ -139,9 +139,9 @@ def window_entries(handle: WriteHandle, entry_bytes: int) -> int:
     """Entries the loops keep unacknowledged: the writer's limit and a queue as deep behind
     it, so the writer always has the next entries at hand (a smaller window leaves the
     bookies idle while a round trip is out: in alternating runs at load 5, a window of
-    100,000 gave 266-314k adds/s at 100 B, this one 353-360k). Large entries stop at the writer's byte limit instead, or the
-    tail would take seconds to drain. The futures are the loops' only memory: every entry
-    is the same bytes object."""
+    100,000 gave 266-314k adds/s at 100 B, this one 353-360k). Large entries stop at the
+    writer's byte limit instead, or the tail would take seconds to drain. The futures are
+    the loops' only memory: every entry is the same bytes object."""
     config = handle.client.driver.config
     return min(2 * config.pending_entries_max, config.pending_bytes_max // entry_bytes)
 
