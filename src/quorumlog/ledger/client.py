@@ -19,6 +19,11 @@ Appends from user threads do not wake the loop once per entry: they queue, the f
 burst schedules one drain, and the drain hands the whole burst to the writer in a few
 `append_many` calls (so a burst leaves as one AddEntries per bookie). Acknowledgements
 resolve every future up to the new LAC in one pass, in entry order.
+
+A future per entry is the largest cost left on that path (creating and resolving one
+takes about 5 us of CPython's time, more than the rest of the client's work on an entry):
+`append_many_async` queues a whole batch under one future, which is how a producer with
+many entries at hand reaches the bookies' rate (`quorumlog bench ledger` shows both).
 """
 
 from __future__ import annotations
