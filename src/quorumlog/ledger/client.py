@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeoutError
 from types import TracebackType
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import msgspec
 
@@ -433,13 +433,14 @@ def settle_future(future: Future[ResultType], completion: Completion[ResultType]
 # --- handles -------------------------------------------------------------------------------
 
 
-QueuedAppend = tuple["bytes | list[bytes]", Future[int], int]
-"""What an append queues for the loop: its data (one entry, or a batch's list), its future,
-and what the future completes with: ONE_ENTRY (the entry's id), BATCH_FIRST_UNKNOWN (the
-batch's first id, not assigned yet), or the batch's first id once part of it was handed
-over (a batch split by backpressure)."""
-ONE_ENTRY = -1
-BATCH_FIRST_UNKNOWN = -2
+QueuedBatch = tuple[int, Future[int], int]
+"""A batch waiting for the loop: (its entries still queued, its future, its entries handed
+over already: a batch the writer had no room for all of is handed over in parts)."""
+QueuedAppend = Future[int] | QueuedBatch
+"""An append waiting for the loop: one entry's future, or a batch."""
+Unacknowledged = Future[int] | tuple[int, Future[int]]
+"""An append handed to the writer: one entry's future, or (entry count, future) of a batch
+(its future completes with its first id)."""
 
 
 class WriteHandle:
@@ -465,14 +466,20 @@ class WriteHandle:
         self.lock = threading.Lock()
         self.space = threading.Condition(self.lock)
         # Shared with user threads (under `lock`):
-        self.queued: list[QueuedAppend] = []
-        self.queued_entries = 0
+        self.queued_datas: list[bytes] = []
+        self.queued_appends: list[QueuedAppend] = []
+        """Entries and their appends, in order: one entry per future, `count` per batch."""
+        self.queued_batches = 0
+        """Batches among `queued_appends` (none: the usual case takes a faster path)."""
         self.drain_scheduled = False
         self.failure: LedgerError | None = None
         self.closing = False
         # The loop thread's alone:
-        self.unacknowledged: collections.deque[tuple[int, int, Future[int]]] = collections.deque()
-        """(last entry id, result, future) per append handed to the writer, in order."""
+        self.unacknowledged: collections.deque[Unacknowledged] = collections.deque()
+        """Every append handed to the writer and not acknowledged yet, in entry order."""
+        self.unacknowledged_first_entry_id = 0
+        """The first entry of unacknowledged[0] (each append's follow from it)."""
+        self.unacknowledged_batches = 0
         self.next_entry_id = 0
         self.acknowledged_through = -1
         self.waiting_for_room = False
@@ -530,13 +537,13 @@ class WriteHandle:
             return future
         with self.lock:
             refusal = self.refusal()
-            if refusal is None and self.queued_entries >= self.queued_entries_max:
+            if refusal is None and len(self.queued_datas) >= self.queued_entries_max:
                 refusal = self.wait_for_room(1)
             if refusal is not None:
                 future.set_exception(refusal)
                 return future
-            self.queued.append((data, future, ONE_ENTRY))
-            self.queued_entries += 1
+            self.queued_datas.append(data)
+            self.queued_appends.append(future)
             wake = not self.drain_scheduled
             self.drain_scheduled = True
         if wake:
@@ -563,13 +570,15 @@ class WriteHandle:
             return future
         with self.lock:
             refusal = self.refusal()
-            if refusal is None and self.queued_entries + len(batch) > self.queued_entries_max:
+            queued = len(self.queued_datas)
+            if refusal is None and queued + len(batch) > self.queued_entries_max:
                 refusal = self.wait_for_room(len(batch))
             if refusal is not None:
                 future.set_exception(refusal)
                 return future
-            self.queued.append((batch, future, BATCH_FIRST_UNKNOWN))
-            self.queued_entries += len(batch)
+            self.queued_datas.extend(batch)
+            self.queued_appends.append((len(batch), future, 0))
+            self.queued_batches += 1
             wake = not self.drain_scheduled
             self.drain_scheduled = True
         if wake:
@@ -588,11 +597,11 @@ class WriteHandle:
         """Wait (under `lock`) until `count` more entries fit the queue; a batch larger
         than the whole queue waits until the queue is empty."""
         deadline = time.monotonic() + self.client.timeout
-        while self.queued_entries and self.queued_entries + count > self.queued_entries_max:
+        while self.queued_datas and len(self.queued_datas) + count > self.queued_entries_max:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return LedgerPendingFullError(
-                    f"ledger {self.ledger_id}: {self.queued_entries} entries still wait to be "
+                    f"ledger {self.ledger_id}: {len(self.queued_datas)} entries still wait to be "
                     f"sent after {self.client.timeout}s"
                 )
             self.space.wait(remaining)
@@ -621,12 +630,11 @@ class WriteHandle:
         """Hand queued entries to the writer, a chunk per `append_many`."""
         with self.lock:
             self.drain_scheduled = False
-            queued, self.queued = self.queued, []
-            self.queued_entries = 0
+            datas, self.queued_datas = self.queued_datas, []
+            appends, self.queued_appends = self.queued_appends, []
+            batches, self.queued_batches = self.queued_batches, 0
             closing = self.closing
             self.space.notify_all()
-        datas, ends = flatten(queued)
-        first_entry_id = self.next_entry_id
         handed = 0
         try:
             while handed < len(datas):
@@ -636,38 +644,44 @@ class WriteHandle:
         except LedgerPendingFullError:
             # The writer holds all it may: keep the rest (first, in order) until acks
             # make room, then drain again.
-            self.track(queued, ends, first_entry_id, handed)
+            left = self.track(appends, batches, handed)
             with self.lock:
-                self.queued[:0] = remainder(queued, ends, first_entry_id, handed)
-                self.queued_entries += len(datas) - handed
+                self.queued_datas[:0] = datas[handed:]
+                self.queued_appends[:0] = left
+                self.queued_batches += sum(isinstance(append, tuple) for append in left)
                 self.waiting_for_room = True
             return
         except LedgerError as error:
-            self.track(queued, ends, first_entry_id, handed)
-            for _, future, _ in remainder(queued, ends, first_entry_id, handed):
-                set_future_exception(future, error)
+            for append in self.track(appends, batches, handed):
+                set_future_exception(append[1] if isinstance(append, tuple) else append, error)
         else:
-            self.track(queued, ends, first_entry_id, handed)
+            self.track(appends, batches, handed)
         if closing and not self.close_started:
             self.start_close()
 
-    def track(
-        self, queued: list[QueuedAppend], ends: list[int], first_entry_id: int, handed: int
-    ) -> None:
-        """Wait for the acks of every append whose entries were all handed over (the
-        first `handed` entries, from `first_entry_id` on)."""
-        unacknowledged = self.unacknowledged
-        start = 0
-        for (_, future, result), end in zip(queued, ends, strict=True):
-            if end > handed:
-                return
-            last = first_entry_id + end - 1
-            if result == ONE_ENTRY:
-                unacknowledged.append((last, last, future))
-            else:
-                first = first_entry_id + start if result == BATCH_FIRST_UNKNOWN else result
-                unacknowledged.append((last, first, future))
-            start = end
+    def track(self, appends: list[QueuedAppend], batches: int, handed: int) -> list[QueuedAppend]:
+        """Wait for the acks of the appends whose entries are among the first `handed` of
+        this drain; returns the others (a batch cut at `handed` keeps what is left)."""
+        if not batches:  # one entry per append: the usual case, in C
+            self.unacknowledged.extend(cast("list[Future[int]]", appends[:handed]))
+            return appends[handed:]
+        add = self.unacknowledged.append
+        consumed = 0
+        for index, append in enumerate(appends):
+            if consumed == handed:
+                return appends[index:]
+            if not isinstance(append, tuple):
+                add(append)
+                consumed += 1
+                continue
+            count, future, handed_before = append
+            if consumed + count > handed:
+                taken = handed - consumed
+                return [(count - taken, future, handed_before + taken), *appends[index + 1 :]]
+            add((handed_before + count, future))
+            self.unacknowledged_batches += 1
+            consumed += count
+        return []
 
     def chunk_end(self, datas: list[bytes], start: int) -> int:
         """The end of a chunk from `start` within the batch bounds (one larger entry goes
@@ -688,27 +702,54 @@ class WriteHandle:
     def acknowledged(self, last_add_confirmed: int) -> None:
         """Entries up to `last_add_confirmed` are acknowledged: resolve the appends they
         complete, in order."""
-        unacknowledged = self.unacknowledged
-        while unacknowledged and unacknowledged[0][0] <= last_add_confirmed:
-            _, result, future = unacknowledged.popleft()
-            set_future_result(future, result)
+        first = self.unacknowledged_first_entry_id
+        if self.unacknowledged_batches:
+            first = self.resolve_mixed(first, last_add_confirmed)
+        else:
+            # One entry per append: the usual case. Entries of a batch cut in parts may be
+            # acknowledged before the batch is tracked, hence the bound.
+            futures = cast("collections.deque[Future[int]]", self.unacknowledged)
+            last = min(last_add_confirmed, first + len(futures) - 1)
+            for entry_id in range(first, last + 1):
+                set_future_result(futures.popleft(), entry_id)
+            first = max(first, last + 1)
+        self.unacknowledged_first_entry_id = first
         self.acknowledged_through = last_add_confirmed
         if self.waiting_for_room:
             self.waiting_for_room = False
             self.drain()
 
+    def resolve_mixed(self, first: int, last_add_confirmed: int) -> int:
+        """`acknowledged` with batches among the appends; returns the next first entry."""
+        unacknowledged = self.unacknowledged
+        while unacknowledged and first <= last_add_confirmed:
+            head = unacknowledged[0]
+            if isinstance(head, tuple):
+                count, future = head
+                if first + count - 1 > last_add_confirmed:
+                    break
+                unacknowledged.popleft()
+                self.unacknowledged_batches -= 1
+                set_future_result(future, first)
+                first += count
+            else:
+                unacknowledged.popleft()
+                set_future_result(head, first)
+                first += 1
+        return first
+
     def failed(self, error: LedgerError) -> None:
         with self.lock:
             if self.failure is None:
                 self.failure = error
-            queued, self.queued = self.queued, []
-            self.queued_entries = 0
+            appends, self.queued_appends = self.queued_appends, []
+            self.queued_datas = []
+            self.queued_batches = 0
             self.space.notify_all()
         unacknowledged, self.unacknowledged = self.unacknowledged, collections.deque()
-        for _, _, future in unacknowledged:
-            set_future_exception(future, error)
-        for _, future, _ in queued:
-            set_future_exception(future, error)
+        self.unacknowledged_batches = 0
+        for waiting in [*unacknowledged, *appends]:
+            set_future_exception(waiting[1] if isinstance(waiting, tuple) else waiting, error)
         if not self.close_started:
             set_future_exception(self.close_future, error)
 
@@ -716,40 +757,6 @@ class WriteHandle:
         self.close_started = True
         completion = self.writer.close()
         completion.add_done_callback(lambda done: settle_future(self.close_future, done))
-
-
-def flatten(queued: list[QueuedAppend]) -> tuple[list[bytes], list[int]]:
-    """The entries of `queued` in order, and where each append's entries end among them."""
-    datas: list[bytes] = []
-    ends: list[int] = []
-    add_one = datas.append
-    add_batch = datas.extend
-    for data, _, _ in queued:
-        if isinstance(data, list):
-            add_batch(data)
-        else:
-            add_one(data)
-        ends.append(len(datas))
-    return datas, ends
-
-
-def remainder(
-    queued: list[QueuedAppend], ends: list[int], first_entry_id: int, handed: int
-) -> list[QueuedAppend]:
-    """The appends not wholly handed over: a batch split at `handed` keeps its entries not
-    handed yet and the first id it already got."""
-    left: list[QueuedAppend] = []
-    start = 0
-    for (data, future, result), end in zip(queued, ends, strict=True):
-        if end > handed:
-            if start >= handed:
-                left.append((data, future, result))
-            else:
-                require(isinstance(data, list), "only a batch is split")
-                first = first_entry_id + start if result == BATCH_FIRST_UNKNOWN else result
-                left.append((data[handed - start :], future, first))
-        start = end
-    return left
 
 
 def set_future_result(future: Future[int], value: int) -> None:
