@@ -39,11 +39,13 @@ def load_average() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def create_topic(endpoints: list[str], name: str, partitions: int) -> None:
+def create_topic(
+    endpoints: list[str], name: str, partitions: int, cluster_id: str = CLUSTER_ID
+) -> None:
     from quorumlog import Admin
     from quorumlog.errors import QuorumLogError
 
-    admin = Admin(endpoints, cluster_id=CLUSTER_ID)
+    admin = Admin(endpoints, cluster_id=cluster_id)
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -56,10 +58,13 @@ def create_topic(endpoints: list[str], name: str, partitions: int) -> None:
     admin.close()
 
 
-def produce(endpoints: list[str], topic: str, records: int, partitions: int) -> float:
+def produce(
+    endpoints: list[str], topic: str, records: int, partitions: int, cluster_id: str = CLUSTER_ID
+) -> float:
+    """Seconds from the first send to the last acknowledgement of `records` records."""
     from quorumlog import Producer
 
-    producer = Producer(endpoints, cluster_id=CLUSTER_ID)
+    producer = Producer(endpoints, cluster_id=cluster_id)
     value = b"x" * VALUE_BYTES
     for partition in range(partitions):
         producer.send(topic, value, partition=partition).result(timeout=30)  # warm routes

@@ -60,6 +60,18 @@ def bench_bookie(as_json: bool, directory: str | None, quick: bool) -> None:
     run_bookie_benchmark(directory, quick)
 
 
+@bench.command("ledger")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
+@click.option("--quick", is_flag=True, help="Short runs and small ledgers, for a smoke run.")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None)
+def bench_ledger(as_json: bool, quick: bool, directory: str | None) -> None:
+    """Ledger adds/s and latency (100 B and 4 KiB, E=3 Qw=2|3 Qa=2), recovery time and
+    ledger- vs Raft-topic produce, on 3 metadata nodes and 5 bookie processes (fsync on)."""
+    from quorumlog.bench.ledger import run_ledger_benchmark
+
+    run_ledger_benchmark(as_json, quick, directory)
+
+
 @bench.command("kv")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
 @click.option("--seconds", type=click.FloatRange(0.5, 600), default=8.0, show_default=True)

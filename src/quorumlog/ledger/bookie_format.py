@@ -59,6 +59,7 @@ the whole body costs one C call for a batch of entries.
 from __future__ import annotations
 
 import enum
+import operator
 import re
 import struct
 from collections.abc import Sequence
@@ -120,6 +121,8 @@ ID_MAX = 2**63 - 1
 """Ledger and entry ids are below 2**63 (signed 64-bit elsewhere in the protocol)."""
 
 _crc32c = google_crc32c.value
+_PAIRWISE_JOIN_BYTES_MAX = 256
+"""Average entry size up to which an ENTRIES record joins header and data pairwise."""
 _FILE_NAME = re.compile(r"entries_(\d{10})\.log")
 
 
@@ -232,9 +235,17 @@ def encode_entries_record(
     Column by column with map() over C functions, so the per-entry work runs in C rather than
     in Python bytecode, as segment_format does for the Raft log.
     """
+    if len(entry_ids) != len(datas):
+        raise ValueError(f"{len(entry_ids)} entry ids for {len(datas)} entries")
     lengths = list(map(len, datas))
     entry_headers = map(ENTRY_HEADER.pack, entry_ids, lengths, map(_crc32c, datas))
-    body = b"".join(chain.from_iterable(zip(entry_headers, datas, strict=True)))
+    if sum(lengths) <= _PAIRWISE_JOIN_BYTES_MAX * len(datas):
+        # Small entries: header and data joined pairwise first. Joining one sequence that
+        # alternates 16-byte headers and 100-byte data cost three times as much per entry
+        # (measured); for large entries the extra copy of each pair costs more instead.
+        body = b"".join(map(operator.add, entry_headers, datas))
+    else:
+        body = b"".join(chain.from_iterable(zip(entry_headers, datas, strict=True)))
     record = encode_record(
         RecordKind.ENTRIES, ledger_id, last_add_confirmed, len(datas), body, length
     )

@@ -73,7 +73,7 @@ class EntryBuffer:
         """Keep entries in order (all or none); returns the first id."""
         first = self.next_entry_id
         count = len(datas)
-        sizes = [len(data) for data in datas]
+        sizes = list(map(len, datas))
         largest = max(sizes, default=0)
         length_total = self.length_appended + sum(sizes)
         if (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import struct
 
 import google_crc32c
@@ -57,6 +58,74 @@ def test_index_overwrite_moves_the_entry_and_counts_it_once() -> None:
     assert stored is not None
     assert (stored.file_number, stored.offset, stored.length) == (2, 200, 6)
     assert index.entry_count == 1
+
+
+def put_one_by_one(
+    index: dict[int, tuple[int, int, int]],
+    entry_ids: list[int],
+    file_number: int,
+    base_offset: int,
+    offsets: list[int],
+    lengths: list[int],
+) -> None:
+    """The index's meaning, spelled out: each id -> (file, offset, length), later wins."""
+    for entry_id, offset, length in zip(entry_ids, offsets, lengths, strict=True):
+        index[entry_id] = (file_number, base_offset + offset, length)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_index_puts_of_frames_match_puts_one_by_one(seed: int) -> None:
+    """Frames as bookies get them (striped shares of every E, Qw; whole frames; ids that
+    cross chunks; re-writes of stored ids) and ids no frame has (gaps, out of order) give
+    the index the same content as putting each entry on its own."""
+    rng = random.Random(seed)
+    index = LedgerEntryIndex()
+    expected: dict[int, tuple[int, int, int]] = {}
+    next_id = 0
+    for frame in range(40):
+        ensemble = rng.randint(1, 6)
+        write_quorum = rng.randint(1, ensemble)
+        position = rng.randrange(ensemble)
+        first = next_id if rng.random() < 0.8 else rng.randrange(max(next_id, 1))
+        span = rng.choice([1, 2, 7, 300, 1000])
+        holds = {(position - k) % ensemble for k in range(write_quorum)}
+        entry_ids = [i for i in range(first, first + span) if i % ensemble in holds]
+        if rng.random() < 0.2:
+            entry_ids = sorted(rng.sample(range(first, first + 3 * span), min(span, 50)))
+        if rng.random() < 0.1:
+            rng.shuffle(entry_ids)
+        if not entry_ids:
+            continue
+        offsets = [rng.randrange(1, 1 << 31) for _ in entry_ids]
+        lengths = [rng.randrange(0, 1 << 20) for _ in entry_ids]
+        file_number = rng.randint(1, 9)
+        index.put_many(entry_ids, file_number, frame * 7, offsets, lengths)
+        put_one_by_one(expected, entry_ids, file_number, frame * 7, offsets, lengths)
+        next_id = max(next_id, max(entry_ids) + 1)
+    assert index.entry_count == len(expected)
+    assert index.last_entry_id == max(expected)
+    found = {
+        stored.entry_id: (stored.file_number, stored.offset, stored.length)
+        for stored in index.scan(0, 2**62)
+    }
+    assert found == expected
+
+
+@pytest.mark.parametrize("entry_bytes", [0, 100, 256, 257, 4096])
+def test_an_entries_record_body_is_each_header_then_its_data(entry_bytes: int) -> None:
+    """Small and large entries are joined by different code: the bytes are the same."""
+    entry_ids = [3, 4, 9, 10]
+    datas = [bytes([entry_id]) * entry_bytes for entry_id in entry_ids]
+    record, offsets, lengths = encode_entries_record(7, 2, entry_ids, datas)
+    expected_body = b"".join(
+        struct.pack("<QII", entry_id, len(data), google_crc32c.value(data)) + data
+        for entry_id, data in zip(entry_ids, datas, strict=True)
+    )
+    assert record[RECORD_HEADER_BYTES:] == expected_body
+    assert lengths == [entry_bytes] * 4
+    assert offsets == [RECORD_HEADER_BYTES + k * (16 + entry_bytes) for k in range(4)]
+    with pytest.raises(ValueError):
+        encode_entries_record(7, 2, entry_ids[:3], datas)
 
 
 def test_an_entries_record_round_trips() -> None:

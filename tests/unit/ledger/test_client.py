@@ -197,3 +197,70 @@ def test_delete_list_and_metadata(bookies: LiveBookies) -> None:
         for bookie in holders:
             assert bookies.stored_entry_ids(bookie, deleted.ledger_id) == []
         assert client.open_ledger(kept.ledger_id).read(0, 0) == [LedgerEntry(0, b"one")]
+
+
+def test_batches_and_single_appends_interleave_in_entry_order(bookies: LiveBookies) -> None:
+    with client_of(bookies) as client:
+        handle = client.create_ledger(ensemble=3, write_quorum=2, ack_quorum=2, password=PASSWORD)
+        futures: list[Future[int]] = []
+        expected_results: list[int] = []
+        next_id = 0
+        for round_number in range(20):
+            size = 1 + round_number * 7 % 23
+            futures.append(handle.append_many_async([payload(next_id + k) for k in range(size)]))
+            expected_results.append(next_id)  # a batch completes with its first id
+            next_id += size
+            futures.append(handle.append_async(payload(next_id)))
+            expected_results.append(next_id)
+            next_id += 1
+        assert [future.result(timeout=10) for future in futures] == expected_results
+        assert handle.append_many([payload(next_id), payload(next_id + 1)]) == next_id
+        assert handle.last_add_confirmed == next_id + 1
+        handle.close()
+        with pytest.raises(LedgerClosedError):
+            handle.append_many_async([b"after close"]).result(timeout=10)
+        with pytest.raises(ValueError):
+            handle.append_many_async([])
+
+        entries = client.open_ledger(handle.ledger_id, PASSWORD).read(0, next_id + 1)
+        assert [entry.data for entry in entries] == [payload(i) for i in range(next_id + 2)]
+
+
+def test_a_batch_larger_than_the_writer_holds_is_handed_over_in_parts(
+    bookies: LiveBookies,
+) -> None:
+    """The writer takes at most 64 unacknowledged entries: a batch of 300 waits for acks
+    between parts, keeps its first id, and completes once its last entry is acknowledged."""
+    small = LedgerProtocolConfig(
+        request_timeout_ticks=50,
+        retry_delay_ticks=2,
+        pending_entries_max=64,
+        batch_entries_max=16,
+        entry_bytes_max=1024,
+        pending_bytes_max=64 * 1024,
+    )
+    with LedgerClient([], timeout=10, metadata_store=bookies.store, config=small) as client:
+        handle = client.create_ledger(password=PASSWORD)
+        before = handle.append_async(payload(0))
+        batch = handle.append_many_async([payload(1 + k) for k in range(300)])
+        after = handle.append_async(payload(301))
+        assert before.result(timeout=10) == 0
+        assert batch.result(timeout=10) == 1
+        assert after.result(timeout=10) == 301
+        handle.close()
+        entries = client.open_ledger(handle.ledger_id, PASSWORD).read(0, 301)
+        assert [entry.data for entry in entries] == [payload(i) for i in range(302)]
+
+
+def test_a_fenced_writer_fails_its_batches(bookies: LiveBookies) -> None:
+    with client_of(bookies) as writer_client, client_of(bookies) as recovering_client:
+        handle = writer_client.create_ledger(password=PASSWORD)
+        assert handle.append_many([payload(0), payload(1)]) == 0
+        recovering_client.open_ledger(handle.ledger_id, PASSWORD, recovery=True)
+        # The writer learns of the fence from the bookies' answer to its next add.
+        with pytest.raises(LedgerFencedError):
+            handle.append_many_async([payload(2), payload(3)]).result(timeout=10)
+        with pytest.raises(LedgerFencedError):
+            handle.append_many_async([payload(4)]).result(timeout=10)
+        with pytest.raises(LedgerFencedError):
+            handle.close()
