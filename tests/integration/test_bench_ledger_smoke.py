@@ -52,11 +52,9 @@ def test_bench_ledger_prints_cases_and_a_summary(tmp_path: Path) -> None:
     assert [line["case"] for line in lines] == [*CASES, "summary"]
     summary = lines[-1]
     assert set(summary) >= SUMMARY_KEYS
-    for key in SUMMARY_KEYS - {"ledger_topic_produce_per_s", "ratio_ledger_to_raft_produce"}:
+    for key in SUMMARY_KEYS:
         assert summary[key] is not None and summary[key] > 0, key
     recovery = lines[CASES.index("recovery")]
     # Every entry acknowledged before the writer stopped is in the recovered ledger.
     assert recovery["entries_after_recovery"] >= recovery["entries_written"]
-    if summary["ledger_topic_produce_per_s"] is None:
-        assert summary["ratio_ledger_to_raft_produce"] is None and summary["note"]
     assert list(tmp_path.iterdir()) == []  # the benchmark removed what it wrote

@@ -36,7 +36,6 @@ machine's load average is in every line.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import shutil
@@ -68,10 +67,6 @@ RECOVERY_ENTRIES = 1_000_000
 RECOVERY_ENTRIES_QUICK = 20_000
 PRODUCE_RECORDS = 300_000
 PRODUCE_RECORDS_QUICK = 5_000
-LEDGER_TOPIC_NOTE = (
-    "ledger topics are not served by nodes in this build (Admin.create_topic has no "
-    "storage argument yet); ledger_topic_produce_per_s and the ratio fill in once it does"
-)
 
 
 class Settings:
@@ -321,12 +316,6 @@ def recovery_case(endpoints: list[str], settings: Settings) -> dict[str, Any]:
 # --- produce --------------------------------------------------------------------------------
 
 
-def ledger_topics_supported() -> bool:
-    from quorumlog import Admin
-
-    return "storage" in inspect.signature(Admin.create_topic).parameters
-
-
 def produce_case(endpoints: list[str], settings: Settings) -> dict[str, Any]:
     from quorumlog.bench.stream import create_topic, produce
 
@@ -341,29 +330,21 @@ def produce_case(endpoints: list[str], settings: Settings) -> dict[str, Any]:
         "value_bytes": 100,
         "raft_topic_produce_per_s": raft_rate,
         "ledger_topic_produce_per_s": ledger_rate,
-        "ratio_ledger_to_raft_produce": (
-            round(ledger_rate / raft_rate, 3) if ledger_rate is not None else None
-        ),
+        "ratio_ledger_to_raft_produce": round(ledger_rate / raft_rate, 3),
         "load_average_at_start": load,
     }
-    if ledger_rate is None:
-        line["note"] = LEDGER_TOPIC_NOTE
     return line
 
 
-def ledger_topic_produce_per_s(endpoints: list[str], records: int) -> int | None:
-    """Records/s to a one-partition ledger topic (E=3, Qw=2, Qa=2); None where nodes do
-    not serve ledger topics yet."""
-    if not ledger_topics_supported():
-        return None
+def ledger_topic_produce_per_s(endpoints: list[str], records: int) -> int:
+    """Records/s to a one-partition ledger topic (E=3, Qw=2, Qa=2) written by its owner node
+    to the bench's bookies."""
     from quorumlog import Admin
     from quorumlog.bench.stream import produce
 
     admin = Admin(endpoints, cluster_id=CLUSTER_ID)
     try:
-        # Typed loosely: this build's create_topic does not declare the ledger arguments.
-        create: Callable[..., None] = admin.create_topic
-        create(
+        admin.create_topic(
             "bench-ledger-topic",
             partitions=1,
             replication=3,
@@ -407,8 +388,6 @@ def run_cases(
     for key in ("raft_topic_produce_per_s", "ledger_topic_produce_per_s"):
         summary[key] = produced[key]
     summary["ratio_ledger_to_raft_produce"] = produced["ratio_ledger_to_raft_produce"]
-    if "note" in produced:
-        summary["note"] = produced["note"]
     return summary
 
 
