@@ -48,7 +48,6 @@ from quorumlog.ledger.links import AsyncioBookieLinks
 from quorumlog.ledger.managed import ManagedLedger, ManagedLedgerConfig
 from quorumlog.ledger.managed_format import (
     ManagedLedgerRecord,
-    decode_record,
     managed_ledger_key,
 )
 from quorumlog.ledger.managed_kv import KVManagedLedgerStore, compare_and_set
@@ -523,48 +522,39 @@ class LedgerTopicService:
     def partition_status(
         self, part: LedgerPartition, request: wire.PartitionStatusRequest, reply: Replier
     ) -> None:
+        """Only the owner knows where the open ledger ends, so only the owner answers with
+        offsets: any other node points at the owner (NOT_LEADER with its address), and an
+        owner still opening asks for a retry. Offsets from a non-owner's copy of the ledger
+        list would stop at the last closed ledger: a reader trusting them (Spark plans its
+        batch from them) would silently miss the open ledger."""
         managed = part.managed
-        replicas = list(part.descriptor.replicas[part.partition])
-        leader: str | None
-        if managed is not None and managed.failure is None and part.ready:
-            leader = self.node_id
-            begin, end = managed.start_offset, managed.end_offset
-            epoch = 0 if managed.record is None else managed.record.owner_epoch
-        else:
-            # Not the owner, or still opening: what this node's copy of the metadata says.
-            leader = self.node_id if managed is not None else self.owner_hint(part)[0]
-            begin, end, epoch = self.offsets_from_record(part)
+        if managed is None:
+            self.refuse_not_owner(part, request.request_id, reply)
+            return
+        if managed.failure is not None or not part.ready:
+            refuse(
+                reply,
+                request.request_id,
+                wire.ErrorCode.UNAVAILABLE,
+                f"{part.descriptor.name}/{part.partition} is opening on {self.node_id}",
+            )
+            return
+        end = managed.end_offset
         reply(
             wire.PartitionStatus(
                 request_id=request.request_id,
                 topic=request.topic,
                 partition=request.partition,
                 node_id=self.node_id,
-                leader=leader,
-                replicas=replicas,
-                in_sync=[leader] if leader is not None else [],
-                begin_offset=begin,
+                leader=self.node_id,
+                replicas=list(part.descriptor.replicas[part.partition]),
+                in_sync=[self.node_id],
+                begin_offset=managed.start_offset,
                 end_offset=end,
-                term=epoch,
+                term=0 if managed.record is None else managed.record.owner_epoch,
                 commit_index=end,
             )
         )
-
-    def offsets_from_record(self, part: LedgerPartition) -> tuple[int, int, int]:
-        """(start, end of the closed ledgers, owner epoch) from this node's copy of the
-        ledger list: the open ledger's end is known to its owner only."""
-        value = self.read_local(managed_ledger_key(part.name))
-        if value is None:
-            return 0, 0, 0
-        try:
-            record = decode_record(value)
-        except LedgerMetadataFormatError:
-            return 0, 0, 0
-        end = record.start_offset
-        for ledger in record.ledgers:
-            if ledger.closed:
-                end = ledger.end_offset
-        return record.start_offset, end, record.owner_epoch
 
     # --- stop ------------------------------------------------------------------------------
 
