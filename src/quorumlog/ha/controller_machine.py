@@ -25,9 +25,10 @@ The rules, after RocketMQ's ReplicasInfoManager and DefaultElectPolicy:
   SyncStateSet epoch; the new set holds the master and registered brokers only, and any
   broker it adds is alive. Anything else is refused and changes nothing.
 
-Writes other than heartbeats are deduplicated by (client id, sequence) through the same
-`SessionTable` the KV machine uses; a session keeps each result as its JSON text.
-A well-formed entry never makes `apply` raise; bytes that do not decode are corruption.
+Writes other than heartbeats and automatic elections are deduplicated by (client id,
+sequence) through the same `SessionTable` the KV machine uses; a session keeps each result
+as its JSON text (`is_deduplicated` says why those two are not). A well-formed entry
+never makes `apply` raise; bytes that do not decode are corruption.
 """
 
 from __future__ import annotations
@@ -240,7 +241,7 @@ class HAControllerMachine:
             session = sessions.touch(batch.client_id, batch.first_unacknowledged)
             batch_results: list[HAControllerResult] = []
             for command in batch.commands:
-                if isinstance(command, GetGroup | ListGroups | BrokerHeartbeat):
+                if not is_deduplicated(command):
                     batch_results.append(self.execute(command))
                     continue
                 stored = lookup_duplicate(session, command.sequence)
@@ -508,6 +509,15 @@ class HAControllerMachine:
         self.sessions = restored
         self.groups = groups
         self._applied_index = snapshot.applied_index
+
+
+def is_deduplicated(command: HAControllerCommand) -> bool:
+    """Reads, heartbeats and automatic elections are not kept in sessions: a repeat of
+    one is harmless (a read reads again, a heartbeat stamps again, an automatic election
+    is guarded by its expected MasterEpoch), and keeping them would fill the sessions."""
+    if isinstance(command, GetGroup | ListGroups | BrokerHeartbeat):
+        return False
+    return not (isinstance(command, ElectMaster) and command.automatic)
 
 
 def epochs_of(state: GroupState) -> tuple[int, int]:
