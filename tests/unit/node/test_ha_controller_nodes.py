@@ -2,18 +2,21 @@
 register and heartbeat through HAControllerClient; a master that stops heartbeating is
 replaced from the SyncStateSet under a higher MasterEpoch; the deposed master's stale
 AlterSyncStateSet is refused; and a controller leader stopped in the middle of an election
-leaves the next leader to finish it, electing once."""
+leaves the next leader to finish it, electing once; `quorumlog ha` shows and elects."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from quorumlog.cli.main import cli
 from quorumlog.codec import wire
 from quorumlog.errors import QuorumLogError, StaleHAEpochError
 from quorumlog.ha.controller_client import HAControllerClient
@@ -210,3 +213,43 @@ def node_group_info(node: Node) -> BrokerGroupInfo | None:
         sync_state_set=info.sync_state_set,
         sync_state_set_epoch=info.sync_state_set_epoch,
     )
+
+
+def test_the_ha_commands_show_and_elect(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        nodes = await start_cluster(tmp_path)
+        admin, brokers = await three_brokers_in_sync(nodes)
+        flags = ["--endpoints", ",".join(endpoints(nodes))]
+
+        def run(*arguments: str) -> str:
+            result = CliRunner().invoke(cli, ["ha", *arguments, *flags])
+            assert result.exit_code == 0, result.output
+            return result.output
+
+        try:
+            [listed] = json.loads(await asyncio.to_thread(run, "groups", "-w", "json"))
+            assert (listed["group"], listed["master_id"], listed["master_epoch"]) == (GROUP, "a", 1)
+            assert listed["sync_state_set"] == ["a", "b", "c"]
+            assert [broker["max_offset"] for broker in listed["brokers"]] == [300, 300, 200]
+            table = await asyncio.to_thread(run, "groups")
+            assert GROUP in table and "a,b,c" in table
+            shown = await asyncio.to_thread(run, "sync-state-set", GROUP)
+            assert "master a at MasterEpoch 1" in shown
+            elected = json.loads(
+                await asyncio.to_thread(run, "elect-master", GROUP, "--broker", "c", "-w", "json")
+            )
+            assert (elected["master_id"], elected["master_epoch"]) == ("c", 2)
+            assert elected["sync_state_set"] == ["c"]
+            refused = await asyncio.to_thread(
+                CliRunner().invoke, cli, ["ha", "elect-master", GROUP, "--broker", "c", *flags]
+            )
+            assert refused.exit_code != 0
+            assert "master_still_alive" in str(refused.exception)
+        finally:
+            for broker in brokers.values():
+                await asyncio.to_thread(broker.close)
+            admin.close()
+            for node in nodes:
+                await node.stop()
+
+    asyncio.run(scenario())
