@@ -292,3 +292,43 @@ class NotPartitionOwnerError(LedgerError):
     """This managed ledger is no longer its partition's owner: another owner took over
     (fenced its ledger or changed its ledger list). Nothing more is appended here; the
     partition's current owner answers instead."""
+
+
+# --- controller mode (reference 003): the HA controller ----------------------------------
+
+
+class HAControllerRefusedError(QuorumLogError):
+    """The HA controller refused a command (nothing changed). `code` is the controller's
+    refusal code (`ha.controller_model.Refusal` values), `group` the broker group."""
+
+    def __init__(self, code: str, message: str, group: str | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.group = group
+
+
+class StaleHAEpochError(HAControllerRefusedError):
+    """A request made under a MasterEpoch or SyncStateSet epoch that is no longer current,
+    or from a broker that is no longer the master: re-read the group and decide again."""
+
+
+class NoEligibleMasterError(HAControllerRefusedError):
+    """No broker may be elected: none of the SyncStateSet is alive (and the group does not
+    allow unclean election), or the broker named is not an alive member of it."""
+
+
+class MasterStillAliveError(HAControllerRefusedError):
+    """An election that would change nothing: the master is alive and stays master."""
+
+
+class UnknownBrokerGroupError(HAControllerRefusedError, KeyError):
+    """No such broker group, or no such broker registered in it."""
+
+    def __str__(self) -> str:
+        # KeyError would quote the message; show it as written.
+        return str(self.args[0])
+
+
+class InvalidSyncStateSetError(HAControllerRefusedError, ValueError):
+    """A SyncStateSet that leaves out the master, repeats or names unknown brokers, or
+    adds a broker that is not alive."""

@@ -237,6 +237,16 @@ def register_ledger_commands() -> None:
 
 register_ledger_commands()
 
+
+def register_ha_commands() -> None:
+    from quorumlog.cli.ha_commands import COMMANDS as HA_COMMANDS
+
+    for command in HA_COMMANDS:
+        cli.add_command(command)
+
+
+register_ha_commands()
+
 from quorumlog.demo.command import demo_command  # noqa: E402 - after the group it joins
 
 cli.add_command(demo_command)

@@ -505,6 +505,30 @@ class DropLedger(msgspec.Struct, frozen=True, tag=True):
     ledger_id: int
 
 
+# --- HA controller (reference 003): broker groups, masters, SyncStateSets -------------------
+#
+# Like the shard controller's, the payloads are bytes encoded by `quorumlog.ha`
+# (`ha.controller_model.encode_commands` / `encode_results`): that package builds on this
+# module, so this module cannot import its types.
+
+HA_CONTROLLER_GROUP = "ha-controller"
+
+
+class HAControllerRequest(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    client_id: str
+    commands: bytes
+    """`ha.controller_model.encode_commands` of register / heartbeat / elect / alter /
+    configure / get / list."""
+    first_unacknowledged: int = 0
+
+
+class HAControllerResponse(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    results: bytes
+    """`ha.controller_model.encode_results`: one result per command, in order."""
+
+
 Frame = (
     Hello
     | Welcome
@@ -545,6 +569,8 @@ Frame = (
     | ReadLastAddConfirmed
     | LastAddConfirmedResult
     | DropLedger
+    | HAControllerRequest
+    | HAControllerResponse
 )
 
 ClientRequest = (
@@ -567,6 +593,7 @@ ClientRequest = (
     | ReadEntries
     | ReadLastAddConfirmed
     | DropLedger
+    | HAControllerRequest
 )
 
 CLIENT_REQUEST_TYPES: tuple[type, ...] = (
@@ -589,6 +616,7 @@ CLIENT_REQUEST_TYPES: tuple[type, ...] = (
     ReadEntries,
     ReadLastAddConfirmed,
     DropLedger,
+    HAControllerRequest,
 )
 
 _batch_encoder = msgspec.msgpack.Encoder()

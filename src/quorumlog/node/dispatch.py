@@ -10,6 +10,7 @@ reaches them to one `RequestDispatcher`, which sends it to the service that serv
   → its service;
 - status, membership changes and leadership transfers of a hosted group → its host (these
   ride on the "kv" group: a node without one answers UNKNOWN_GROUP);
+- HA controller requests → the HA controller service (controller mode, reference 003);
 - the bookie protocol (adds, reads, LAC reads and fences, drops) → this node's bookie;
 - anything else (topics, produce, fetch, partitions) → the stream service.
 
@@ -26,6 +27,7 @@ from quorumlog.errors import QuorumLogError
 from quorumlog.ledger.bookie import BookieRequest
 from quorumlog.node.controller_service import ControllerService
 from quorumlog.node.errors_to_wire import error_response
+from quorumlog.node.ha_controller_service import HAControllerService
 from quorumlog.node.kv_service import KVService
 from quorumlog.node.shard_service import ShardGroupService
 from quorumlog.raft.configuration import ChangeKind, MembershipChange
@@ -60,7 +62,8 @@ def shard_gid(group: str) -> int:
 
 class RequestDispatcher:
     """Routes client requests to this node's services. The node fills in the services as
-    it brings them up (`kv`, `controller`, `shard_services`, `streams`, `bookie`)."""
+    it brings them up (`kv`, `controller`, `shard_services`, `streams`, `bookie`,
+    `ha_controller`)."""
 
     def __init__(
         self,
@@ -81,8 +84,15 @@ class RequestDispatcher:
         self.shard_services: dict[int, ShardGroupService] = {}
         self.streams: StreamHandler | None = None
         self.bookie: BookieHandler | None = None
+        self.ha_controller: HAControllerService | None = None
 
     def on_client_request(self, request: wire.ClientRequest, reply: Replier) -> None:
+        if isinstance(request, wire.HAControllerRequest):
+            if self.ha_controller is None:
+                self.unknown_group(reply, request.request_id, wire.HA_CONTROLLER_GROUP)
+            else:
+                self.ha_controller.handle(request, reply)
+            return
         if isinstance(
             request,
             wire.AddEntries | wire.ReadEntries | wire.ReadLastAddConfirmed | wire.DropLedger,

@@ -5,6 +5,8 @@ Every group shares the one endpoint; messages carry their group's name.
 - "kv": the replicated KV, which also holds stream metadata (`KVService`);
 - "<topic>@<created>/<partition>": stream partitions this node replicates (`StreamService`);
 - "controller": the shard controller, on the nodes in `controller` (`ControllerService`);
+- "ha-controller": the HA controller of controller mode (reference 003), with the same
+  bootstrap members as "kv" unless `ha_controller` is off (`HAControllerService`);
 - "shard-<gid>": the shard groups this node is a member of (`ShardGroupService`), each with
   a `ShardMigrator` moving shards while it leads, and `PreferredLeaders` spreading their
   leaders over the nodes.
@@ -35,6 +37,7 @@ import msgspec
 
 from quorumlog.codec import wire
 from quorumlog.errors import QuorumLogError
+from quorumlog.ha.controller_machine import BROKER_HEARTBEAT_TIMEOUT_MS_DEFAULT, HAControllerMachine
 from quorumlog.kv.connection import parse_endpoint
 from quorumlog.kv.machine import KVStateMachine
 from quorumlog.ledger.bookie_registration import BookieRegistrar, RegistrationSettings
@@ -44,6 +47,10 @@ from quorumlog.node.addresses import AddressBook, AddressSource
 from quorumlog.node.composition import ShardedKVLayout, ShardedKVParts, compose_sharded_kv
 from quorumlog.node.controller_service import ControllerService
 from quorumlog.node.dispatch import KV_GROUP, RequestDispatcher
+from quorumlog.node.ha_controller_service import (
+    CHECK_INTERVAL_SECONDS_DEFAULT,
+    HAControllerService,
+)
 from quorumlog.node.kv_service import KVLimits, KVService
 from quorumlog.node.peer_requests import AsyncioPeerRequests, PeerRequester
 from quorumlog.node.preferred_leaders import PreferredLeaders
@@ -109,6 +116,13 @@ class NodeSettings(msgspec.Struct, frozen=True):
     """Ledger topics: a lease left unrenewed this long is taken over by another replica."""
     ledger_rollover_entries: int = 50_000
     """Ledger topics: records per ledger before the owner rolls over to a new ledger."""
+    ha_controller: bool = True
+    """Host the HA controller group ("ha-controller", members as the "kv" group's)."""
+    ha_broker_heartbeat_timeout_ms: int = BROKER_HEARTBEAT_TIMEOUT_MS_DEFAULT
+    """HA controller: a broker silent this long is dead (its group elects a new master if
+    it was the master). The same on every node: replicas decide by it."""
+    ha_controller_check_ms: int = int(CHECK_INTERVAL_SECONDS_DEFAULT * 1000)
+    """HA controller: how often its leader looks for silent masters."""
 
 
 class Node:
@@ -135,6 +149,7 @@ class Node:
         self.unknown_group_messages = 0
         self.bookie: BookieServer | None = None
         self.registrar: BookieRegistrar | None = None
+        self.ha_controller: HAControllerService | None = None
 
     async def start(self) -> int:
         """Open storage, start listening; returns the port bound."""
@@ -163,10 +178,13 @@ class Node:
         self.dispatcher.kv = self.kv
         self.dispatcher.streams = self.streams.handle
         self.start_sharded_kv()
+        self.host_ha_controller(voters)
         for hosted in self.groups.values():
             hosted.start()
         self.streams.start()
         self.sharded_kv.start()
+        if self.ha_controller is not None:
+            self.ha_controller.start()
         self.start_registration()
         log.info(
             "node %s listening on %s:%d (data in %s)",
@@ -243,6 +261,21 @@ class Node:
         self.dispatcher.controller = self.sharded_kv.controller
         self.dispatcher.shard_services = self.sharded_kv.shard_services
 
+    def host_ha_controller(self, voters: tuple[str, ...]) -> None:
+        """Host the HA controller group (not started) and serve it, unless turned off."""
+        settings = self.settings
+        if not settings.ha_controller:
+            return
+        machine = HAControllerMachine(settings.ha_broker_heartbeat_timeout_ms)
+        group = self.add_group(wire.HA_CONTROLLER_GROUP, machine, voters)
+        self.ha_controller = HAControllerService(
+            group.host,
+            machine,
+            lambda: self.address_of(group.core.leader_id),
+            settings.ha_controller_check_ms / 1000,
+        )
+        self.dispatcher.ha_controller = self.ha_controller
+
     @property
     def controller(self) -> ControllerService | None:
         return self.sharded_kv.controller
@@ -275,6 +308,8 @@ class Node:
             # First, while the "kv" group still runs here to take the last write.
             await self.registrar.stop()
         self.sharded_kv.stop()
+        if self.ha_controller is not None:
+            self.ha_controller.stop()
         if self.peers is not None:
             await self.peers.close()
         await self.requester.close()
