@@ -1,0 +1,1 @@
+"""Controller mode (reference 003): the HA controller, master/slave replication, epoch files."""
