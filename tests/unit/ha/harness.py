@@ -258,10 +258,7 @@ class Cluster:
             if core is None:
                 continue
             actions = core.take_actions(self.now_ms)
-            if core is self.master.master:
-                self.acknowledged_offset = max(
-                    self.acknowledged_offset, actions.acknowledged_offset
-                )
+            self.on_acknowledged(broker, actions.acknowledged_offset)
             for send in actions.sends:
                 link = self.links.get(send.connection_id)
                 if link is not None:
@@ -289,6 +286,17 @@ class Cluster:
             )
         else:
             core.alter_sync_state_set_refused()
+            self.tell_view(core)
+
+    def tell_view(self, core: MasterCore) -> None:
+        control = self.controller
+        core.controller_view(
+            control.master_id,
+            control.master_epoch,
+            control.sync_state_set,
+            control.sync_state_set_epoch,
+            self.now_ms,
+        )
 
     def _deliver(self, link: Link) -> bool:
         moved = False
@@ -308,6 +316,10 @@ class Cluster:
             moved = True
         return moved
 
+    def on_acknowledged(self, broker: Broker, offset: int) -> None:
+        """Any master's acknowledgement counts: a client of a stale master sees it too."""
+        self.acknowledged_offset = max(self.acknowledged_offset, offset)
+
     # --- produce and time -----------------------------------------------------------
 
     def produce(self, messages: list[bytes]) -> int:
@@ -317,5 +329,10 @@ class Cluster:
         return end
 
     def advance(self, milliseconds: int) -> None:
+        """Time passes; every master that reaches the controller hears its view (as the
+        answer to its heartbeat)."""
         self.now_ms += milliseconds
+        for broker in self.brokers.values():
+            if broker.master is not None and broker.broker_id not in self.isolated:
+                self.tell_view(broker.master)
         self.pump()
