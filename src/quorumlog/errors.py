@@ -188,6 +188,36 @@ class GroupFailedError(RaftError):
         self.reason = reason
 
 
+# --- controller mode (reference 003): broker-side HA replication ------------------------
+
+
+class HAReplicationError(QuorumLogError):
+    """Master/slave replication of a broker group could not do what was asked."""
+
+
+class NotEnoughReplicasError(HAReplicationError):
+    """The master's SyncStateSet is smaller than `min_in_sync`: a produce is refused (nothing
+    written) rather than acknowledged by too few replicas."""
+
+    def __init__(self, sync_state_set: list[str], min_in_sync: int) -> None:
+        super().__init__(
+            f"SyncStateSet {sync_state_set} has {len(sync_state_set)} members, "
+            f"fewer than min_in_sync={min_in_sync}"
+        )
+        self.sync_state_set = sync_state_set
+        self.min_in_sync = min_in_sync
+
+
+class HAHandshakeRefusedError(HAReplicationError):
+    """A master and a slave cannot replicate: different commit log layouts, a master that is
+    stale for the slave, or a master whose log no longer starts where the slave's must."""
+
+
+class MasterFencedError(HAReplicationError):
+    """This broker is no longer its group's master (a newer MasterEpoch exists): it takes no
+    more writes and acknowledges nothing more."""
+
+
 # --- ledgers (reference 001) ---------------------------------------------------------
 
 

@@ -424,6 +424,26 @@ class MmapLogStore:
         check_index(index, self._first_index, self._last_index)
         return self._locate(index)[2].term
 
+    # --- byte positions (the HA commit log addresses messages by them) ------------------
+
+    @property
+    def first_data_position(self) -> int:
+        """Where the first entry (or the blank before it) lies in the data stream."""
+        return self._first_data_position
+
+    @property
+    def data_end(self) -> int:
+        """The data stream position just past the last entry (where the next one, or the
+        blank before it, goes)."""
+        return self._data_end
+
+    def entry_span(self, index: int) -> tuple[int, int]:
+        """Entry `index`'s position in the data stream and the bytes it occupies there."""
+        self._check_readable()
+        check_index(index, self._first_index, self._last_index)
+        header = self._locate(index)[2]
+        return header.position, header.size
+
     # --- truncation -------------------------------------------------------------------
 
     def truncate_suffix(self, last_kept: int) -> None:

@@ -1,0 +1,238 @@
+"""A broker's commit log with byte offsets, on the DLedger-style `MmapLogStore`.
+
+Reference 003 addresses the commit log by physical offset. Here one message is one store
+entry, and a message's offset is the entry's position in the store's data stream (header,
+body and alignment padding included, and the blank record that fills the end of a data file
+when the next entry does not fit). `max_offset` is the stream position just past the last
+entry. Offsets that matter (epoch starts, batch starts and ends, acks, confirmOffset) are
+always such ends: message boundaries.
+
+Why this works across brokers: the store's layout is a pure function of the data file size,
+the first position and the entries' sizes, so two brokers holding the same messages with the
+same `data_file_bytes` have the same offsets. The handshake checks the data file sizes agree
+and a slave checks every batch ends where the master says it does. The entry's term is the
+MasterEpoch under which its message was written, so a read never mixes epochs: a transfer
+batch stops where the term changes (reference 003: batches never cross an epoch boundary).
+
+What this is not (yet): a broker that starts empty replicates from offset 0; a master whose
+log no longer starts at 0 (the store's `truncate_prefix`) cannot seed such a slave, because
+`MmapLogStore.reset` cannot place an empty log at an arbitrary position (RocketMQ's
+isSyncFromLastFile). The handshake refuses that case with a typed error.
+
+"Truncate to the last whole message" (what a broker does at every role change in 003) holds
+by construction: a slave appends whole messages, never a byte stream, and the store cuts a
+torn tail at open. `truncate_to_last_whole_message` says so and returns the offset.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Protocol
+
+import msgspec
+
+from quorumlog.raft.invariants import require
+from quorumlog.storage.base import SyncPolicy
+from quorumlog.storage.entry import EntryType, LogEntry
+from quorumlog.storage.mmap_store import (
+    DATA_FILE_BYTES_DEFAULT,
+    INDEX_FILE_BYTES_DEFAULT,
+    MmapLogStore,
+)
+
+OFFSET_CACHE_ENTRIES_MAX = 64
+"""Offsets (batch ends) remembered with the entry that follows them: each slave's transfer
+reads on from where the last batch ended, so the lookup is a dictionary hit, not a search."""
+
+
+class CommitLogBatch(msgspec.Struct, frozen=True):
+    """Consecutive messages of one epoch: [start_offset, end_offset) of the log."""
+
+    start_offset: int
+    end_offset: int
+    epoch: int
+    messages: list[bytes]
+
+
+class CommitLog(Protocol):
+    """What the HA cores need of a broker's commit log."""
+
+    @property
+    def data_file_bytes(self) -> int:
+        """The layout parameter two brokers must share for their offsets to agree."""
+        ...
+
+    @property
+    def min_offset(self) -> int: ...
+
+    @property
+    def max_offset(self) -> int: ...
+
+    @property
+    def last_epoch(self) -> int | None:
+        """The epoch of the last message (None for an empty log)."""
+        ...
+
+    def append(self, messages: Sequence[bytes], epoch: int) -> int:
+        """Append whole messages written under `epoch`; returns the new max offset. Readable
+        at once, durable only after `sync`."""
+        ...
+
+    def sync(self) -> None: ...
+
+    def read_batch(self, offset: int, bytes_max: int) -> CommitLogBatch | None:
+        """Messages from `offset` (a message boundary), all of the first one's epoch, about
+        `bytes_max` of message data (at least one message); None at the end of the log."""
+        ...
+
+    def truncate(self, offset: int) -> None:
+        """Drop every message at or after `offset` (a message boundary); durable on return."""
+        ...
+
+    def truncate_to_last_whole_message(self) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class MmapCommitLog:
+    """`CommitLog` on an `MmapLogStore` (see the module docs for the offsets)."""
+
+    def __init__(self, store: MmapLogStore, data_file_bytes: int) -> None:
+        """Use `MmapCommitLog.open`."""
+        self._store = store
+        self._data_file_bytes = data_file_bytes
+        self._next_index_by_offset: OrderedDict[int, int] = OrderedDict()
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        data_file_bytes: int = DATA_FILE_BYTES_DEFAULT,
+        index_file_bytes: int = INDEX_FILE_BYTES_DEFAULT,
+        sync_policy: SyncPolicy = SyncPolicy.EXPLICIT,
+    ) -> MmapCommitLog:
+        store = MmapLogStore.open(
+            path,
+            data_file_bytes=data_file_bytes,
+            index_file_bytes=index_file_bytes,
+            sync_policy=sync_policy,
+        )
+        return cls(store, data_file_bytes)
+
+    @property
+    def store(self) -> MmapLogStore:
+        return self._store
+
+    @property
+    def data_file_bytes(self) -> int:
+        return self._data_file_bytes
+
+    @property
+    def min_offset(self) -> int:
+        return self._store.first_data_position
+
+    @property
+    def max_offset(self) -> int:
+        return self._store.data_end
+
+    @property
+    def last_epoch(self) -> int | None:
+        store = self._store
+        return store.term(store.last_index) if store.last_index >= store.first_index else None
+
+    def append(self, messages: Sequence[bytes], epoch: int) -> int:
+        store = self._store
+        first = store.last_index + 1
+        store.append(
+            [
+                LogEntry(index=index, term=epoch, data=message, type=EntryType.DATA)
+                for index, message in enumerate(messages, start=first)
+            ]
+        )
+        return store.data_end
+
+    def sync(self) -> None:
+        self._store.sync()
+
+    def read_batch(self, offset: int, bytes_max: int) -> CommitLogBatch | None:
+        store = self._store
+        index = self._index_at(offset)
+        if index > store.last_index:
+            return None
+        messages: list[bytes] = []
+        data_bytes = 0
+        epoch = -1
+        last_read = index
+        for entry in store.iter_entries(index, store.last_index + 1):
+            if messages and (entry.term != epoch or data_bytes + len(entry.data) > bytes_max):
+                break
+            epoch = entry.term
+            messages.append(entry.data)
+            data_bytes += len(entry.data)
+            last_read = entry.index
+        position, size = store.entry_span(last_read)
+        end_offset = position + size
+        self._remember(end_offset, last_read + 1)
+        return CommitLogBatch(offset, end_offset, epoch, messages)
+
+    def truncate(self, offset: int) -> None:
+        if offset == self.max_offset:
+            return
+        index = self._index_at(offset)
+        self._next_index_by_offset.clear()
+        self._store.truncate_suffix(index - 1)
+        require(
+            self._store.data_end == offset,
+            f"commit log truncated to {offset} ends at {self._store.data_end}",
+        )
+
+    def truncate_to_last_whole_message(self) -> int:
+        """The log always ends at a whole message (see the module docs): nothing to cut."""
+        return self.max_offset
+
+    def close(self) -> None:
+        self._store.close()
+
+    # --- offset -> entry -------------------------------------------------------------
+
+    def _index_at(self, offset: int) -> int:
+        """The index of the message starting at message boundary `offset` (last + 1 at the
+        end). Raises InvariantViolation if `offset` is not a boundary of this log."""
+        store = self._store
+        if offset == store.data_end:
+            return store.last_index + 1
+        cached = self._next_index_by_offset.get(offset)
+        if cached is not None:
+            return cached
+        require(
+            self.min_offset <= offset < store.data_end,
+            f"offset {offset} is outside the commit log [{self.min_offset}, {store.data_end}]",
+        )
+        low, high = store.first_index, store.last_index + 1
+        while low < high:  # the first entry positioned at or after `offset`
+            middle = (low + high) // 2
+            if store.entry_span(middle)[0] < offset:
+                low = middle + 1
+            else:
+                high = middle
+        if low > store.first_index:
+            position, size = store.entry_span(low - 1)
+            boundary = position + size == offset
+        else:
+            boundary = offset == self.min_offset
+        require(boundary, f"offset {offset} is not a message boundary of the commit log")
+        self._remember(offset, low)
+        return low
+
+    def _remember(self, offset: int, next_index: int) -> None:
+        cache = self._next_index_by_offset
+        cache[offset] = next_index
+        cache.move_to_end(offset)
+        if len(cache) > OFFSET_CACHE_ENTRIES_MAX:
+            cache.popitem(last=False)
+
+
+__all__ = ["CommitLog", "CommitLogBatch", "MmapCommitLog"]
