@@ -218,6 +218,11 @@ class MasterFencedError(HAReplicationError):
     more writes and acknowledges nothing more."""
 
 
+class HAPendingFullError(HAReplicationError):
+    """The master has as many produces waiting for the SyncStateSet as it may hold: this one
+    is refused (nothing written) rather than queued without bound."""
+
+
 # --- ledgers (reference 001) ---------------------------------------------------------
 
 

@@ -2,8 +2,8 @@
 RocketMQ's mqadmin shows them (getSyncStateSet, electMaster).
 
 The endpoints are any nodes of the cluster (`--endpoints`, as for the KV commands): every
-node hosts the HA controller group and points the client at its leader. `ha epochs` (a
-broker's epoch file) needs the broker side and comes with it.
+node hosts the HA controller group and points the client at its leader. `ha epochs` asks
+the broker's own node for its epoch file.
 """
 
 from __future__ import annotations
@@ -119,3 +119,35 @@ def ha_elect_master(
 
 
 COMMANDS = [ha_group]
+
+
+@ha_group.command("epochs")
+@click.argument("group")
+@click.option("--broker", "broker_id", required=True, help="The broker (its node id).")
+@output_option
+@client_options
+def ha_epochs(settings: ClientSettings, group: str, broker_id: str, write_out: str) -> None:
+    """A broker's epoch file: <MasterEpoch, start offset> of each master it has data of,
+    with the range each covers of its commit log."""
+    with controller_client(settings) as client:
+        status = client.broker_status(group, broker_id)
+    if write_out == "json":
+        click.echo(json.dumps(msgspec.to_builtins(status), indent=2))
+        return
+    click.echo(
+        f"{status.group}/{status.broker_id}: {status.role} at MasterEpoch "
+        f"{status.master_epoch}, max offset {status.max_offset}, "
+        f"confirm offset {status.confirm_offset}"
+    )
+    entries = status.epochs
+    rows = [
+        [
+            str(entry.epoch),
+            str(entry.start_offset),
+            str(
+                entries[number + 1].start_offset if number + 1 < len(entries) else status.max_offset
+            ),
+        ]
+        for number, entry in enumerate(entries)
+    ]
+    print_table(["epoch", "start offset", "end offset"], rows)

@@ -95,10 +95,13 @@ def topic_group() -> None:
 @click.option("--retention-ms", type=click.IntRange(-1), default=-1, help="-1: none.")
 @click.option(
     "--storage",
-    type=click.Choice(["raft", "ledger"]),
+    type=click.Choice(["raft", "ledger", "ha"]),
     default="raft",
     show_default=True,
-    help="raft: a Raft group per partition; ledger: ledgers on bookies, one owner node.",
+    help=(
+        "raft: a Raft group per partition; ledger: ledgers on bookies, one owner node; "
+        "ha: a broker group per partition, master elected by the HA controller."
+    ),
 )
 @click.option("--ensemble", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--write-quorum", type=click.IntRange(1), default=2, show_default=True)

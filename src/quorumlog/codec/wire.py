@@ -303,8 +303,9 @@ class TopicSettings(msgspec.Struct, frozen=True, array_like=True):
     retention_ms: int = -1
     """-1: unbounded."""
     storage: str = "raft"
-    """"raft" (each partition a Raft group) or "ledger" (each partition a list of ledgers
-    on bookies, written by its owner). The fields from here on were added later, with
+    """"raft" (each partition a Raft group), "ledger" (each partition a list of ledgers
+    on bookies, written by its owner) or "ha" (each partition a broker group's commit log,
+    written by its master, reference 003). The fields from here on were added later, with
     defaults, so descriptors stored before them still decode."""
     ensemble: int = 3
     """Ledger storage: bookies per ledger (E)."""
@@ -529,6 +530,19 @@ class HAControllerResponse(msgspec.Struct, frozen=True, tag=True):
     """`ha.controller_model.encode_results`: one result per command, in order."""
 
 
+class HABrokerStatusRequest(msgspec.Struct, frozen=True, tag=True):
+    """Ask a node about the broker it runs in broker group `group` (`quorumlog ha epochs`)."""
+
+    request_id: int
+    group: str
+
+
+class HABrokerStatusResponse(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    status: bytes
+    """JSON of `ha.broker_host.BrokerStatus` (role, epochs, offsets)."""
+
+
 Frame = (
     Hello
     | Welcome
@@ -571,6 +585,8 @@ Frame = (
     | DropLedger
     | HAControllerRequest
     | HAControllerResponse
+    | HABrokerStatusRequest
+    | HABrokerStatusResponse
 )
 
 ClientRequest = (
@@ -594,6 +610,7 @@ ClientRequest = (
     | ReadLastAddConfirmed
     | DropLedger
     | HAControllerRequest
+    | HABrokerStatusRequest
 )
 
 CLIENT_REQUEST_TYPES: tuple[type, ...] = (
@@ -617,6 +634,7 @@ CLIENT_REQUEST_TYPES: tuple[type, ...] = (
     ReadLastAddConfirmed,
     DropLedger,
     HAControllerRequest,
+    HABrokerStatusRequest,
 )
 
 _batch_encoder = msgspec.msgpack.Encoder()

@@ -48,7 +48,14 @@ from typing import Protocol
 
 import msgspec
 
-from quorumlog.errors import HAHandshakeRefusedError, MasterFencedError, QuorumLogError
+from quorumlog.errors import (
+    HAHandshakeRefusedError,
+    HAPendingFullError,
+    HAReplicationError,
+    MasterFencedError,
+    NotEnoughReplicasError,
+    QuorumLogError,
+)
 from quorumlog.ha.commit_log import CommitLog, CommitLogBatch
 from quorumlog.ha.controller_model import (
     AlterSyncStateSet,
@@ -236,20 +243,32 @@ class BrokerHost:
         core = self.master or self.slave
         return core.confirm_offset if core is not None else 0
 
-    def append(self, messages: Sequence[bytes]) -> int:
-        """Write a produce at the master; returns its end offset (then `wait_acknowledged`).
-        Raises MasterFencedError if this broker is not master, NotEnoughReplicasError if the
-        SyncStateSet is too small, HAReplicationError if too many produces are waiting."""
+    def append_refusal(self) -> HAReplicationError | None:
+        """Why `append` would refuse now (None: it would write)."""
         master = self.master
         if master is None or master.fenced:
-            raise MasterFencedError(
+            return MasterFencedError(
                 f"broker {self.broker_id} is not the master of {self.group} "
                 f"(master: {self.view.master_id if self.view else None})"
             )
+        if len(master.sync_state_set) < self.config.replication.min_in_sync:
+            return NotEnoughReplicasError(list(master.sync_state_set), master.config.min_in_sync)
         if len(self.pending) >= self.config.pending_produces_max:
-            raise MasterFencedError(
+            return HAPendingFullError(
                 f"{len(self.pending)} produces wait for acknowledgement at {self.broker_id}"
             )
+        return None
+
+    def append(self, messages: Sequence[bytes]) -> int:
+        """Write a produce at the master; returns its end offset (then `wait_acknowledged`).
+        Raises what `append_refusal` names: MasterFencedError if this broker is not master,
+        NotEnoughReplicasError if the SyncStateSet is too small, HAPendingFullError if too
+        many produces are waiting."""
+        refusal = self.append_refusal()
+        if refusal is not None:
+            raise refusal
+        master = self.master
+        assert master is not None  # append_refusal said so
         end_offset = master.append(messages)
         self.unsynced = True
         self.schedule_flush()

@@ -31,6 +31,7 @@ from quorumlog.errors import (
     StaleHAEpochError,
     UnknownBrokerGroupError,
 )
+from quorumlog.ha.broker_host import BrokerStatus
 from quorumlog.ha.controller_model import (
     AlterSyncStateSet,
     BrokerGroupInfo,
@@ -107,6 +108,28 @@ class HAControllerClient(KVClient):
 
     def get_group(self, group: str) -> BrokerGroupInfo:
         return self.group_of(self.send(f"get {group}", GetGroup(group), None), group)
+
+    def broker_status(self, group: str, broker_id: str) -> BrokerStatus:
+        """The broker's own report (role, offsets, epoch file), asked of its node: the
+        node's client address comes from the cluster's status (broker id = node id)."""
+        addresses = self.status().addresses
+        endpoint = addresses.get(broker_id)
+        if endpoint is None:
+            raise UnknownBrokerGroupError(
+                Refusal.UNKNOWN_BROKER.value, f"no node {broker_id!r} in the cluster", group
+            )
+        response = self.call(
+            f"broker status {group}/{broker_id}",
+            lambda request_id: wire.HABrokerStatusRequest(request_id=request_id, group=group),
+            wire.HABrokerStatusResponse,
+            side_effects=False,
+            at_leader=False,
+            endpoint=endpoint,
+        )
+        try:
+            return msgspec.json.decode(response.status, type=BrokerStatus)
+        except wire.DECODE_ERRORS as error:
+            raise ClientError(f"broker status of {broker_id}: {error}") from error
 
     def list_groups(self) -> list[BrokerGroupInfo]:
         result = self.send("list broker groups", ListGroups(), None)

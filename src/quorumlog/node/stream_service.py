@@ -8,6 +8,8 @@ to what it has applied (only committed records are ever readable).
 
 Topics created with storage "ledger" are served by `LedgerTopicService`
 (node/ledger_topics.py): their partitions are managed ledgers on bookies, not Raft groups.
+Topics with storage "ha" by `HATopicService` (node/ha_topics.py): each partition a broker
+group whose master the HA controller elects (reference 003).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from quorumlog.errors import NotLeaderError, QuorumLogError
 from quorumlog.kv.commands import ClientBatch, KVEntry, encode_entry
 from quorumlog.kv.machine import KVStateMachine
 from quorumlog.node.errors_to_wire import error_code
+from quorumlog.node.ha_topics import HATopicService
 from quorumlog.node.ledger_topics import LedgerTopicService, LedgerTopicSettings
 from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration
@@ -45,6 +48,7 @@ from quorumlog.stream.topics import (
     decode_descriptor,
     encode_descriptor,
     group_id,
+    is_ha_topic,
     is_ledger_topic,
     topic_key,
 )
@@ -127,6 +131,15 @@ class StreamService:
             node.metadata_endpoints,
             node.address_of,
         )
+        self.ha_topics = HATopicService(
+            node.node_id,
+            settings.cluster_id,
+            settings.data_dir,
+            ha_listen_host(settings.advertise or settings.listen),
+            settings.fsync,
+            node.metadata_endpoints,
+            node.address_of,
+        )
 
     # --- topic life cycle ---------------------------------------------------------------
 
@@ -141,6 +154,7 @@ class StreamService:
     async def stop(self) -> None:
         self.stopping = True
         await self.ledger_topics.stop()
+        await self.ha_topics.stop()
         if self.retention_task is not None:
             self.retention_task.cancel()
         for hosted in list(self.partitions.values()):
@@ -181,6 +195,9 @@ class StreamService:
         if is_ledger_topic(descriptor):
             self.ledger_topics.host(descriptor)
             return
+        if is_ha_topic(descriptor):
+            self.ha_topics.host(descriptor)
+            return
         for partition, replicas in enumerate(descriptor.replicas):
             if node.node_id not in replicas:
                 continue
@@ -212,6 +229,9 @@ class StreamService:
     async def drop_topic(self, descriptor: wire.TopicDescriptor) -> None:
         if is_ledger_topic(descriptor):
             self.ledger_topics.drop(descriptor)
+            return
+        if is_ha_topic(descriptor):
+            self.ha_topics.drop(descriptor)
             return
         for partition in range(len(descriptor.replicas)):
             hosted = self.partitions.get((descriptor.name, partition))
@@ -270,6 +290,8 @@ class StreamService:
             self.fetch(request, reply)
         elif isinstance(request, wire.PartitionStatusRequest):
             self.partition_status(request, reply)
+        elif isinstance(request, wire.HABrokerStatusRequest):
+            self.ha_topics.broker_status(request, reply)
         else:
             error(
                 reply,
@@ -423,6 +445,11 @@ class StreamService:
             if not refuse_batch(request, reply):
                 self.ledger_topics.produce(ledger_partition, request, reply)
             return
+        ha_partition = self.ha_topics.serves(request.topic, request.partition)
+        if ha_partition is not None:
+            if not refuse_batch(request, reply):
+                self.ha_topics.produce(ha_partition, request, reply)
+            return
         hosted = self.hosted_or_refuse(request.request_id, request.topic, request.partition, reply)
         if hosted is None:
             return
@@ -476,6 +503,10 @@ class StreamService:
         if ledger_partition is not None:
             self.ledger_topics.fetch(ledger_partition, request, reply)
             return
+        ha_partition = self.ha_topics.serves(request.topic, request.partition)
+        if ha_partition is not None:
+            self.ha_topics.fetch(ha_partition, request, reply)
+            return
         hosted = self.hosted_or_refuse(request.request_id, request.topic, request.partition, reply)
         if hosted is None:
             return
@@ -516,6 +547,10 @@ class StreamService:
         ledger_partition = self.ledger_topics.serves(request.topic, request.partition)
         if ledger_partition is not None:
             self.ledger_topics.partition_status(ledger_partition, request, reply)
+            return
+        ha_partition = self.ha_topics.serves(request.topic, request.partition)
+        if ha_partition is not None:
+            self.ha_topics.partition_status(ha_partition, request, reply)
             return
         hosted = self.hosted_or_refuse(request.request_id, request.topic, request.partition, reply)
         if hosted is None:
@@ -580,6 +615,14 @@ def refuse_batch(request: wire.Produce, reply: Replier) -> bool:
         )
         return True
     return False
+
+
+def ha_listen_host(address: str) -> str:
+    """The host the HA listener binds and brokers dial: the node's advertised (else listen)
+    host; a wildcard listen address falls back to loopback, which only a one-host cluster
+    can dial (say `advertise` otherwise)."""
+    host = address.rpartition(":")[0].strip("[]") or "127.0.0.1"
+    return "127.0.0.1" if host in ("0.0.0.0", "::") else host
 
 
 def error(reply: Replier, request_id: int, code: wire.ErrorCode, message: str) -> None:

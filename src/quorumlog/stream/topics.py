@@ -13,7 +13,8 @@ TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 PARTITIONS_MAX = 1024
 STORAGE_RAFT = "raft"
 STORAGE_LEDGER = "ledger"
-STORAGES = (STORAGE_RAFT, STORAGE_LEDGER)
+STORAGE_HA = "ha"
+STORAGES = (STORAGE_RAFT, STORAGE_LEDGER, STORAGE_HA)
 
 
 def topic_key(name: str) -> str:
@@ -61,6 +62,10 @@ def storage_problem(settings: TopicSettings) -> str | None:
             f"ack_quorum {settings.ack_quorum}"
         )
     return None
+
+
+def is_ha_topic(descriptor: TopicDescriptor) -> bool:
+    return descriptor.settings.storage == STORAGE_HA
 
 
 def is_ledger_topic(descriptor: TopicDescriptor) -> bool:

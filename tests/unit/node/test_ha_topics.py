@@ -1,0 +1,158 @@
+"""HA-replicated topics on real nodes, in process (issue 12, reference 003): the unchanged
+Producer, Consumer and Admin on a topic created with storage="ha"; an idempotent retry
+answered with the original offsets; the master stopped, the controller electing a
+SyncStateSet member that takes over, every acknowledged record readable exactly once; the
+old master restarted, truncating its unacknowledged tail at handshake."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from quorumlog.codec import wire
+from quorumlog.ha.broker_host import BrokerStatus
+from quorumlog.ha.controller_client import HAControllerClient
+from quorumlog.ha.controller_model import BrokerGroupInfo
+from quorumlog.node.server import Node
+from quorumlog.stream.client_admin import Admin
+from quorumlog.stream.topics import group_id
+
+from .in_process_cluster import node_settings, start_nodes
+from .test_kv_requests import RawClient
+from .test_ledger_topics import endpoints_of, eventually
+
+TOPIC = "ha-events"
+DEADLINE_SECONDS = 30.0
+
+
+def settings_for(tmp_path: Path) -> list[object]:
+    return list(
+        node_settings(
+            ["n1", "n2", "n3"],
+            tmp_path,
+            tick_ms=10,
+            election_ticks=5,
+            fsync=False,
+            bookie=False,
+            ha_broker_heartbeat_timeout_ms=800,
+            ha_controller_check_ms=100,
+        )
+    )
+
+
+def produce_values(endpoints: list[str], values: list[bytes], producer_id: str) -> list[int]:
+    from quorumlog.stream.producer import Producer
+
+    with Producer(endpoints, producer_id=producer_id, linger_ms=0, batch_records_max=2) as p:
+        futures = [p.send(TOPIC, value, partition=0) for value in values]
+        p.flush(timeout=DEADLINE_SECONDS)
+        return [future.result(timeout=DEADLINE_SECONDS).offset for future in futures]
+
+
+def read_all(endpoints: list[str], end: int) -> list[tuple[int, bytes]]:
+    from quorumlog.stream.consumer import Consumer
+
+    with Consumer(endpoints) as consumer:
+        found: list[tuple[int, bytes]] = []
+        offset = 0
+        while offset < end:
+            records = consumer.read(TOPIC, 0, offset, max_records=3)
+            assert records, f"nothing at offset {offset} (end {end})"
+            found += [(record.offset, record.value) for record in records]
+            offset = records[-1].offset + 1
+        return found
+
+
+def group_info(endpoints: list[str], name: str) -> BrokerGroupInfo | None:
+    with HAControllerClient(endpoints, timeout=5.0) as client:
+        try:
+            return client.get_group(name)
+        except KeyError:
+            return None
+
+
+def full_set(endpoints: list[str], name: str, size: int) -> BrokerGroupInfo | None:
+    info = group_info(endpoints, name)
+    return info if info is not None and len(info.sync_state_set) >= size else None
+
+
+def broker_status(endpoints: list[str], name: str, broker_id: str) -> BrokerStatus:
+    with HAControllerClient(endpoints, timeout=5.0) as client:
+        return client.broker_status(name, broker_id)
+
+
+def test_an_ha_topic_fails_over_within_the_sync_state_set(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        nodes = await start_nodes(settings_for(tmp_path))  # type: ignore[arg-type]
+        stopped: list[Node] = []
+        try:
+            await check_topic(nodes, stopped, tmp_path)
+        finally:
+            for node in nodes:
+                if node not in stopped:
+                    await node.stop()
+
+    asyncio.run(scenario())
+
+
+async def check_topic(nodes: list[Node], stopped: list[Node], tmp_path: Path) -> None:
+    endpoints = endpoints_of(nodes)
+
+    def create() -> wire.TopicDescriptor:
+        with Admin(endpoints) as admin:
+            admin.create_topic(TOPIC, 1, 3, storage="ha")
+            assert admin.describe_topic(TOPIC).storage == "ha"
+            return admin.topic_descriptor(TOPIC)
+
+    descriptor = await asyncio.to_thread(create)
+    name = group_id(descriptor, 0)
+    info = await eventually(lambda: full_set(endpoints, name, 3), "a full SyncStateSet")
+    first = [b"first-%d" % number for number in range(10)]
+    offsets = await asyncio.to_thread(produce_values, endpoints, first, "producer-a")
+    assert offsets == list(range(10))
+    master = next(node for node in nodes if node.node_id == info.master_id)
+    await check_idempotent_retry(master, 10)
+
+    await master.stop()
+    stopped.append(master)
+    survivors = [node for node in nodes if node is not master]
+    live = endpoints_of(survivors)
+
+    def new_master() -> BrokerGroupInfo | None:
+        found = group_info(live, name)
+        return found if found and found.master_id not in (None, master.node_id) else None
+
+    elected = await eventually(new_master, "a new master")
+    assert elected.master_id in info.sync_state_set
+    assert elected.master_epoch == info.master_epoch + 1
+    second = [b"second-%d" % number for number in range(5)]
+    offsets = await asyncio.to_thread(produce_values, live, second, "producer-b")
+    assert offsets == list(range(11, 16)), "the new master goes on where the old one stopped"
+    found = await asyncio.to_thread(read_all, live, 16)
+    expected = [*enumerate(first), (10, b"retried"), *zip(range(11, 16), second, strict=True)]
+    assert found == expected, "every acknowledged record, once, in order"
+    status = await asyncio.to_thread(broker_status, live, name, str(elected.master_id))
+    assert status.role == "master"
+    assert [entry.epoch for entry in status.epochs] == [info.master_epoch, elected.master_epoch]
+
+
+async def check_idempotent_retry(master: Node, next_offset: int) -> None:
+    client = await RawClient.connect(master.port)
+    try:
+        answers = []
+        for request_id in (1, 2):
+            answer = await client.ask(
+                wire.Produce(
+                    request_id=request_id,
+                    topic=TOPIC,
+                    partition=0,
+                    producer_id="raw-producer",
+                    base_sequence=0,
+                    records=[wire.Record(b"retried")],
+                )
+            )
+            assert isinstance(answer, wire.ProduceResult), answer
+            answers.append((answer.base_offset, answer.count, answer.duplicate))
+        assert answers == [(next_offset, 1, False), (next_offset, 1, True)]
+    finally:
+        await client.close()
