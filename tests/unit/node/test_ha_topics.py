@@ -10,9 +10,11 @@ import asyncio
 from pathlib import Path
 
 from quorumlog.codec import wire
+from quorumlog.errors import RequestRejectedError, UnavailableError
 from quorumlog.ha.broker_host import BrokerStatus
 from quorumlog.ha.controller_client import HAControllerClient
 from quorumlog.ha.controller_model import BrokerGroupInfo
+from quorumlog.node.addresses import AddressSource
 from quorumlog.node.server import Node
 from quorumlog.stream.client_admin import Admin
 from quorumlog.stream.topics import group_id
@@ -134,6 +136,34 @@ async def check_topic(nodes: list[Node], stopped: list[Node], tmp_path: Path) ->
     status = await asyncio.to_thread(broker_status, live, name, str(elected.master_id))
     assert status.role == "master"
     assert [entry.epoch for entry in status.epochs] == [info.master_epoch, elected.master_epoch]
+    await check_old_master_rejoins(master, nodes, name, status)
+
+
+async def check_old_master_rejoins(
+    old: Node, nodes: list[Node], name: str, master: BrokerStatus
+) -> None:
+    """The old master, restarted, follows the new one: its log ends where the master's
+    does and its epoch file matches, and it is back in the SyncStateSet."""
+    restarted = Node(old.settings)
+    await restarted.start()
+    nodes.append(restarted)  # stopped with the others at the end
+    running = [node for node in nodes if node is not old]
+    addresses = {node.node_id: node.addresses[node.node_id] for node in running}
+    for node in running:
+        node.learn_addresses(addresses, AddressSource.OPERATOR)
+    endpoints = endpoints_of(running)
+
+    def caught_up() -> BrokerStatus | None:
+        try:
+            status = broker_status(endpoints, name, old.node_id)
+        except (RequestRejectedError, UnavailableError):  # the restarted node is starting
+            return None
+        return status if status.max_offset == master.max_offset else None
+
+    status = await eventually(caught_up, "the old master to catch up as a slave")
+    assert status.role == "slave"
+    assert status.epochs == master.epochs
+    await eventually(lambda: full_set(endpoints, name, 3), "the old master back in sync")
 
 
 async def check_idempotent_retry(master: Node, next_offset: int) -> None:
