@@ -100,6 +100,8 @@ class HAWorld:
         self.refused = 0
         self.unknown = 0
         self.acknowledged_replies = 0
+        self.awaiting: set[bytes] = set()
+        """The first message of each produce sent and not yet answered."""
 
     @property
     def now_ms(self) -> int:
@@ -163,8 +165,11 @@ class HAWorld:
         self.producer.schedule(self.options.produce_interval_ms, self.produce_next)
 
     def send_produce(self, target: str, messages: list[bytes]) -> None:
+        # No answer in time (a partition, a master that can no longer acknowledge): the
+        # outcome is unknown and the producer looks elsewhere, as a real client does.
+        self.awaiting.add(messages[0])
+        self.producer.schedule(PRODUCE_TIMEOUT_MS, self.produce_lost, (target, messages[0]))
         if (PRODUCER, target) in self.blocked:
-            self.producer.schedule(PRODUCE_TIMEOUT_MS, self.produce_lost, target)
             return
         broker = self.brokers[target]
         delay_ms = draw_int(self.producer_random, 1, 3)
@@ -187,21 +192,26 @@ class HAWorld:
             if error is None:
                 self.checker.acknowledged_messages(epoch, messages)
             hint = host.view.master_id if host.view is not None else None
-            self.reply(broker.name, error, hint)
+            self.reply(broker.name, messages[0], error, hint)
 
         completion.add_done_callback(done)
 
-    def reply(self, source: str, error: BaseException | None, hint: str | None) -> None:
+    def reply(
+        self, source: str, first: bytes, error: BaseException | None, hint: str | None
+    ) -> None:
         if (source, PRODUCER) in self.blocked:
             return
 
         def arrive(_: object) -> None:
-            self.producer.enter(f"rpc:{source}", self.answered, (source, error, hint))
+            self.producer.enter(f"rpc:{source}", self.answered, (source, first, error, hint))
 
         self.events.schedule(draw_int(self.producer_random, 1, 3), arrive)
 
-    def answered(self, argument: tuple[str, BaseException | None, str | None]) -> None:
-        source, error, hint = argument
+    def answered(self, argument: tuple[str, bytes, BaseException | None, str | None]) -> None:
+        source, first, error, hint = argument
+        if first not in self.awaiting:
+            return  # answered after the producer gave up on it
+        self.awaiting.discard(first)
         if error is None:
             self.acknowledged_replies += 1
             return
@@ -211,7 +221,11 @@ class HAWorld:
         if source == self.target:
             self.target = hint if hint in self.brokers else self.random_broker()
 
-    def produce_lost(self, target: str) -> None:
+    def produce_lost(self, argument: tuple[str, bytes]) -> None:
+        target, first = argument
+        if first not in self.awaiting:
+            return
+        self.awaiting.discard(first)
         self.unknown += 1
         if target == self.target:
             self.target = self.random_broker()
