@@ -155,6 +155,10 @@ from quorumlog.cli.sim_ledger_command import sim_ledger_command  # noqa: E402 - 
 
 sim.add_command(sim_ledger_command)
 
+from quorumlog.cli.sim_ha_command import sim_ha_command  # noqa: E402 - joins sim
+
+sim.add_command(sim_ha_command)
+
 
 @sim.command("raft")
 @click.option("--seeds", "seed_range", required=True, help='Seeds to run: "7" or "10-19".')

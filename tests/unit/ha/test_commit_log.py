@@ -1,28 +1,50 @@
-"""The HA commit log: byte offsets on MmapLogStore, epoch-bounded reads, truncation."""
+"""The HA commit logs: byte offsets on MmapLogStore (padded) and on SegmentLogStore (dense,
+on the simulator's disk), epoch-bounded reads, truncation. The contract tests run on both."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from quorumlog.ha.commit_log import MmapCommitLog
+from quorumlog.ha.commit_log import CommitLog, CommitLogBatch, MmapCommitLog
+from quorumlog.ha.segment_commit_log import DENSE_LAYOUT, SegmentCommitLog
 from quorumlog.raft.invariants import InvariantViolation
 from quorumlog.storage.mmap_format import entry_size
+from quorumlog.storage.segment_format import ENTRY_HEADER_BYTES
+from quorumlog.testing.sim.filesystem import SimFileSystem
 
 DATA_FILE_BYTES = 1024
 """Small data files: a few messages already fill one, so blanks pad the ends."""
+
+LogOpener = Callable[[Path], CommitLog]
 
 
 def open_log(path: Path) -> MmapCommitLog:
     return MmapCommitLog.open(path, data_file_bytes=DATA_FILE_BYTES, index_file_bytes=32 * 64)
 
 
+@pytest.fixture(params=["mmap", "segment"])
+def opener(request: pytest.FixtureRequest) -> LogOpener:
+    """Opens a commit log of either kind at a path (reopening finds what was written)."""
+    if request.param == "mmap":
+        return open_log
+    disk = SimFileSystem(random.Random(7))
+
+    def open_segment_log(path: Path) -> CommitLog:
+        # Small segments, so the logs of these tests span several files.
+        return SegmentCommitLog.open(path, segment_bytes_max=600, file_system=disk)
+
+    return open_segment_log
+
+
 def message(number: int, size: int = 100) -> bytes:
     return bytes([number % 251]) * size
 
 
-def read_all(log: MmapCommitLog, offset: int = 0) -> list[tuple[int, int, int, list[bytes]]]:
+def read_all(log: CommitLog, offset: int = 0) -> list[tuple[int, int, int, list[bytes]]]:
     batches = []
     while (batch := log.read_batch(offset, 1 << 20)) is not None:
         batches.append((batch.start_offset, batch.end_offset, batch.epoch, batch.messages))
@@ -42,8 +64,27 @@ def test_offsets_are_positions_in_the_data_stream_padding_included(tmp_path: Pat
     assert log.last_epoch == 1
 
 
-def test_two_logs_with_the_same_messages_have_the_same_offsets(tmp_path: Path) -> None:
-    first, second = open_log(tmp_path / "a"), open_log(tmp_path / "b")
+def test_dense_offsets_are_entry_positions_across_segments(tmp_path: Path) -> None:
+    disk = SimFileSystem(random.Random(3))
+    log = SegmentCommitLog.open(tmp_path / "log", segment_bytes_max=500, file_system=disk)
+    assert (log.min_offset, log.max_offset, log.last_epoch) == (0, 0, None)
+    assert log.data_file_bytes == DENSE_LAYOUT
+    ends = [log.append([message(number)], epoch=1) for number in range(20)]
+    size = ENTRY_HEADER_BYTES + 100
+    assert ends == [size * count for count in range(1, 21)]
+    assert log.store.segment_count > 1
+    log.sync()
+    log.close()
+    reopened = SegmentCommitLog.open(tmp_path / "log", segment_bytes_max=500, file_system=disk)
+    assert reopened.max_offset == ends[-1]
+    batch = CommitLogBatch(ends[9], ends[10], 1, [message(10)])
+    assert reopened.read_batch(ends[9], 100) == batch
+
+
+def test_two_logs_with_the_same_messages_have_the_same_offsets(
+    tmp_path: Path, opener: LogOpener
+) -> None:
+    first, second = opener(tmp_path / "a"), opener(tmp_path / "b")
     sizes = [10, 900, 30, 500, 500, 7, 800, 64]
     first.append([bytes(size) for size in sizes], epoch=1)
     for size in sizes:  # the other one message at a time, as transfers may arrive
@@ -52,8 +93,8 @@ def test_two_logs_with_the_same_messages_have_the_same_offsets(tmp_path: Path) -
     assert read_all(first) == read_all(second)
 
 
-def test_a_batch_holds_one_epoch_and_about_bytes_max(tmp_path: Path) -> None:
-    log = open_log(tmp_path / "log")
+def test_a_batch_holds_one_epoch_and_about_bytes_max(tmp_path: Path, opener: LogOpener) -> None:
+    log = opener(tmp_path / "log")
     log.append([message(n) for n in range(5)], epoch=1)
     epoch_two_start = log.append([message(n) for n in range(5, 8)], epoch=2)
     log.append([message(8)], epoch=4)
@@ -68,20 +109,22 @@ def test_a_batch_holds_one_epoch_and_about_bytes_max(tmp_path: Path) -> None:
     assert log.read_batch(log.max_offset, 1 << 20) is None
 
 
-def test_reads_start_only_at_message_boundaries(tmp_path: Path) -> None:
-    log = open_log(tmp_path / "log")
-    log.append([message(n) for n in range(10)], epoch=1)
+def test_reads_start_only_at_message_boundaries(tmp_path: Path, opener: LogOpener) -> None:
+    log = opener(tmp_path / "log")
+    ends = [log.append([message(n)], epoch=1) for n in range(10)]
     with pytest.raises(InvariantViolation):
         log.read_batch(8, 100)
     with pytest.raises(InvariantViolation):
         log.read_batch(log.max_offset + 8, 100)
-    sixth_end = entry_size(100) * 6  # the end of file 1: the next message sits after a blank
-    batch = log.read_batch(sixth_end, 100)
+    # The mmap log's sixth message ends its first data file: the next sits after a blank.
+    batch = log.read_batch(ends[5], 100)
     assert batch is not None and batch.messages == [message(6)]
 
 
-def test_truncate_to_a_boundary_is_durable_and_keeps_offsets(tmp_path: Path) -> None:
-    log = open_log(tmp_path / "log")
+def test_truncate_to_a_boundary_is_durable_and_keeps_offsets(
+    tmp_path: Path, opener: LogOpener
+) -> None:
+    log = opener(tmp_path / "log")
     ends = [log.append([message(n)], epoch=1 if n < 5 else 2) for n in range(12)]
     log.sync()
     with pytest.raises(InvariantViolation):
@@ -91,7 +134,7 @@ def test_truncate_to_a_boundary_is_durable_and_keeps_offsets(tmp_path: Path) -> 
     assert log.last_epoch == 2
     assert log.append([message(7)], epoch=3) == ends[7]  # the layout does not depend on epochs
     log.close()
-    reopened = open_log(tmp_path / "log")
+    reopened = opener(tmp_path / "log")
     assert reopened.max_offset == ends[7]
     assert [epoch for _, _, epoch, _ in read_all(reopened)] == [1, 2, 3]
     reopened.truncate(0)

@@ -1,0 +1,166 @@
+"""One simulated broker: the shipped `ha.broker_host.BrokerHost` with the shipped cores, its
+`SegmentCommitLog` and `EpochFile` on a `SimFileSystem`, inside a `SimProcess`.
+
+A crash kills the process (every timer, connection and waiting produce of that incarnation
+dies with it) and is a power loss (the disk keeps what was synced and, in some crashes, a
+torn part of the rest) or a process kill (the OS keeps every byte written). The disk can
+also halt the process in the middle of a change (`halt_after`): a crash in the middle of a
+truncation (apache/rocketmq #10666) is that, at the right moment. A restart opens the log
+and the epoch file again and registers with the controller, as a real restart does.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+from quorumlog.errors import StorageError
+from quorumlog.ha.broker_host import BrokerHost, BrokerHostConfig
+from quorumlog.ha.epoch_file import EpochFile
+from quorumlog.ha.segment_commit_log import SegmentCommitLog
+from quorumlog.storage.base import SyncPolicy
+from quorumlog.testing.sim.events import EventQueue, derive_random
+from quorumlog.testing.sim.filesystem import DiskCrashReport, SimFileSystem, SimulatedCrash
+from quorumlog.testing.sim.frame_network import SimFrameNetwork
+from quorumlog.testing.sim.ha.controller import SimControllerAccess
+from quorumlog.testing.sim.ha.links import LinkEnd, LinkHost, SimHALinks, ha_address
+from quorumlog.testing.sim.process import SimProcess, SimScheduler
+
+GROUP = "ha-group"
+LOG_PATH = Path("/broker/log")
+EPOCH_PATH = Path("/broker/epochs")
+SEGMENT_BYTES_MAX = 16 * 1024
+"""Small segments, so truncations cross files (unlinks, then a cut)."""
+
+
+class SimBroker:
+    def __init__(
+        self,
+        name: str,
+        seed: int,
+        events: EventQueue,
+        frames: SimFrameNetwork,
+        links: SimHALinks,
+        controller_nodes: list[str],
+        config: BrokerHostConfig,
+    ) -> None:
+        self.name = name
+        self.seed = seed
+        self.events = events
+        self.frames = frames
+        self.links = links
+        self.controller_nodes = controller_nodes
+        self.config = config
+        self.process = SimProcess(name, events, derive_random(seed, f"resume:{name}"))
+        self.process.crash_handler = self.halted
+        self.scheduler = SimScheduler(self.process)
+        self.disk = SimFileSystem(derive_random(seed, f"disk:{name}"))
+        self.crash_random = derive_random(seed, f"crash:{name}")
+        self.host: BrokerHost | None = None
+        self.log: SegmentCommitLog | None = None
+        self.epochs: EpochFile | None = None
+        self.crashes = 0
+        self.drop_alter_answers = False
+        """The controller's answers to this broker's AlterSyncStateSet are lost (#5663)."""
+        self.storage_failures = 0
+        self.on_role_changed: Callable[[SimBroker], None] = lambda broker: None
+        self.on_truncated: Callable[[SimBroker], None] = lambda broker: None
+        """The world's checks, told when the host takes a role or a handshake truncated."""
+        frames.register(name, self.process)
+        links.register(name, LinkEnd(self.process, self.link_host))
+
+    @property
+    def up(self) -> bool:
+        return self.process.up and self.host is not None
+
+    def link_host(self) -> LinkHost | None:
+        return self.host
+
+    def start(self) -> None:
+        """A new incarnation: open the log and the epoch file, register, serve."""
+        self.disk.halt_after(None)
+        self.process.boot()
+        try:
+            self.log = SegmentCommitLog.open(
+                LOG_PATH,
+                segment_bytes_max=SEGMENT_BYTES_MAX,
+                sync_policy=SyncPolicy.EXPLICIT,
+                file_system=self.disk,
+            )
+            self.epochs = EpochFile(EPOCH_PATH, self.disk)
+        except (StorageError, SimulatedCrash):
+            self.storage_failures += 1
+            self.process.kill()
+            return
+        access = SimControllerAccess(
+            self.name,
+            self.process,
+            self.frames,
+            self.controller_nodes,
+            derive_random(self.seed, f"access:{self.name}:{self.process.incarnation}"),
+            client_id=f"broker/{self.name}/{self.process.incarnation}",
+            lose_alter_answers=lambda: self.drop_alter_answers,
+        )
+        self.host = BrokerHost(
+            scheduler=self.scheduler,
+            links=self.links.for_broker(self.name),
+            controller=access,
+            commit_log=self.log,
+            epoch_file=self.epochs,
+            group=GROUP,
+            broker_id=self.name,
+            address=ha_address(self.name),
+            config=self.config,
+            on_truncated=lambda offset: self.on_truncated(self),
+            on_role_changed=lambda: self.on_role_changed(self),
+        )
+        self.process.enter("local", lambda _: self.started())
+
+    def started(self) -> None:
+        if self.host is not None:
+            self.host.start()
+
+    def crash(self, power_loss: bool) -> DiskCrashReport:
+        if not self.process.up:
+            return DiskCrashReport()
+        self.crashes += 1
+        self.process.kill()
+        self.host = None
+        self.log = None
+        self.epochs = None
+        self.links.broker_died(self.name)
+        if power_loss:
+            return self.disk.crash(
+                self.crash_random, keep_unsynced=self.crash_random.random() < 0.5
+            )
+        self.disk.process_crash()
+        return DiskCrashReport()
+
+    def halted(self) -> None:
+        """The disk stopped the process in the middle of a change: a power loss there."""
+        self.crash(power_loss=True)
+
+    def restart(self) -> None:
+        if not self.process.up:
+            self.start()
+
+    def pause(self) -> None:
+        self.process.pause()
+
+    def resume(self) -> None:
+        self.process.resume()
+
+    def describe(self) -> str:
+        state = "down" if not self.up else ("paused" if self.process.paused else "up")
+        if self.host is None or self.log is None or self.epochs is None:
+            return f"broker {self.name}: {state}, crashes={self.crashes}"
+        status = self.host.status()
+        return (
+            f"broker {self.name}: {state} {status.role} epoch {status.master_epoch} "
+            f"max {status.max_offset} confirm {status.confirm_offset} epochs {status.epochs}"
+        )
+
+
+def broker_random(seed: int, name: str) -> random.Random:
+    return derive_random(seed, f"broker:{name}")
