@@ -27,7 +27,6 @@ from quorumlog.kv.commands import ClientBatch, KVEntry, encode_entry
 from quorumlog.kv.machine import KVStateMachine
 from quorumlog.node.errors_to_wire import error_code
 from quorumlog.node.ledger_topics import LedgerTopicService, LedgerTopicSettings
-from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration
 from quorumlog.raft.messages import SnapshotMeta
 from quorumlog.runtime.group import GroupRunner, GroupSettings
@@ -189,7 +188,7 @@ class StreamService:
             directory = Path(node.settings.data_dir) / "streams" / gid.replace("/", "-")
             group = GroupRunner(
                 gid,
-                RaftConfig(node_id=node.node_id, election_ticks=node.settings.election_ticks),
+                node.raft_config(),
                 directory,
                 machine,
                 node.send,
@@ -201,12 +200,17 @@ class StreamService:
                     snapshot_trailing_entries=0,
                     fsync=node.settings.fsync,
                 ),
+                node.ticker,
             )
             hosted = HostedPartition(descriptor, partition, group, machine, directory)
             group.on_snapshot_saved = self.cut_done_callback(hosted)
             node.groups[gid] = group
             self.partitions[(descriptor.name, partition)] = hosted
             group.start()
+            if replicas[0] == node.node_id and len(replicas) > 1:
+                # The first replica campaigns at once: a new topic's partitions elect in a
+                # round trip or two, not in an election storm of every group at once.
+                group.campaign()
             log.info("hosting %s partition %d (group %s)", descriptor.name, partition, gid)
 
     async def drop_topic(self, descriptor: wire.TopicDescriptor) -> None:
