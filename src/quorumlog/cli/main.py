@@ -188,8 +188,21 @@ sim.add_command(sim_ledger_command)
 @click.option("--seconds", "simulated_seconds", type=float, default=30.0, show_default=True)
 @click.option("--jobs", type=click.IntRange(1, 64), default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON summary line.")
+@click.option(
+    "--quiet-groups",
+    "quiet",
+    is_flag=True,
+    default=None,
+    help="Every seed with quiet groups (idle groups quiesce; clients fall silent now and "
+    "then); default: a quarter of the seeds.",
+)
 def sim_raft(
-    seed_range: str, node_count: int, simulated_seconds: float, jobs: int, as_json: bool
+    seed_range: str,
+    node_count: int,
+    simulated_seconds: float,
+    jobs: int,
+    as_json: bool,
+    quiet: bool | None,
 ) -> None:
     """Run Raft clusters under a seeded nemesis; exit 1 if any seed fails.
 
@@ -208,7 +221,7 @@ def sim_raft(
         seeds = parse_seed_range(seed_range)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--seeds") from error
-    summary = run_seeds(seeds, node_count, simulated_seconds, jobs)
+    summary = run_seeds(seeds, node_count, simulated_seconds, jobs, quiet or None)
     figures = summary.to_json_line()
     report_seeds(
         [format_failure(result) for result in summary.results if not result.ok],

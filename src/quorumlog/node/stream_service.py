@@ -58,6 +58,8 @@ PRODUCE_BYTES_MAX = 32 * 1024 * 1024
 FETCH_RECORDS_MAX = 100_000
 RETENTION_CHECK_SECONDS = 1.0
 NEVER_SNAPSHOT_ENTRIES = 10**15
+HOST_PARTITIONS_PER_TURN = 16
+"""Partition groups opened per event-loop turn when a topic is hosted."""
 
 
 class HostedPartition:
@@ -172,9 +174,9 @@ class StreamService:
                 known = None
             if known is None:
                 self.topics[name] = descriptor
-                self.host_topic(descriptor)
+                await self.host_topic(descriptor)
 
-    def host_topic(self, descriptor: wire.TopicDescriptor) -> None:
+    async def host_topic(self, descriptor: wire.TopicDescriptor) -> None:
         node = self.node
         node.learn_addresses(descriptor.addresses)
         if is_ledger_topic(descriptor):
@@ -183,6 +185,13 @@ class StreamService:
         for partition, replicas in enumerate(descriptor.replicas):
             if node.node_id not in replicas:
                 continue
+            if partition % HOST_PARTITIONS_PER_TURN == 0:
+                # Opening a group's files takes a while: hosting a thousand partitions at
+                # once would hold the event loop for seconds, and every other group (the
+                # metadata group too) would miss its heartbeats and elect meanwhile.
+                await asyncio.sleep(0)
+                if self.stopping or self.topics.get(descriptor.name) is not descriptor:
+                    return
             machine = PartitionMachine()
             gid = group_id(descriptor, partition)
             directory = Path(node.settings.data_dir) / "streams" / gid.replace("/", "-")

@@ -91,6 +91,8 @@ class LeaderState:
         self.idle_watermark = (-1, -1)
         """(last index, commit index) at the last tick: any change restarts `idle_ticks`."""
         self.quiesce_sequence = 0
+        self.idle_since_sequence = 0
+        """The read sequence when the idle stretch began (see `heard_while_idle`)."""
         """The read sequence of the last quiesce heartbeat: answers to older heartbeats
         arriving late never wake a quiet leader."""
         for peer in core.peers():
@@ -183,9 +185,10 @@ class LeaderState:
         if watermark != self.idle_watermark or not self.idle():
             self.idle_watermark = watermark
             self.idle_ticks = 0
+            self.idle_since_sequence = self.read_sequence
             return
         self.idle_ticks += 1
-        if self.idle_ticks < core.config.quiesce_idle_ticks:
+        if self.idle_ticks < core.config.quiesce_idle_ticks or not self.heard_while_idle():
             return
         self.heartbeat_due = False
         self.broadcast_heartbeat(quiesce=True)
@@ -193,7 +196,7 @@ class LeaderState:
         core.quiet = True
 
     def idle(self) -> bool:
-        """Nothing in flight and every follower holds our whole log (durable here too)."""
+        """Nothing in flight, and every follower holds our whole log (durable here too)."""
         core = self.core
         log = core.log
         last_index = log.last_index
@@ -213,6 +216,13 @@ class LeaderState:
             and not progress.inflight
             for progress in self.progress.values()
         )
+
+    def heard_while_idle(self) -> bool:
+        """Every follower answered a heartbeat sent since we became idle: a leader cut off
+        from its followers must stay awake, so that check-quorum steps it down. (A slow
+        answer only delays quiescing; it does not restart the idle count.)"""
+        since = self.idle_since_sequence
+        return all(progress.read_sequence_acked > since for progress in self.progress.values())
 
     def keeps_quiet(self, message: Message) -> bool:
         """Does `message` leave a quiet leader quiet? Only an answer to a heartbeat that
@@ -239,6 +249,7 @@ class LeaderState:
         self.check_quorum_elapsed = 0
         self.heartbeat_elapsed = 0
         self.idle_ticks = 0
+        self.idle_since_sequence = self.read_sequence  # only answers from now on count
         for progress in self.progress.values():
             progress.recent_active = True
         self.heartbeat_due = True
