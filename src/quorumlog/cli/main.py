@@ -107,6 +107,32 @@ def bench_stream(
     run_stream_benchmark(as_json, records, spark_records, directory, skip_spark)
 
 
+@bench.command("scale")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines (the only output form).")
+@click.option("--quick", is_flag=True, help="Few partitions and short windows, for a smoke run.")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None)
+@click.option(
+    "--quiesce-idle-ticks",
+    type=click.IntRange(0),
+    default=None,
+    help="The nodes' --quiesce-idle-ticks (default: the node's; 0: groups never go quiet).",
+)
+def bench_scale(
+    as_json: bool, quick: bool, directory: str | None, quiesce_idle_ticks: int | None
+) -> None:
+    """Idle CPU, memory, create time and produce rate with 1, 3, 100 and 1000 partitions
+    on 3 node processes (fsync on)."""
+    import msgspec
+
+    from quorumlog.bench.scale import QUICK_SETTINGS, ScaleSettings, run_scale_benchmark
+
+    settings = QUICK_SETTINGS if quick else ScaleSettings()
+    settings = msgspec.structs.replace(
+        settings, directory=directory, quiesce_idle_ticks=quiesce_idle_ticks
+    )
+    run_scale_benchmark(settings)
+
+
 @bench.command("shard")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
 @click.option("--seconds", type=click.FloatRange(0.5, 600), default=8.0, show_default=True)
@@ -166,8 +192,21 @@ sim.add_command(sim_ha_command)
 @click.option("--seconds", "simulated_seconds", type=float, default=30.0, show_default=True)
 @click.option("--jobs", type=click.IntRange(1, 64), default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON summary line.")
+@click.option(
+    "--quiet-groups",
+    "quiet",
+    is_flag=True,
+    default=None,
+    help="Every seed with quiet groups (idle groups quiesce; clients fall silent now and "
+    "then); default: a quarter of the seeds.",
+)
 def sim_raft(
-    seed_range: str, node_count: int, simulated_seconds: float, jobs: int, as_json: bool
+    seed_range: str,
+    node_count: int,
+    simulated_seconds: float,
+    jobs: int,
+    as_json: bool,
+    quiet: bool | None,
 ) -> None:
     """Run Raft clusters under a seeded nemesis; exit 1 if any seed fails.
 
@@ -186,7 +225,7 @@ def sim_raft(
         seeds = parse_seed_range(seed_range)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--seeds") from error
-    summary = run_seeds(seeds, node_count, simulated_seconds, jobs)
+    summary = run_seeds(seeds, node_count, simulated_seconds, jobs, quiet or None)
     figures = summary.to_json_line()
     report_seeds(
         [format_failure(result) for result in summary.results if not result.ok],

@@ -62,6 +62,13 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
 @click.option("--cluster-id", default="quorumlog", envvar="QUORUMLOG_CLUSTER_ID", show_default=True)
 @click.option("--join", is_flag=True, help="Start empty and wait to be added as a member.")
 @click.option("--tick-ms", default=50, show_default=True, type=click.IntRange(1, 10_000))
+@click.option(
+    "--quiesce-idle-ticks",
+    default=4,
+    show_default=True,
+    type=click.IntRange(0, 10_000),
+    help="An idle Raft group goes quiet (no heartbeats, no ticks) after this many ticks; 0: never.",
+)
 @click.option("--no-fsync", is_flag=True, help="Do not fsync (tests only: loses data on crash).")
 @click.option(
     "--snapshot-entries", default=20_000, show_default=True, type=click.IntRange(10, 10**9)
@@ -123,6 +130,7 @@ def node_command(
     cluster_id: str,
     join: bool,
     tick_ms: int,
+    quiesce_idle_ticks: int,
     no_fsync: bool,
     snapshot_entries: int,
     controller: str,
@@ -152,6 +160,7 @@ def node_command(
         cluster_id=cluster_id,
         join=join,
         tick_ms=tick_ms,
+        quiesce_idle_ticks=quiesce_idle_ticks,
         fsync=not no_fsync,
         snapshot_entries=snapshot_entries,
         snapshot_trailing_entries=min(5_000, snapshot_entries // 2),

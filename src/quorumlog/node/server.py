@@ -19,6 +19,10 @@ Which service answers a client request is `node/dispatch.py`'s `RequestDispatche
 sharded KV's services, migrators and preferred leaders are put together by
 `node/composition.py` (the simulator composes its nodes with the same two).
 
+All groups tick from one `GroupTicker` (runtime/ticker.py), which skips quiet groups, and
+one `PeerLiveness` (runtime/liveness.py) per node tells quiet groups when a peer's node
+falls silent: an idle node costs next to nothing whatever number of groups it hosts.
+
 Where the other nodes listen is kept in an `AddressBook` (`node/addresses.py`, which says
 which source of an address wins): this node's own address, what peers announce in their
 handshakes, `--peers`, and — only to fill gaps — addresses stored in the logs.
@@ -67,6 +71,8 @@ from quorumlog.raft.configuration import Configuration
 from quorumlog.raft.messages import Message
 from quorumlog.runtime.group import AsyncioScheduler, GroupRunner, GroupSettings, StateMachine
 from quorumlog.runtime.host import RaftHost
+from quorumlog.runtime.liveness import PeerLiveness
+from quorumlog.runtime.ticker import GroupTicker
 from quorumlog.runtime.transport import Endpoint, Replier, format_address, parse_address
 from quorumlog.shard.config import SHARD_COUNT_DEFAULT
 
@@ -85,6 +91,8 @@ class NodeSettings(msgspec.Struct, frozen=True):
     """Start with no membership and wait to be added (`quorumlog member add`)."""
     tick_ms: int = 50
     election_ticks: int = 10
+    quiesce_idle_ticks: int = 4
+    """An idle group goes quiet after this many ticks (no heartbeats, no ticks); 0: never."""
     fsync: bool = True
     snapshot_entries: int = 20_000
     snapshot_trailing_entries: int = 5_000
@@ -150,10 +158,36 @@ class Node:
         self.bookie: BookieServer | None = None
         self.registrar: BookieRegistrar | None = None
         self.ha_controller: HAControllerService | None = None
+        self.ticker: GroupTicker | None = None
+        self.liveness = PeerLiveness(
+            settings.node_id,
+            ping=self.endpoint.ping,
+            unreachable=self.peer_unreachable,
+            silent_ticks_max=settings.election_ticks,
+        )
+        self.endpoint.on_peer_heard = self.liveness.heard
+
+    def raft_config(self) -> RaftConfig:
+        """The Raft settings of every group this node hosts."""
+        settings = self.settings
+        return RaftConfig(
+            node_id=settings.node_id,
+            election_ticks=settings.election_ticks,
+            quiesce_idle_ticks=settings.quiesce_idle_ticks,
+        )
+
+    def peer_unreachable(self, peer: str) -> None:
+        """Liveness lost `peer`: quiet groups with that member wake (see raft/core.py)."""
+        for group in list(self.groups.values()):
+            group.host.peer_unreachable(peer)
 
     async def start(self) -> int:
         """Open storage, start listening; returns the port bound."""
         settings = self.settings
+        self.ticker = GroupTicker(
+            AsyncioScheduler(asyncio.get_running_loop()), settings.tick_ms / 1000
+        )
+        self.ticker.every_tick.append(self.liveness.tick)
         host, port = parse_address(settings.listen)
         if settings.bookie:
             # Before listening: a bookie that cannot open its storage stops the start.
@@ -179,6 +213,8 @@ class Node:
         self.dispatcher.streams = self.streams.handle
         self.start_sharded_kv()
         self.host_ha_controller(voters)
+        self.liveness.set_peers(self.address_book.peer_addresses())
+        self.ticker.start()
         for hosted in self.groups.values():
             hosted.start()
         self.streams.start()
@@ -220,7 +256,7 @@ class Node:
         settings = self.settings
         group = GroupRunner(
             name,
-            RaftConfig(node_id=settings.node_id, election_ticks=settings.election_ticks),
+            self.raft_config(),
             Path(settings.data_dir) / name,
             machine,
             self.send,
@@ -232,6 +268,7 @@ class Node:
                 snapshot_trailing_entries=settings.snapshot_trailing_entries,
                 fsync=settings.fsync,
             ),
+            self.ticker,
         )
         self.groups[name] = group
         return group
@@ -314,6 +351,8 @@ class Node:
             await self.peers.close()
         await self.requester.close()
         await self.endpoint.close()
+        if self.ticker is not None:
+            self.ticker.stop()
         await self.streams.stop()
         for group in list(self.groups.values()):
             if not group.stopped:
@@ -344,12 +383,17 @@ class Node:
         """Take `learned` addresses from `source`; by default they come from the logs
         (configurations, topic descriptors), which only fill gaps (see `node/addresses`)."""
         if self.address_book.learn_all(learned, source):
-            self.endpoint.update_peers(self.address_book.peer_addresses())
+            self.peers_changed()
 
     def on_peer_address(self, peer: str, address: str) -> None:
         if self.address_book.learn(peer, address, AddressSource.ANNOUNCED):
             log.info("node %s now listens at %s", peer, address)
-            self.endpoint.update_peers(self.address_book.peer_addresses())
+            self.peers_changed()
+
+    def peers_changed(self) -> None:
+        peer_addresses = self.address_book.peer_addresses()
+        self.endpoint.update_peers(peer_addresses)
+        self.liveness.set_peers(peer_addresses)
 
     # --- transport handler --------------------------------------------------------------
 

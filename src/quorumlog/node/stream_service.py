@@ -30,7 +30,6 @@ from quorumlog.kv.machine import KVStateMachine
 from quorumlog.node.errors_to_wire import error_code
 from quorumlog.node.ha_topics import HATopicService
 from quorumlog.node.ledger_topics import LedgerTopicService, LedgerTopicSettings
-from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration
 from quorumlog.raft.messages import SnapshotMeta
 from quorumlog.runtime.group import GroupRunner, GroupSettings
@@ -63,6 +62,8 @@ PRODUCE_BYTES_MAX = 32 * 1024 * 1024
 FETCH_RECORDS_MAX = 100_000
 RETENTION_CHECK_SECONDS = 1.0
 NEVER_SNAPSHOT_ENTRIES = 10**15
+HOST_PARTITIONS_PER_TURN = 16
+"""Partition groups opened per event-loop turn when a topic is hosted."""
 
 
 class HostedPartition:
@@ -187,9 +188,9 @@ class StreamService:
                 known = None
             if known is None:
                 self.topics[name] = descriptor
-                self.host_topic(descriptor)
+                await self.host_topic(descriptor)
 
-    def host_topic(self, descriptor: wire.TopicDescriptor) -> None:
+    async def host_topic(self, descriptor: wire.TopicDescriptor) -> None:
         node = self.node
         node.learn_addresses(descriptor.addresses)
         if is_ledger_topic(descriptor):
@@ -201,12 +202,19 @@ class StreamService:
         for partition, replicas in enumerate(descriptor.replicas):
             if node.node_id not in replicas:
                 continue
+            if partition % HOST_PARTITIONS_PER_TURN == 0:
+                # Opening a group's files takes a while: hosting a thousand partitions at
+                # once would hold the event loop for seconds, and every other group (the
+                # metadata group too) would miss its heartbeats and elect meanwhile.
+                await asyncio.sleep(0)
+                if self.stopping or self.topics.get(descriptor.name) is not descriptor:
+                    return
             machine = PartitionMachine()
             gid = group_id(descriptor, partition)
             directory = Path(node.settings.data_dir) / "streams" / gid.replace("/", "-")
             group = GroupRunner(
                 gid,
-                RaftConfig(node_id=node.node_id, election_ticks=node.settings.election_ticks),
+                node.raft_config(),
                 directory,
                 machine,
                 node.send,
@@ -218,12 +226,17 @@ class StreamService:
                     snapshot_trailing_entries=0,
                     fsync=node.settings.fsync,
                 ),
+                node.ticker,
             )
             hosted = HostedPartition(descriptor, partition, group, machine, directory)
             group.on_snapshot_saved = self.cut_done_callback(hosted)
             node.groups[gid] = group
             self.partitions[(descriptor.name, partition)] = hosted
             group.start()
+            if replicas[0] == node.node_id and len(replicas) > 1:
+                # The first replica campaigns at once: a new topic's partitions elect in a
+                # round trip or two, not in an election storm of every group at once.
+                group.campaign()
             log.info("hosting %s partition %d (group %s)", descriptor.name, partition, gid)
 
     async def drop_topic(self, descriptor: wire.TopicDescriptor) -> None:

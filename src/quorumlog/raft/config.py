@@ -35,6 +35,12 @@ class RaftConfig(msgspec.Struct, frozen=True):
     """Bytes per INSTALL_SNAPSHOT chunk."""
     transfer_timeout_ticks: int = 0
     """A leader transfer that has not finished in this many ticks is abandoned (0: election)."""
+    quiesce_idle_ticks: int = 0
+    """0: never quiesce. Else a leader whose followers hold its whole log, with nothing
+    pending, goes quiet after this many idle ticks and tells its followers to: no more
+    heartbeats or ticks until a proposal, a read, a message or `peer_unreachable` wakes
+    the group. The runtime must then report unreachable peers (node-level liveness), or a
+    quiet follower would never notice that its leader died."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first setting that is out of range or inconsistent."""
@@ -59,3 +65,5 @@ class RaftConfig(msgspec.Struct, frozen=True):
                 raise ValueError(f"{name} must be >= 1")
         if self.transfer_timeout_ticks < 0:
             raise ValueError("transfer_timeout_ticks must be >= 0")
+        if self.quiesce_idle_ticks < 0:
+            raise ValueError("quiesce_idle_ticks must be >= 0")

@@ -6,6 +6,16 @@ acknowledgements `persisted(...)` / `applied(...)` — and collect what it wants
 ticks), draws randomness only from the injected `random.Random`, and never writes a file
 or a socket: the same code runs under the real runtime and the simulator.
 
+Quiet groups (CockroachDB's range quiescence, TiKV's hibernate regions, in our own form):
+with `RaftConfig.quiesce_idle_ticks` set, an idle leader whose followers hold its whole
+log sends them a quiesce heartbeat and goes quiet; a follower that matches it goes quiet
+too. A quiet core wants no ticks (the runtime stops ticking it) and sends nothing. Any
+proposal, read, transfer or message wakes it (a quiet leader ignores only the answers to
+its own heartbeats), and so does `peer_unreachable` for a member: the runtime's node-level
+liveness is how a quiet follower notices that its leader is gone. Safety never rests on
+the quiet state: waking voids the leader's lease, so reads go through ReadIndex until a
+fresh heartbeat round, and a woken follower follows the usual election rules.
+
 Election (Raft §5.2, dissertation §9.6 pre-vote, §6.2 check-quorum) lives here; the
 leader's replication machinery (DLedger's per-follower COMPARE / TRUNCATE / APPEND /
 INSTALL_SNAPSHOT) lives in leader.py; the follower's side of pushes in follower.py.
@@ -100,6 +110,8 @@ class RaftCore:
         self.role = Role.FOLLOWER
         self.leader_id: str | None = None
         self.ticks = 0
+        self.quiet = False
+        """No ticks wanted and nothing sent until something wakes us (see the docstring)."""
         self.election_elapsed = 0
         self.randomized_election_ticks = 0
         self.reset_election_timer()
@@ -140,6 +152,7 @@ class RaftCore:
         return {
             "id": self.node_id,
             "role": self.role.value,
+            "quiet": self.quiet,
             "term": self.term,
             "leader": self.leader_id,
             "commit_index": self.commit_index,
@@ -154,6 +167,8 @@ class RaftCore:
     # --- events ------------------------------------------------------------------------
 
     def tick(self) -> None:
+        if self.quiet:
+            return  # the runtime stops ticking a quiet core; a stray tick changes nothing
         self.ticks += 1
         if self.leader is not None:
             self.leader.tick()
@@ -176,6 +191,8 @@ class RaftCore:
         )
         if message.source == self.node_id:
             return
+        if self.quiet and not (self.leader is not None and self.leader.keeps_quiet(message)):
+            self.wake()
         if message.term > self.term:
             if isinstance(message, VoteRequest):
                 if self.in_leader_lease() and not message.transfer:
@@ -268,6 +285,8 @@ class RaftCore:
         """Append `data` as one entry; returns its index. The proposal succeeded if, when
         that index is applied, the entry there has the term `self.term` had on return."""
         leader = self.require_leader()
+        if self.quiet:
+            self.wake()
         if leader.transfer_target is not None:
             raise LeaderTransferringError(
                 f"leadership is moving from {self.node_id} to {leader.transfer_target}"
@@ -296,6 +315,8 @@ class RaftCore:
         (the single-server change bug, Ongaro on raft-dev 2015; dissertation §4.1 errata).
         """
         leader = self.require_leader()
+        if self.quiet:
+            self.wake()
         if leader.transfer_target is not None:
             raise LeaderTransferringError("a leader transfer is in progress")
         if self.commit_index < leader.first_index_of_term:
@@ -312,16 +333,48 @@ class RaftCore:
 
     def read_index(self, request_id: int) -> None:
         """Ask for a linearizable read point. The answer is a ReadState in a later Ready
-        (or the id in `failed_reads` if leadership is lost first)."""
-        self.require_leader().read_index(request_id)
+        (or the id in `failed_reads` if leadership is lost first). A quiet leader wakes:
+        its lease is void then, so the read takes a heartbeat round (ReadIndex)."""
+        leader = self.require_leader()
+        if self.quiet:
+            self.wake()
+        leader.read_index(request_id)
 
     def transfer_leadership(self, target: str) -> None:
-        self.require_leader().transfer(target)
+        leader = self.require_leader()
+        if self.quiet:
+            self.wake()
+        leader.transfer(target)
+
+    # --- quiet groups ---------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Leave the quiet state. A leader heartbeats at once with its lease void; a
+        follower gives the leader a whole election timeout to be heard from again."""
+        if not self.quiet:
+            return
+        self.quiet = False
+        if self.leader is not None:
+            self.leader.wake()
+        else:
+            self.reset_election_timer()
+
+    def peer_unreachable(self, peer: str) -> None:
+        """The runtime's node-level liveness lost `peer` (no word from its node for a
+        while). A quiet group with that member wakes; a quiet follower whose leader it is
+        also stops honouring the leader's lease, so it campaigns within an election
+        timeout (pre-vote first: a leader that is alive after all keeps its term)."""
+        if not self.quiet or peer not in self.configuration.members():
+            return
+        self.wake()
+        if self.leader is None and self.leader_id == peer:
+            self.election_elapsed = self.config.election_ticks
 
     def campaign(self, transfer: bool = False) -> None:
         """Start an election now (with a pre-vote first, unless handing over leadership)."""
         if not self.configuration.is_voter(self.node_id) or self.is_leader:
             return
+        self.quiet = False
         if self.config.pre_vote and not transfer:
             self.become_pre_candidate()
         else:
@@ -445,6 +498,7 @@ class RaftCore:
             self.vote = None
         if term != self.follower.term or leader_id != self.follower.leader_id:
             self.follower.start(term, leader_id)
+        self.quiet = False  # only a quiesce push makes a follower quiet
         self.role = Role.FOLLOWER
         self.leader_id = leader_id
         self.reset_election_timer()

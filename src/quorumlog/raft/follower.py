@@ -84,7 +84,24 @@ class FollowerState:
             self.handle_append(push)
         else:
             self.advance_commit(push.commit_index)
-            self.respond(push, success=True, match_index=self.verified_index)
+            quiet = push.quiesce and self.holds_everything(push)
+            if quiet:
+                core.quiet = True
+                self.parked = {}
+            self.respond(push, success=True, match_index=self.verified_index, quiet=quiet)
+
+    def holds_everything(self, push: Push) -> bool:
+        """May we go quiet on this quiesce push? Only if our log is the leader's, verified,
+        and committed as far as the leader's: a quiet group sends nothing, so a follower
+        missing anything would wait for it until something woke the group."""
+        core = self.core
+        log = core.log
+        return (
+            log.last_index == push.index
+            and self.verified_index == push.index
+            and log.term(push.index) == push.index_term
+            and core.commit_index == push.commit_index
+        )
 
     def matches(self, index: int, term: int) -> bool:
         """Does our log hold (index, term)? Below the snapshot everything is committed and
@@ -190,6 +207,7 @@ class FollowerState:
         match_index: int = 0,
         conflict_term: int = 0,
         conflict_index: int = 0,
+        quiet: bool = False,
     ) -> None:
         self.core.send_after_persist(
             PushResponse(
@@ -205,6 +223,7 @@ class FollowerState:
                 conflict_term=conflict_term,
                 conflict_index=conflict_index,
                 read_sequence=push.read_sequence,
+                quiet=quiet,
             )
         )
 

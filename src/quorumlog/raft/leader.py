@@ -20,6 +20,7 @@ from quorumlog.raft.messages import (
     PUSH_COMMIT,
     PUSH_COMPARE,
     PUSH_TRUNCATE,
+    Message,
     Push,
     PushKind,
     PushResponse,
@@ -85,6 +86,15 @@ class LeaderState:
         self.first_index_of_term = core.log.last_index + 1
         self.replicate_pending = False
         self.heartbeat_due = False
+        self.idle_ticks = 0
+        """Ticks in a row with every follower caught up and nothing pending (quiescing)."""
+        self.idle_watermark = (-1, -1)
+        """(last index, commit index) at the last tick: any change restarts `idle_ticks`."""
+        self.quiesce_sequence = 0
+        self.idle_since_sequence = 0
+        """The read sequence when the idle stretch began (see `heard_while_idle`)."""
+        """The read sequence of the last quiesce heartbeat: answers to older heartbeats
+        arriving late never wake a quiet leader."""
         for peer in core.peers():
             self.progress[peer] = self.new_progress()
             self.send_compare(peer, self.progress[peer])
@@ -161,6 +171,88 @@ class LeaderState:
             self.transfer_target = None  # the target never took over: carry on leading
         for peer, progress in sorted(self.progress.items()):
             self.retry_if_timed_out(peer, progress)
+        if config.quiesce_idle_ticks:
+            self.maybe_quiesce()
+
+    # --- quiet groups -------------------------------------------------------------------
+
+    def maybe_quiesce(self) -> None:
+        """Go quiet after `quiesce_idle_ticks` idle ticks: tell the followers with one last
+        heartbeat (it carries our last index and commit index, so each can tell whether it
+        has everything), and want no more ticks."""
+        core = self.core
+        watermark = (core.log.last_index, core.commit_index)
+        if watermark != self.idle_watermark or not self.idle():
+            self.idle_watermark = watermark
+            self.idle_ticks = 0
+            self.idle_since_sequence = self.read_sequence
+            return
+        self.idle_ticks += 1
+        if self.idle_ticks < core.config.quiesce_idle_ticks or not self.heard_while_idle():
+            return
+        self.heartbeat_due = False
+        self.broadcast_heartbeat(quiesce=True)
+        self.quiesce_sequence = self.read_sequence
+        core.quiet = True
+
+    def idle(self) -> bool:
+        """Nothing in flight, and every follower holds our whole log (durable here too)."""
+        core = self.core
+        log = core.log
+        last_index = log.last_index
+        if (
+            core.commit_index != last_index
+            or log.persisted_index != last_index
+            or self.pending_reads
+            or self.reads_before_first_commit
+            or self.transfer_target is not None
+            or self.configuration_unpersisted_index is not None
+            or self.replicate_pending
+        ):
+            return False
+        return all(
+            progress.state is APPEND
+            and progress.match_index == last_index
+            and not progress.inflight
+            for progress in self.progress.values()
+        )
+
+    def heard_while_idle(self) -> bool:
+        """Every follower answered a heartbeat sent since we became idle: a leader cut off
+        from its followers must stay awake, so that check-quorum steps it down. (A slow
+        answer only delays quiescing; it does not restart the idle count.)"""
+        since = self.idle_since_sequence
+        return all(progress.read_sequence_acked > since for progress in self.progress.values())
+
+    def keeps_quiet(self, message: Message) -> bool:
+        """Does `message` leave a quiet leader quiet? Only an answer to a heartbeat that
+        changes nothing: a follower that went quiet too, or a late answer to an older
+        heartbeat. Anything else (a follower that could not go quiet, a vote request, a
+        follower that forgot what it acknowledged) needs the leader awake."""
+        if not isinstance(message, PushResponse) or message.kind is not PUSH_COMMIT:
+            return False
+        progress = self.progress.get(message.source)
+        return (
+            progress is not None
+            and message.term == self.term
+            and message.success
+            and message.match_index == progress.match_index
+            and (message.quiet or message.read_sequence < self.quiesce_sequence)
+        )
+
+    def wake(self) -> None:
+        """Back from quiet. Ticks stood still meanwhile, so nothing measured in ticks from
+        before can be trusted: the lease is void (and no answer to an older heartbeat may
+        start one), the check-quorum window starts afresh, and a heartbeat goes out now."""
+        self.lease_start_tick = LEASE_VOID_TICK
+        self.sequence_sent_tick.clear()
+        self.check_quorum_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.idle_ticks = 0
+        self.idle_since_sequence = self.read_sequence  # only answers from now on count
+        for progress in self.progress.values():
+            progress.recent_active = True
+        self.heartbeat_due = True
 
     def quorum_active(self) -> bool:
         voters = self.core.configuration.voters
@@ -279,11 +371,23 @@ class LeaderState:
             progress.next_index = entries[-1].index + 1
             progress.inflight.append((entries[-1].index, core.ticks))
 
-    def broadcast_heartbeat(self) -> None:
+    def broadcast_heartbeat(self, quiesce: bool = False) -> None:
         self.read_sequence += 1
         self.sequence_sent_tick[self.read_sequence] = self.core.ticks
+        log = self.core.log
         for peer, progress in sorted(self.progress.items()):
-            self.core.send(self.push(peer, progress, PUSH_COMMIT))
+            if quiesce:
+                push = self.push(
+                    peer,
+                    progress,
+                    PUSH_COMMIT,
+                    index=log.last_index,
+                    index_term=log.last_term(),
+                    quiesce=True,
+                )
+            else:
+                push = self.push(peer, progress, PUSH_COMMIT)
+            self.core.send(push)
         self.check_reads()  # alone in the group: every read is confirmed at once
 
     def start_snapshot(self, peer: str, progress: Progress) -> None:

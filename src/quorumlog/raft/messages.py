@@ -68,6 +68,9 @@ class Push(msgspec.Struct, frozen=True, tag=True, array_like=True):
     entries: list[LogEntry] = []
     commit_index: int = 0
     read_sequence: int = 0
+    quiesce: bool = False
+    """COMMIT only: the leader goes quiet; so may the follower, if its log ends at `index`
+    (term `index_term`) and it has committed `commit_index` (see RaftConfig.quiesce_idle_ticks)."""
 
 
 class PushResponse(msgspec.Struct, frozen=True, tag=True, array_like=True):
@@ -89,6 +92,9 @@ class PushResponse(msgspec.Struct, frozen=True, tag=True, array_like=True):
     conflict_index: int = 0
     """On a COMPARE mismatch: the first index of `conflict_term` in the follower's log."""
     read_sequence: int = 0
+    quiet: bool = False
+    """The answer to a quiesce push: the follower went quiet too (False: it could not, and
+    the leader wakes)."""
 
 
 class SnapshotMeta(msgspec.Struct, frozen=True, array_like=True):

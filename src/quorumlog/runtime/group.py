@@ -33,6 +33,7 @@ from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.host import HostSettings, RaftHost
 from quorumlog.runtime.resources import StateMachine, Timer
 from quorumlog.runtime.stable import HardStateFile, SnapshotStore
+from quorumlog.runtime.ticker import GroupTicker
 from quorumlog.storage import MmapLogStore, SegmentLogStore, SyncPolicy
 from quorumlog.storage.base import LogStore
 
@@ -170,7 +171,9 @@ class GroupRunner:
         bootstrap: Configuration,
         executor: Executor,
         settings: GroupSettings | None = None,
+        ticker: GroupTicker | None = None,
     ) -> None:
+        """`ticker`: the node's shared ticker (None: the group ticks on a timer of its own)."""
         self.settings = settings or GroupSettings()
         data_dir.mkdir(parents=True, exist_ok=True)
         loop = asyncio.get_running_loop()
@@ -189,6 +192,7 @@ class GroupRunner:
                 background=ExecutorBackground(executor, loop),
                 random_source=random.Random(),
                 settings=self.settings.host_settings(),
+                ticker=ticker,
             )
         except BaseException:
             self.store.close()
@@ -271,6 +275,11 @@ class GroupRunner:
 
     def transfer_leadership(self, target: str) -> None:
         self.host.transfer_leadership(target)
+
+    def campaign(self) -> None:
+        """Start an election now (a new group's first replica, so as not to wait out an
+        election timeout)."""
+        self.host.campaign()
 
     def snapshot_at(self, index: int, data: bytes | None) -> None:
         self.host.snapshot_at(index, data)

@@ -21,6 +21,11 @@ is persisted, sent or applied, every waiter fails, and `on_failed` tells the own
 node stops the process for an invariant violation). A full disk is not a failure: the
 write that met it is rolled back by the store and retried.
 
+Ticks come from a `GroupTicker` (runtime/ticker.py): the node's, shared by all its groups,
+or one of the host's own. A quiet core (raft/core.py) wants no ticks: the host leaves the
+ticker's awake set when its core goes quiet and rejoins it in the first pass after the
+core wakes. `peer_unreachable` passes the node's liveness verdicts to the core.
+
 Opening (`open_host`) reconciles the log with the newest snapshot: a crash between saving
 an installed snapshot and resetting the log leaves a log that may not follow the snapshot.
 The log is kept only if it holds the snapshot's last entry with the snapshot's term, or
@@ -29,6 +34,7 @@ starts right after it; otherwise it is reset to start after the snapshot.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 from collections import deque
@@ -57,8 +63,8 @@ from quorumlog.runtime.resources import (
     Scheduler,
     SnapshotStore,
     StateMachine,
-    Timer,
 )
+from quorumlog.runtime.ticker import GroupTicker
 from quorumlog.storage.base import LogStore
 from quorumlog.storage.entry import EntryType, LogEntry
 
@@ -152,7 +158,10 @@ class RaftHost:
         random_source: random.Random,
         settings: HostSettings | None = None,
         hooks: HostHooks | None = None,
+        ticker: GroupTicker | None = None,
     ) -> None:
+        """`ticker`: the node's shared one (its owner starts and stops it); None: the host
+        makes one of its own and starts it in `start`."""
         self.group_id = group_id
         self.node_id = raft_config.node_id
         self.store = store
@@ -204,8 +213,10 @@ class RaftHost:
         self.was_leader = False
         self.pending_compaction: int | None = None
         self.snapshot_in_flight = False
-        self.tick_timer: Timer | None = None
-        self.next_tick_seconds = 0.0
+        self.owns_ticker = ticker is None
+        self.ticker = ticker or GroupTicker(scheduler, self.settings.tick_seconds)
+        self.ticking = False
+        """In the ticker's awake set (False while the core is quiet)."""
         self.on_configuration: Callable[[Configuration], None] | None = None
         self.on_snapshot_saved: Callable[[SnapshotMeta], None] | None = None
         self.on_failed: Callable[[str, BaseException], None] | None = None
@@ -232,28 +243,43 @@ class RaftHost:
     # --- life cycle ---------------------------------------------------------------------
 
     def start(self, first_tick_delay_seconds: float | None = None) -> None:
-        """Begin ticking (the first tick after `first_tick_delay_seconds`, default one tick)."""
+        """Begin ticking (the first tick after `first_tick_delay_seconds`, default one tick;
+        with a shared ticker, at its next tick)."""
         if self.started:
             return
         self.started = True
-        delay = self.settings.tick_seconds
-        if first_tick_delay_seconds is not None:
-            delay = first_tick_delay_seconds
-        self.next_tick_seconds = self.scheduler.monotonic_seconds() + delay
-        self.tick_timer = self.scheduler.call_later(delay, self.on_tick)
+        self.ticking = True
+        self.ticker.wake(self)
+        if self.owns_ticker:
+            self.ticker.start(first_tick_delay_seconds)
         self.schedule()
 
-    def on_tick(self) -> None:
-        if self.stopped:
-            return
-        # Ticks keep their phase: the next one is due a tick after this one was due.
-        interval = self.settings.tick_seconds
-        now = self.scheduler.monotonic_seconds()
-        self.next_tick_seconds = max(self.next_tick_seconds + interval, now)
-        self.tick_timer = self.scheduler.call_later(self.next_tick_seconds - now, self.on_tick)
-        if self.failure is None:
+    def tick(self) -> bool:
+        """One tick of the core (called by the ticker); False: tick no more for now."""
+        if self.stopped or self.failure is not None or self.core.quiet:
+            self.ticking = False
+            return False
+        # A tick refuses nothing: a RaftError here means the group failed (`fail` said so),
+        # and the other groups on the ticker go on.
+        with contextlib.suppress(RaftError):
             self.guarded(self.core.tick)
-            self.schedule_if_due()
+        self.schedule_if_due()
+        if self.core.quiet:
+            self.ticking = False
+            return False
+        return True
+
+    def note_awake(self) -> None:
+        """Back in the ticker's awake set once the core woke from quiet."""
+        if not self.ticking and self.started and not self.core.quiet:
+            self.ticking = True
+            self.ticker.wake(self)
+
+    def peer_unreachable(self, peer: str) -> None:
+        """The node's liveness lost `peer`: a quiet group with that member wakes."""
+        if self.failure is None and not self.stopped and self.core.quiet:
+            self.guarded(lambda: self.core.peer_unreachable(peer))
+            self.schedule()
 
     def stop(self) -> None:
         """Stop ticking and processing; every waiter fails (its outcome is unknown). The
@@ -261,9 +287,14 @@ class RaftHost:
         if self.stopped:
             return
         self.stopped = True
-        if self.tick_timer is not None:
-            self.tick_timer.cancel()
+        self.stop_ticking()
         self.fail_waiters(LeadershipLostError(f"{self.node_id} is stopping; outcome unknown"))
+
+    def stop_ticking(self) -> None:
+        self.ticking = False
+        self.ticker.remove(self)
+        if self.owns_ticker:
+            self.ticker.stop()
 
     def when_sync_idle(self, callback: Callable[[], None]) -> None:
         """Call `callback` once no sync is in flight (at once if none is)."""
@@ -388,6 +419,8 @@ class RaftHost:
         except Exception as error:
             self.fail(error)
             return
+        if not self.ticking:
+            self.note_awake()  # whatever woke the core (a message, a read) came through here
         if unwritten and not self.syncing:
             self.write_and_sync()
 
@@ -532,8 +565,7 @@ class RaftHost:
             return
         self.failure = f"{type(error).__name__}: {error}"
         log.error("group %s on %s stopped: %s", self.group_id, self.node_id, self.failure)
-        if self.tick_timer is not None:
-            self.tick_timer.cancel()
+        self.stop_ticking()
         self.fail_waiters(GroupFailedError(self.group_id, self.failure))
         if self.on_failed is not None:
             self.on_failed(self.group_id, error)

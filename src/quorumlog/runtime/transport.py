@@ -12,6 +12,9 @@
   and the other is closed, the same choice on both ends, so the pair settles on one.
 - Raft messages bound for one peer are coalesced into one `PeerBatch` frame per event
   loop turn.
+- Node-level liveness (runtime/liveness.py): every frame from a peer is reported to
+  `on_peer_heard`, and `ping` sends an empty `PeerBatch` to a peer that was sent nothing
+  since the last ping (any frame says "alive" as well as a ping does).
 - Anything malformed — garbage bytes, a frame over `frame_bytes_max`, a wrong cluster id,
   an unexpected message — closes that connection with a logged reason; the node goes on.
 """
@@ -158,6 +161,8 @@ class Connection(asyncio.Protocol):
         if not self.ready:
             return self.handshake(frame)
         if isinstance(frame, wire.PeerBatch) and self.peer_id is not None:
+            if endpoint.on_peer_heard is not None:
+                endpoint.on_peer_heard(self.peer_id)
             endpoint.handler.on_peer_batch(frame)
             return True
         if self.is_client and isinstance(frame, wire.CLIENT_REQUEST_TYPES):
@@ -290,6 +295,9 @@ class Endpoint:
         self.dropped_messages = 0
         self.protocol_errors = 0
         self.stopping = False
+        self.on_peer_heard: Callable[[str], None] | None = None
+        """Told the peer's id for every frame from a peer (node-level liveness)."""
+        self.sent_since_ping: set[str] = set()
 
     async def listen(self, host: str, port: int, advertise: str = "") -> int:
         """Listen on `host:port` (0: any free port); returns the port bound. Peers are told
@@ -403,7 +411,18 @@ class Endpoint:
             if connection is None or connection.buffered_bytes() > WRITE_BUFFER_BYTES_MAX:
                 self.dropped_messages += len(envelopes)
                 continue
+            self.sent_since_ping.add(peer)
             self.write_batches(connection, envelopes)
+
+    def ping(self, peer: str) -> None:
+        """Say "alive" to `peer`: an empty PeerBatch, unless a frame went to it since the
+        last ping (that said it already)."""
+        if peer in self.sent_since_ping:
+            self.sent_since_ping.discard(peer)
+            return
+        connection = self.peers.get(peer)
+        if connection is not None and connection.buffered_bytes() <= WRITE_BUFFER_BYTES_MAX:
+            connection.write(wire.PeerBatch(envelopes=[]))
 
     def write_batches(self, connection: Connection, envelopes: list[wire.RaftEnvelope]) -> None:
         """One frame if it fits; otherwise halves, until each fits (a message too large

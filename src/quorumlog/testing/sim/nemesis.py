@@ -38,6 +38,7 @@ FAULT_KINDS = (
     "transfer_then_cut",
     "crash_mid_write",
     "disk_full",
+    "idle",
 )
 DISK_FULL_SLACK_BYTES = 2048
 """Room a filled disk keeps: a few small writes go through, then writes meet ENOSPC."""
@@ -65,6 +66,7 @@ class NemesisOptions(msgspec.Struct, frozen=True):
             "transfer_then_cut": 0,
             "crash_mid_write": 2,
             "disk_full": 0,
+            "idle": 0,
         }
     )
     down_max: int | None = None
@@ -126,6 +128,7 @@ class Nemesis:
             "transfer_then_cut": self._inject_transfer_then_cut,
             "crash_mid_write": self._inject_crash_mid_write,
             "disk_full": self._inject_disk_full,
+            "idle": self._inject_idle,
         }
 
     # --- schedule -----------------------------------------------------------------------
@@ -164,6 +167,7 @@ class Nemesis:
         break safety)."""
         self.running = False
         self.network_fault_token += 1
+        self.cluster.workload.end_idle()
         for node_id in self.node_ids:
             disk = self.cluster.nodes[node_id].disk
             disk.snapshot_halt_probability = 0.0
@@ -269,6 +273,12 @@ class Nemesis:
         file_system = self.cluster.nodes[node_id].disk.file_system
         file_system.bytes_max = file_system.bytes_used + DISK_FULL_SLACK_BYTES
         self.cluster.events.schedule(self.fault_ms(), self._free_disk, node_id)
+        return True
+
+    def _inject_idle(self) -> bool:
+        """The clients fall silent for a while: with quiet groups on, the group goes quiet,
+        and the faults that follow (a crash or an isolation of its leader) hit it quiet."""
+        self.cluster.workload.idle(self.fault_ms())
         return True
 
     def _free_disk(self, node_id: str) -> None:

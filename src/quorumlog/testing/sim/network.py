@@ -5,6 +5,9 @@ wire: the receiver never shares an object with the sender, so a core that mutate
 sent or received cannot hide the bug behind aliasing. Each copy gets its own random delay,
 which reorders messages; a partition or cut drops what crosses it, both at send time and at
 arrival (a message in flight when the link is cut is lost, as a TCP connection would be).
+
+Node-level liveness pings (runtime/liveness.py) travel the same links with the same faults
+(`send_ping`); in the real node they are empty frames on the peer connection.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder: msgspec.msgpack.Decoder[Message] = msgspec.msgpack.Decoder(Message)
 
 Receiver = Callable[[Message], None]
+PingReceiver = Callable[[str], None]
 
 
 def encode_message(message: Message) -> bytes:
@@ -121,6 +125,8 @@ class SimNetwork:
         self.stats = NetworkStats()
         self.link_arrival_ms: dict[tuple[str, str], int] = {}
         """fifo_links: the latest arrival time scheduled on each link."""
+        self.ping_receivers: dict[str, PingReceiver] = {}
+        """Node id -> what takes a liveness ping that arrived for it (from the source)."""
 
     # --- faults ----------------------------------------------------------------------
 
@@ -170,6 +176,21 @@ class SimNetwork:
                 arrival_ms = max(arrival_ms, self.link_arrival_ms.get(link, 0))
                 self.link_arrival_ms[link] = arrival_ms
             events.schedule_at(arrival_ms, self._arrive, (source, target, data))
+
+    def send_ping(self, source: str, target: str) -> None:
+        """A liveness ping: lost, delayed or duplicated like any message on the link."""
+        if (source, target) in self.blocked:
+            return
+        for delay_ms in draw_delays_ms(self.faults, self.rng, self.stats):
+            self.events.schedule(delay_ms, self._arrive_ping, (source, target))
+
+    def _arrive_ping(self, link: tuple[str, str]) -> None:
+        source, target = link
+        if link in self.blocked:
+            return
+        receiver = self.ping_receivers.get(target)
+        if receiver is not None:
+            receiver(source)
 
     def _arrive(self, packet: tuple[str, str, bytes]) -> None:
         source, target, data = packet

@@ -10,6 +10,11 @@ if it has one, its service (the shipped `KVService`). Clients reach the service 
 frames over the `SimFrameNetwork`: the node listens there under its node id and says it
 listens at `client_address(node_id)`, which is what NOT_LEADER hints name. A crash loses
 every request in flight: its client times out, as a real one does.
+
+With quiet groups on (`RaftConfig.quiesce_idle_ticks`), the node runs as a real one does:
+its group ticks from a node `GroupTicker` that skips it while quiet, and a `PeerLiveness`
+pings the other nodes over the simulated network and wakes the quiet group when a peer's
+node falls silent (both shipped, runtime/ticker.py and runtime/liveness.py).
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ from quorumlog.raft.core import RaftCore, Role
 from quorumlog.raft.messages import Message
 from quorumlog.raft.ready import Ready
 from quorumlog.runtime.host import HostSettings, RaftHost
+from quorumlog.runtime.liveness import PeerLiveness
 from quorumlog.runtime.resources import StateMachine
+from quorumlog.runtime.ticker import GroupTicker
 from quorumlog.storage.entry import LogEntry
 from quorumlog.testing.sim.application import SimApplication
 from quorumlog.testing.sim.checks import InvariantViolation, require
@@ -143,6 +150,9 @@ class SimNode:
         self.crash_count = 0
         self.machine: StateMachine
         self.host: RaftHost
+        self.ticker: GroupTicker | None = None
+        self.liveness: PeerLiveness | None = None
+        network.ping_receivers[node_id] = self.receive_ping
         self.handle_request: RequestHandler | None = None
         """The service's handler of client frames in this incarnation (None: no service)."""
         frames.register(node_id, self.process, self.on_request)
@@ -165,11 +175,32 @@ class SimNode:
         with self.disk.reading_truthfully():
             self.checker.on_start(self)
         phase_ms = self.rng.randrange(self.options.tick_ms)
-        self.process.enter("local", lambda _: self.host.start(phase_ms / 1000))
+        ticker = self.ticker
+        if ticker is None:
+            self.process.enter("local", lambda _: self.host.start(phase_ms / 1000))
+            return
+
+        def start_ticking(_: Any) -> None:
+            self.host.start()
+            ticker.start(phase_ms / 1000)
+
+        self.process.enter("local", start_ticking)
 
     def open_host(self) -> None:
         self.machine = self.application.machine_factory()
         options = self.options
+        self.ticker = None
+        self.liveness = None
+        if self.raft_config.quiesce_idle_ticks:
+            self.ticker = GroupTicker(self.scheduler, options.tick_ms / 1000)
+            self.liveness = PeerLiveness(
+                self.node_id,
+                ping=lambda peer: self.network.send_ping(self.node_id, peer),
+                unreachable=self.peer_unreachable,
+                silent_ticks_max=self.raft_config.election_ticks,
+            )
+            self.liveness.set_peers(self.bootstrap.members())
+            self.ticker.every_tick.append(self.liveness.tick)
         self.host = RaftHost(
             GROUP,
             self.raft_config,
@@ -190,6 +221,7 @@ class SimNode:
                 snapshot_trailing_entries=options.snapshot_trailing_entries,
             ),
             hooks=CheckedHooks(self),
+            ticker=self.ticker,
         )
         self.host.on_failed = self.group_failed
         service_factory = self.application.service_factory
@@ -253,7 +285,20 @@ class SimNode:
     def deliver(self, message: Message) -> None:
         if self.trace is not None:
             self.record(f"{self.node_id} <- {message!r}")
+        if self.liveness is not None:
+            self.liveness.heard(message.source)
         self.host.step(message)
+
+    def peer_unreachable(self, peer: str) -> None:
+        self.record(f"{self.node_id} liveness: {peer} unreachable")
+        self.host.peer_unreachable(peer)
+
+    def receive_ping(self, source: str) -> None:
+        self.process.enter(source, self.hear_ping, source)
+
+    def hear_ping(self, source: str) -> None:
+        if self.liveness is not None:
+            self.liveness.heard(source)
 
     def on_request(self, request: wire.ClientRequest, reply: Replier) -> None:
         """A client frame, inside this process (the frame network entered it)."""
@@ -347,6 +392,7 @@ class SimNode:
             return f"{self.node_id}: down"
         core = self.host.core
         paused = " paused" if self.process.paused else ""
+        paused += " quiet" if core.quiet else ""
         failed = f" FAILED({self.host.failure})" if self.host.failure else ""
         return (
             f"{self.node_id}: {core.role.value} term={core.term} leader={core.leader_id} "

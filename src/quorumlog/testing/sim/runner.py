@@ -58,6 +58,9 @@ BIT_FLIP_PROBABILITY = 0.0005
 """Per read, in the seeds whose disks flip bits: a few flips a run, each one caught by the
 stores' checksums and stopping that node's group (the node is then restarted)."""
 DISK_FULL_SEED_FRACTION = 0.25
+QUIET_SEED_FRACTION = 0.25
+"""Seeds whose groups go quiet when idle (with node-level liveness), and whose clients
+fall silent now and then (the nemesis's `idle`) so that they do, under the other faults."""
 """Seeds that serve lease reads and cut old leaders off right after a transfer."""
 
 
@@ -86,15 +89,21 @@ class SeedResult(msgspec.Struct):
     faults: dict[str, int] = msgspec.field(default_factory=dict)
 
 
-def replay_command(seed: int, node_count: int, simulated_seconds: float) -> str:
+def replay_command(
+    seed: int, node_count: int, simulated_seconds: float, quiet: bool | None = None
+) -> str:
     seconds = "" if simulated_seconds == 30 else f" --seconds {simulated_seconds:g}"
-    return f"quorumlog sim raft --seeds {seed}-{seed} --nodes {node_count}{seconds}"
+    quiet_flag = " --quiet-groups" if quiet else ""
+    return f"quorumlog sim raft --seeds {seed}-{seed} --nodes {node_count}{seconds}{quiet_flag}"
 
 
-def plan_seed(seed: int, node_count: int) -> SeedPlan:
+def plan_seed(seed: int, node_count: int, quiet: bool | None = None) -> SeedPlan:
     """Draw the settings of one seed. Each choice widens what the run exercises: tiny
     append batches and windows (pipelining), small pending limits (PendingFullError),
-    frequent snapshots and small chunks (INSTALL_SNAPSHOT), slow fsyncs (crash windows)."""
+    frequent snapshots and small chunks (INSTALL_SNAPSHOT), slow fsyncs (crash windows).
+
+    `quiet`: True makes the seed one of quiet groups (idle groups quiesce, clients fall
+    silent now and then), False never; None: a `QUIET_SEED_FRACTION` of seeds are."""
     rng = derive_random(seed, "plan")
     membership = rng.random() < 0.3
     pauses = rng.random() < 0.7
@@ -157,6 +166,11 @@ def plan_seed(seed: int, node_count: int) -> SeedPlan:
         node = msgspec.structs.replace(node, read_bit_flip_probability=BIT_FLIP_PROBABILITY)
     if rng.random() < DISK_FULL_SEED_FRACTION:
         weights["disk_full"] = 2
+    # Drawn last, so that the seeds without quiet groups keep their plans.
+    quiet_drawn = rng.random() < QUIET_SEED_FRACTION
+    if quiet if quiet is not None else quiet_drawn:
+        raft = msgspec.structs.replace(raft, quiesce_idle_ticks=rng.choice([1, 2, 4]))
+        weights["idle"] = 4
     nemesis = NemesisOptions(
         interval_ms_min=300,
         interval_ms_max=interval_ms_max,
@@ -185,12 +199,14 @@ def run_seed(
     *,
     trace: TraceRecorder | None = None,
     capture_trace: bool = True,
+    quiet: bool | None = None,
 ) -> SeedResult:
-    """Run one seed; on failure, run it again with tracing to capture the trace tail."""
-    result = _run_once(seed, node_count, simulated_seconds, trace)
+    """Run one seed; on failure, run it again with tracing to capture the trace tail.
+    `quiet`: see `plan_seed`."""
+    result = _run_once(seed, node_count, simulated_seconds, trace, quiet)
     if not result.ok and trace is None and capture_trace:
         recorder = TraceRecorder(lines_max=TRACE_TAIL_LINES)
-        replay = _run_once(seed, node_count, simulated_seconds, recorder)
+        replay = _run_once(seed, node_count, simulated_seconds, recorder, quiet)
         result.trace_tail = recorder.tail(TRACE_TAIL_LINES)
         if replay.failure != result.failure:
             result.failure = (
@@ -201,10 +217,15 @@ def run_seed(
 
 
 def _run_once(
-    seed: int, node_count: int, simulated_seconds: float, trace: TraceRecorder | None
+    seed: int,
+    node_count: int,
+    simulated_seconds: float,
+    trace: TraceRecorder | None,
+    quiet: bool | None = None,
 ) -> SeedResult:
     started = time.perf_counter()
-    plan = plan_seed(seed, node_count)
+    # Without `quiet`, called as before: tests put plans of their own in its place.
+    plan = plan_seed(seed, node_count) if quiet is None else plan_seed(seed, node_count, quiet)
     end_ms = int(simulated_seconds * 1000)
     cluster: SimCluster | None = None
     nemesis: Nemesis | None = None
@@ -216,7 +237,7 @@ def _run_once(
         wall_seconds=0.0,
         invariant_checks=0,
         events=0,
-        replay_command=replay_command(seed, node_count, simulated_seconds),
+        replay_command=replay_command(seed, node_count, simulated_seconds, quiet),
     )
     try:
         with _fewer_collections():
@@ -351,17 +372,21 @@ class RunSummary(msgspec.Struct):
         }
 
 
-def _run_seed_job(arguments: tuple[int, int, float]) -> SeedResult:
-    seed, node_count, simulated_seconds = arguments
-    return run_seed(seed, node_count, simulated_seconds)
+def _run_seed_job(arguments: tuple[int, int, float, bool | None]) -> SeedResult:
+    seed, node_count, simulated_seconds, quiet = arguments
+    return run_seed(seed, node_count, simulated_seconds, quiet=quiet)
 
 
 def run_seeds(
-    seeds: Sequence[int], node_count: int = 3, simulated_seconds: float = 30, jobs: int = 1
+    seeds: Sequence[int],
+    node_count: int = 3,
+    simulated_seconds: float = 30,
+    jobs: int = 1,
+    quiet: bool | None = None,
 ) -> RunSummary:
     """Run every seed (in `jobs` processes); results come back in seed order."""
     started = time.perf_counter()
-    jobs_list = [(seed, node_count, simulated_seconds) for seed in seeds]
+    jobs_list = [(seed, node_count, simulated_seconds, quiet) for seed in seeds]
     if jobs <= 1 or len(jobs_list) <= 1:
         results = [_run_seed_job(job) for job in jobs_list]
     else:

@@ -376,6 +376,11 @@ class Workload:
         self.stats = WorkloadStats()
         self.keys = [f"k{number}" for number in range(options.key_count)]
         self.running = False
+        self.stopped = False
+        self.idle_token = 0
+        self.idling = False
+        self.next_pending: set[str] = set()
+        """Clients with a `_next` scheduled: after an idle spell, each keeps one chain."""
         self.clients = [
             SimClient(
                 f"c{number}",
@@ -392,22 +397,53 @@ class Workload:
 
     def start(self) -> None:
         self.running = True
+        self.stopped = False
         for client in self.clients:
-            self.events.schedule(self._think_ms(), self._next, client)
+            self._schedule_next(client)
 
     def stop(self) -> None:
         self.running = False
+        self.stopped = True
+        self.idling = False
+
+    def idle(self, duration_ms: int) -> None:
+        """Stop issuing operations for `duration_ms` (those in flight finish), then go on:
+        a long quiet spell in which idle Raft groups go quiet."""
+        if not self.running:
+            return
+        self.running = False
+        self.idling = True
+        self.idle_token += 1
+        self.events.schedule(duration_ms, self._end_idle, self.idle_token)
+
+    def _end_idle(self, token: int) -> None:
+        if token == self.idle_token:
+            self.end_idle()
+
+    def end_idle(self) -> None:
+        """Go on now, if idle (an idle spell's timer then changes nothing)."""
+        self.idle_token += 1
+        if self.idling and not self.stopped:
+            self.idling = False
+            self.start()
 
     def _think_ms(self) -> int:
         return draw_int(self.rng, self.options.think_ms_min, self.options.think_ms_max)
 
+    def _schedule_next(self, client: SimClient) -> None:
+        if client.name in self.next_pending:
+            return
+        self.next_pending.add(client.name)
+        self.events.schedule(self._think_ms(), self._next, client)
+
     def _next(self, client: SimClient) -> None:
+        self.next_pending.discard(client.name)
         if not self.running or client.busy:
             return
         kind, key, argument = self._choose(client)
 
         def on_finish(status: str, output: Any) -> None:
-            self.events.schedule(self._think_ms(), self._next, client)
+            self._schedule_next(client)
 
         client.begin(kind, key, argument, on_finish)
 
