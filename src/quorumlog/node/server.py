@@ -163,7 +163,10 @@ class Node:
             settings.node_id,
             ping=self.endpoint.ping,
             unreachable=self.peer_unreachable,
-            silent_ticks_max=settings.election_ticks,
+            # A peer silent for an election timeout is unreachable; pinged often enough that
+            # a live one is heard several times within it (short timeouts in tests too).
+            ping_ticks=max(1, settings.election_ticks // 5),
+            silent_ticks_max=max(settings.election_ticks, 2),
         )
         self.endpoint.on_peer_heard = self.liveness.heard
 

@@ -26,11 +26,16 @@ from tests.unit.node.in_process_cluster import node_settings, start_nodes
 
 NODE_IDS = ["n1", "n2", "n3"]
 GROUP = "broker-a"
-HEARTBEAT_TIMEOUT_MS = 400
+HEARTBEAT_TIMEOUT_MS = 1000
+"""Long enough that a loaded machine's late beats do not look like a dead broker."""
+ADMIN_ONLY_HEARTBEAT_TIMEOUT_MS = 60_000
+"""For a test that elects only by admin request: no broker ever times out."""
 HEARTBEAT_PERIOD_SECONDS = 0.05
 
 
-async def start_cluster(tmp_path: Path) -> list[Node]:
+async def start_cluster(
+    tmp_path: Path, heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS
+) -> list[Node]:
     return await start_nodes(
         node_settings(
             NODE_IDS,
@@ -39,7 +44,7 @@ async def start_cluster(tmp_path: Path) -> list[Node]:
             election_ticks=5,
             fsync=False,
             bookie=False,
-            ha_broker_heartbeat_timeout_ms=HEARTBEAT_TIMEOUT_MS,
+            ha_broker_heartbeat_timeout_ms=heartbeat_timeout_ms,
             ha_controller_check_ms=50,
         )
     )
@@ -217,7 +222,7 @@ def node_group_info(node: Node) -> BrokerGroupInfo | None:
 
 def test_the_ha_commands_show_and_elect(tmp_path: Path) -> None:
     async def scenario() -> None:
-        nodes = await start_cluster(tmp_path)
+        nodes = await start_cluster(tmp_path, ADMIN_ONLY_HEARTBEAT_TIMEOUT_MS)
         admin, brokers = await three_brokers_in_sync(nodes)
         flags = ["--endpoints", ",".join(endpoints(nodes))]
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quorumlog.codec.frame import FRAME_HEADER, FrameDecoder, FrameError, encode_frame
 
 
-@settings(max_examples=200, deadline=None)
+# Generating up to 36 KB per example is slow on a loaded machine: that is not a failure.
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     payloads=st.lists(st.binary(max_size=3000), max_size=12),
     cuts=st.lists(st.integers(min_value=0, max_value=40_000), max_size=20),
