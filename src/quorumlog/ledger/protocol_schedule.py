@@ -96,7 +96,6 @@ class DistributionSchedule:
             pick = self.share_pickers[key] = share_picker(offsets)
         return pick(batch)  # type: ignore[return-value]  # the picker keeps the item type
 
-
     def share_offsets(self, position: int, first_entry_id: int, count: int) -> list[int]:
         """The offsets k in 0..count-1 of the entries first_entry_id + k that `position`
         holds, in order: one stride of E per residue it holds, merged. Built from ranges
