@@ -18,6 +18,9 @@ service again and retries if it still owns the partition).
 Appends. A batch is decided against the producer table (`admit_batch`, shared with Raft
 partitions: a duplicate gets its original offsets, a gap OutOfOrderSequenceError), then
 each record becomes one entry of the current ledger, so offset = first_offset + entry_id.
+A large batch goes to the writer in slices (`append_slice_records`), one per turn of the
+scheduler, so the bookies write a slice while the next is encoded; later batches, a
+rollover and a close wait for its last slice, so a batch is never split across ledgers.
 Batches complete in order once every entry of theirs is acknowledged; `end_offset` moves a
 whole batch at a time and is as far as reads go. While a new ledger is being opened
 (at open, at a rollover) appends wait in a queue, undecided, and are decided in arrival
@@ -519,8 +522,9 @@ class ManagedLedger:
     def write_slice(self, sliced: SlicedWrite, *, resumed: bool) -> None:
         """Hand the next slice of `sliced` to the writer; the rest after the driver has sent
         this one (its flush was asked for first, and the scheduler keeps that order)."""
-        if self.slicing is not sliced or self.state is not ManagedState.WRITABLE:
-            return  # failed (or lost the writer) meanwhile: the batch has its answer
+        if self.slicing is not sliced:
+            return  # the managed ledger failed meanwhile: the batch has its answer
+        require(self.state is ManagedState.WRITABLE, "a batch sliced while not writable")
         queued = sliced.queued
         start = sliced.next_index
         end = min(start + self.config.append_slice_records, len(queued.records))

@@ -281,6 +281,19 @@ def test_a_close_asked_for_during_a_sliced_batch_closes_after_its_last_slice() -
     assert (ledger.closed, ledger.last_entry_id) == (True, 4)
 
 
+def test_an_age_rollover_due_during_a_sliced_batch_waits_for_its_last_slice() -> None:
+    world = ManagedWorld()
+    managed = opened(world, "node-a", 1, append_slice_records=2)
+    written = managed.append(batch("p", 0, 5), "p", 0)
+    assert managed.slicing is not None
+    managed.aged()  # the age timer fires between two slices (asyncio may run it there)
+    world.settle(written)
+    assert written.result() == ProduceOutcome(base_offset=0, count=5)
+    world.scheduler.run_until_idle()
+    ledgers = stored_record(world).ledgers
+    assert [(ledger.closed, ledger.entry_count) for ledger in ledgers] == [(True, 5), (False, 0)]
+
+
 def test_a_sliced_batch_is_never_split_across_ledgers() -> None:
     world = ManagedWorld()
     managed = opened(world, "node-a", 1, append_slice_records=2, rollover_entries_max=3)
