@@ -303,11 +303,6 @@ class DriverWriter(Running):
     def failure(self) -> LedgerError | None:
         return self.writer.failure
 
-    @property
-    def next_entry_id(self) -> int:
-        """The id the next appended entry gets."""
-        return self.writer.next_entry_id
-
     def append(self, data: bytes) -> int:
         """Queue one entry; its id. Raises the handle's refusal (failed, closing, full)."""
         entry_id = self.writer.append(data)

@@ -18,9 +18,6 @@ service again and retries if it still owns the partition).
 Appends. A batch is decided against the producer table (`admit_batch`, shared with Raft
 partitions: a duplicate gets its original offsets, a gap OutOfOrderSequenceError), then
 each record becomes one entry of the current ledger, so offset = first_offset + entry_id.
-A large batch goes to the writer in slices (`append_slice_records`), one per turn of the
-scheduler, so the bookies write a slice while the next is encoded; later batches, a
-rollover and a close wait for its last slice, so a batch is never split across ledgers.
 Batches complete in order once every entry of theirs is acknowledged; `end_offset` moves a
 whole batch at a time and is as far as reads go. While a new ledger is being opened
 (at open, at a rollover) appends wait in a queue, undecided, and are decided in arrival
@@ -113,10 +110,6 @@ class ManagedLedgerConfig(msgspec.Struct, frozen=True, kw_only=True):
     batch the table admitted is never refused by the writer."""
     read_records_max: int = 10_000
     """Records one read returns at most."""
-    append_slice_records: int = 4096
-    """Records of one batch encoded and handed to the writer at a time. The writer sends a
-    slice to the bookies while the next one is encoded, so the owner's encoding of a large
-    batch overlaps the bookies' writing of it rather than coming before all of it."""
     producer_count_max: int = PRODUCER_COUNT_MAX_DEFAULT
     snapshot_producers_max: int = 10_000
     """Producers (most recently active first) copied into a new ledger's metadata."""
@@ -129,7 +122,6 @@ class ManagedLedgerConfig(msgspec.Struct, frozen=True, kw_only=True):
             "rollover_bytes_max",
             "pending_entries_max",
             "read_records_max",
-            "append_slice_records",
             "producer_count_max",
         ):
             if getattr(self, name) < 1:
@@ -159,16 +151,6 @@ class QueuedAppend:
     producer_id: str
     base_sequence: int
     completion: Completion[ProduceOutcome]
-
-
-@dataclass(slots=True)
-class SlicedWrite:
-    """A batch being handed to the writer a slice at a time (its offsets are decided)."""
-
-    queued: QueuedAppend
-    next_index: int
-    """The first record not yet handed to the writer."""
-    timestamp_ms: int
 
 
 @dataclass(slots=True)
@@ -239,11 +221,6 @@ class ManagedLedger:
         self.acknowledged_offset = 0
         """One past the last record of the last acknowledged batch (`end_offset`)."""
         self.queued: deque[QueuedAppend] = deque()
-        self.slicing: SlicedWrite | None = None
-        """The batch being handed to the writer in slices: appends queue behind it, and a
-        rollover or close waits for its last slice."""
-        self.roll_over_when_written = False
-        """The age timer fired while a batch was being sliced."""
         self.inflight: deque[InflightBatch] = deque()
         self.waiting_duplicates: list[tuple[int, ProduceOutcome, Completion[ProduceOutcome]]] = []
         """Retries of batches still in flight: answered once the original is acknowledged."""
@@ -453,17 +430,12 @@ class ManagedLedger:
         if opening:
             self.open_completion.set_result(None)
         self.drain_queue()
-        if self.close_completion is not None and self.accepts_writes:
-            self.begin_close()  # else after the batch being sliced (`batch_written`)
+        if self.close_completion is not None:
+            self.begin_close()
 
     def drain_queue(self) -> None:
-        while self.queued and self.accepts_writes:
+        while self.queued and self.state is ManagedState.WRITABLE:
             self.write(self.queued.popleft())
-
-    @property
-    def accepts_writes(self) -> bool:
-        """A batch may be written now (else it waits in `queued`)."""
-        return self.state is ManagedState.WRITABLE and self.slicing is None
 
     # --- appends -------------------------------------------------------------------------
 
@@ -485,7 +457,7 @@ class ManagedLedger:
         completion: Completion[ProduceOutcome] = Completion(self.scheduler)
         self.pending_records += len(records)
         queued = QueuedAppend(records, producer_id, base_sequence, completion)
-        if self.accepts_writes and not self.queued:
+        if self.state is ManagedState.WRITABLE:
             self.write(queued)
         else:
             self.queued.append(queued)
@@ -509,63 +481,29 @@ class ManagedLedger:
             self.answer_duplicate(outcome, queued.completion)
             return
         writer = present(self.writer, "writing without a writer")
-        require(
-            self.ledger_first_offset + writer.next_entry_id == outcome.base_offset,
-            "an entry's offset is not first_offset + entry_id",
-        )
-        self.next_offset += count
-        last_entry_id = writer.next_entry_id + count - 1
-        self.inflight.append(InflightBatch(last_entry_id, outcome, queued.completion))
-        self.slicing = SlicedWrite(queued, 0, self.scheduler.wall_time_ms())
-        self.write_slice(self.slicing, resumed=False)
-
-    def write_slice(self, sliced: SlicedWrite, *, resumed: bool) -> None:
-        """Hand the next slice of `sliced` to the writer; the rest after the driver has sent
-        this one (its flush was asked for first, and the scheduler keeps that order)."""
-        if self.slicing is not sliced:
-            return  # the managed ledger failed meanwhile: the batch has its answer
-        require(self.state is ManagedState.WRITABLE, "a batch sliced while not writable")
-        queued = sliced.queued
-        start = sliced.next_index
-        end = min(start + self.config.append_slice_records, len(queued.records))
         datas = encode_batch(
-            queued.records[start:end],
-            queued.producer_id,
-            queued.base_sequence,
-            sliced.timestamp_ms,
-            first_index=start,
-            count=len(queued.records),
+            queued.records, queued.producer_id, queued.base_sequence, self.scheduler.wall_time_ms()
         )
-        writer = present(self.writer, "writing without a writer")
         try:
-            writer.append_many(datas)
+            first_entry_id = writer.append_many(datas)
         except LedgerError as error:
             # The table already counts this batch: only a new owner's rebuild is right now.
             self.fail(error)
+            queued.completion.set_exception(self.failure or error)
             return
+        require(
+            self.ledger_first_offset + first_entry_id == outcome.base_offset,
+            "an entry's offset is not first_offset + entry_id",
+        )
+        self.next_offset += count
         self.ledger_data_bytes += sum(map(len, datas))
-        sliced.next_index = end
-        if end < len(queued.records):
-            self.scheduler.call_soon(lambda: self.write_slice(sliced, resumed=True))
-            return
-        self.slicing = None
-        self.batch_written(resumed)
-
-    def batch_written(self, resumed: bool) -> None:
-        """The last slice of a batch is with the writer: roll over, close or go on with
-        the queue (unless `drain_queue` is below on the stack: it goes on by itself)."""
-        writer = present(self.writer, "writing without a writer")
+        last_entry_id = first_entry_id + count - 1
+        self.inflight.append(InflightBatch(last_entry_id, outcome, queued.completion))
         if (
-            writer.next_entry_id >= self.config.rollover_entries_max
+            last_entry_id + 1 >= self.config.rollover_entries_max
             or self.ledger_data_bytes >= self.config.rollover_bytes_max
-            or self.roll_over_when_written
         ):
-            self.roll_over_when_written = False
             self.roll_over()
-        elif resumed and self.close_completion is not None:
-            self.begin_close()
-        elif resumed:
-            self.drain_queue()
 
     def answer_duplicate(
         self, outcome: ProduceOutcome, completion: Completion[ProduceOutcome]
@@ -612,9 +550,7 @@ class ManagedLedger:
         self.age_timer = None
         if self.state is not ManagedState.WRITABLE:
             return
-        if self.slicing is not None:
-            self.roll_over_when_written = True  # not halfway through a batch
-        elif self.next_offset > self.ledger_first_offset:
+        if self.next_offset > self.ledger_first_offset:
             self.roll_over()
         else:
             self.arm_age_timer()  # an empty ledger is not worth replacing
@@ -826,10 +762,9 @@ class ManagedLedger:
             elif self.state is ManagedState.NEW:
                 self.state = ManagedState.CLOSED
                 self.close_completion.set_result(None)
-            elif self.state is ManagedState.WRITABLE and self.slicing is None:
+            elif self.state is ManagedState.WRITABLE:
                 self.begin_close()
-            # OPENING or ROLLING: `begin_writing` closes once the next ledger is ready;
-            # a batch being sliced: `batch_written` closes after its last slice.
+            # OPENING or ROLLING: `begin_writing` closes once the next ledger is ready.
         return self.close_completion
 
     def begin_close(self) -> None:
@@ -871,7 +806,6 @@ class ManagedLedger:
             error = wrap_error(error)
         self.failure = error
         self.state = ManagedState.FAILED
-        self.slicing = None
         if self.age_timer is not None:
             self.age_timer.cancel()
             self.age_timer = None

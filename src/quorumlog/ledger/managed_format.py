@@ -175,21 +175,14 @@ _entry_decoder = msgspec.msgpack.Decoder(ManagedEntry)
 
 
 def encode_batch(
-    records: list[Record],
-    producer_id: str,
-    base_sequence: int,
-    timestamp_ms: int,
-    *,
-    first_index: int = 0,
-    count: int | None = None,
+    records: list[Record], producer_id: str, base_sequence: int, timestamp_ms: int
 ) -> list[bytes]:
-    """One entry per record; records without a timestamp get `timestamp_ms`. `records` may
-    be a slice of a batch of `count` records that starts at position `first_index`.
+    """One entry per record; records without a timestamp get `timestamp_ms`.
 
     Each entry is encoded from a plain tuple in `ManagedEntry`'s field order: an array-like
     struct and a tuple encode to the same msgpack array, and building the tuple costs less
     than building the struct (this runs once per record produced)."""
-    batch_count = len(records) if count is None else count
+    batch_count = len(records)
     encode = _entry_encoder.encode
     return [
         encode(
@@ -204,7 +197,7 @@ def encode_batch(
                 record.headers,
             )
         )
-        for index, record in enumerate(records, first_index)
+        for index, record in enumerate(records)
     ]
 
 

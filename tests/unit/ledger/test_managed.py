@@ -9,9 +9,8 @@ import random
 import msgspec
 import pytest
 
-from quorumlog.codec.wire import AddEntries, Record
+from quorumlog.codec.wire import Record
 from quorumlog.errors import BadPasswordError, NotPartitionOwnerError
-from quorumlog.ledger.bookie import BookieRequest
 from quorumlog.ledger.managed import ManagedLedger, ManagedLedgerConfig
 from quorumlog.ledger.managed_format import ManagedLedgerRecord
 from quorumlog.ledger.metadata import LedgerState
@@ -233,81 +232,6 @@ def test_a_closed_managed_ledger_opens_again_without_recovery() -> None:
     assert world.wait(again.append(batch("p", 0, 3), "p", 0)).duplicate
 
 
-# --- batches handed to the writer in slices ------------------------------------------------
-
-
-def test_a_large_batch_is_sent_a_slice_at_a_time_and_later_batches_wait_behind_it() -> None:
-    world = ManagedWorld()
-    client = world.client(1)
-    managed = client.managed("node-a", config(append_slice_records=2))
-    world.wait(managed.open())
-    writer = managed.writer
-    assert writer is not None
-    sent: list[tuple[int, int]] = []
-    """(last entry id of a frame, entries appended to the writer when it was sent)"""
-    send = client.send
-
-    def watched_send(bookie_id: str, request: BookieRequest) -> None:
-        if isinstance(request, AddEntries):
-            sent.append((request.entries[-1].entry_id, writer.next_entry_id))
-        send(bookie_id, request)
-
-    client.send = watched_send  # type: ignore[method-assign]
-    first = managed.append(batch("p", 0, 5), "p", 0)
-    second = managed.append(batch("q", 0, 1), "q", 0)
-    assert writer.next_entry_id == 2  # one slice now, the rest once it has been sent
-    world.scheduler.run_until_idle()
-    assert sent and max(entry for entry, _ in sent) == 5
-    # The first slice left before the second was appended: overlap with the bookies.
-    assert {appended for entry, appended in sent if entry <= 1} == {2}
-    world.settle(second)
-    assert first.result() == ProduceOutcome(base_offset=0, count=5)
-    assert second.result() == ProduceOutcome(base_offset=5, count=1)
-    assert read_all(world, managed) == [(n, b"p-%d" % n) for n in range(5)] + [(5, b"q-0")]
-    # A new owner rebuilds the producer table from the sliced batch's entries.
-    second_owner = opened(world, "node-b", 2, append_slice_records=2)
-    assert world.wait(second_owner.append(batch("p", 0, 5), "p", 0)).duplicate
-
-
-def test_a_close_asked_for_during_a_sliced_batch_closes_after_its_last_slice() -> None:
-    world = ManagedWorld()
-    managed = opened(world, "node-a", 1, append_slice_records=2)
-    written = managed.append(batch("p", 0, 5), "p", 0)
-    closing = managed.close()
-    world.settle(closing)
-    assert closing.exception() is None
-    assert written.result() == ProduceOutcome(base_offset=0, count=5)
-    (ledger,) = stored_record(world).ledgers
-    assert (ledger.closed, ledger.last_entry_id) == (True, 4)
-
-
-def test_an_age_rollover_due_during_a_sliced_batch_waits_for_its_last_slice() -> None:
-    world = ManagedWorld()
-    managed = opened(world, "node-a", 1, append_slice_records=2)
-    written = managed.append(batch("p", 0, 5), "p", 0)
-    assert managed.slicing is not None
-    managed.aged()  # the age timer fires between two slices (asyncio may run it there)
-    world.settle(written)
-    assert written.result() == ProduceOutcome(base_offset=0, count=5)
-    world.scheduler.run_until_idle()
-    ledgers = stored_record(world).ledgers
-    assert [(ledger.closed, ledger.entry_count) for ledger in ledgers] == [(True, 5), (False, 0)]
-
-
-def test_a_sliced_batch_is_never_split_across_ledgers() -> None:
-    world = ManagedWorld()
-    managed = opened(world, "node-a", 1, append_slice_records=2, rollover_entries_max=3)
-    outcomes = [managed.append(batch("p", 5 * number, 5), "p", 5 * number) for number in range(3)]
-    world.settle(outcomes[-1])
-    assert [outcome.result().base_offset for outcome in outcomes] == [0, 5, 10]
-    ledgers = stored_record(world).ledgers
-    assert [(ledger.first_offset, ledger.entry_count) for ledger in ledgers[:2]] == [
-        (0, 5),
-        (5, 5),
-    ]
-    assert read_all(world, managed) == [(n, b"p-%d" % n) for n in range(15)]
-
-
 # --- randomized takeovers -----------------------------------------------------------------
 
 
@@ -348,11 +272,7 @@ def run_takeovers(seed: int) -> None:
     rng = random.Random(seed)
     world = ManagedWorld()
     producers = [Producer(f"p{number}", rng) for number in range(3)]
-    settings = config(
-        rollover_entries_max=rng.choice([3, 7, 50]),
-        # Drawn apart from `rng`, so each seed's scenario stays what it was before slicing.
-        append_slice_records=random.Random(seed).choice([1, 2, 4096]),
-    )
+    settings = config(rollover_entries_max=rng.choice([3, 7, 50]))
     owner_client: Client | None = None
     for round_number in range(rng.randint(3, 6)):
         if owner_client is not None and rng.random() < 0.5:
