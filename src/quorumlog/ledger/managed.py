@@ -496,7 +496,7 @@ class ManagedLedger:
             "an entry's offset is not first_offset + entry_id",
         )
         self.next_offset += count
-        self.ledger_data_bytes += sum(len(data) for data in datas)
+        self.ledger_data_bytes += sum(map(len, datas))
         last_entry_id = first_entry_id + count - 1
         self.inflight.append(InflightBatch(last_entry_id, outcome, queued.completion))
         if (

@@ -177,16 +177,20 @@ _entry_decoder = msgspec.msgpack.Decoder(ManagedEntry)
 def encode_batch(
     records: list[Record], producer_id: str, base_sequence: int, timestamp_ms: int
 ) -> list[bytes]:
-    """One entry per record; records without a timestamp get `timestamp_ms`."""
-    count = len(records)
+    """One entry per record; records without a timestamp get `timestamp_ms`.
+
+    Each entry is encoded from a plain tuple in `ManagedEntry`'s field order: an array-like
+    struct and a tuple encode to the same msgpack array, and building the tuple costs less
+    than building the struct (this runs once per record produced)."""
+    batch_count = len(records)
     encode = _entry_encoder.encode
     return [
         encode(
-            ManagedEntry(
+            (
                 producer_id,
                 base_sequence,
                 index,
-                count,
+                batch_count,
                 record.timestamp_ms or timestamp_ms,
                 record.key,
                 record.value,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Collection, Sequence
+from itertools import chain
 from typing import TypeVar
 
 Item = TypeVar("Item")
@@ -91,9 +92,22 @@ class DistributionSchedule:
         if pick is None:
             if len(self.share_pickers) >= _SHARE_PICKERS_MAX:
                 self.share_pickers.clear()
-            offsets = [k for k in range(len(batch)) if self.holds(position, first_entry_id + k)]
+            offsets = self.share_offsets(position, first_entry_id, len(batch))
             pick = self.share_pickers[key] = share_picker(offsets)
         return pick(batch)  # type: ignore[return-value]  # the picker keeps the item type
+
+    def share_offsets(self, position: int, first_entry_id: int, count: int) -> list[int]:
+        """The offsets k in 0..count-1 of the entries first_entry_id + k that `position`
+        holds, in order: one stride of E per residue it holds, merged. Built from ranges
+        and one sort in C, because batch sizes vary (each new size builds a picker, and a
+        test of every offset in Python cost about as much as the rest of a send)."""
+        ensemble_size = self.ensemble_size
+        strides = [
+            range((residue - first_entry_id) % ensemble_size, count, ensemble_size)
+            for residue, holds in enumerate(self.holds_by_residue)
+            if holds[position]
+        ]
+        return sorted(chain.from_iterable(strides))
 
 
 def share_picker(offsets: list[int]) -> Picker[object]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import operator
 import shutil
 import time
 import uuid
@@ -617,7 +618,7 @@ def refuse_batch(request: wire.Produce, reply: Replier) -> bool:
     if not request.records:
         error(reply, request.request_id, wire.ErrorCode.BAD_REQUEST, "no records to produce")
         return True
-    size = sum(len(r.value) + len(r.key or b"") for r in request.records)
+    size = batch_bytes(request.records)
     if len(request.records) > PRODUCE_RECORDS_MAX or size > PRODUCE_BYTES_MAX:
         error(
             reply,
@@ -636,6 +637,17 @@ def ha_listen_host(address: str) -> str:
     can dial (say `advertise` otherwise)."""
     host = address.rpartition(":")[0].strip("[]") or "127.0.0.1"
     return "127.0.0.1" if host in ("0.0.0.0", "::") else host
+
+
+def batch_bytes(records: list[wire.Record]) -> int:
+    """Bytes of the records' values and keys. Summed by C loops (map, filter): this runs
+    for every record produced, and a generator expression cost twice as much."""
+    values = sum(map(len, map(RECORD_VALUE, records)))
+    return values + sum(map(len, filter(None, map(RECORD_KEY, records))))
+
+
+RECORD_VALUE = operator.attrgetter("value")
+RECORD_KEY = operator.attrgetter("key")
 
 
 def error(reply: Replier, request_id: int, code: wire.ErrorCode, message: str) -> None:

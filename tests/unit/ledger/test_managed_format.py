@@ -6,11 +6,13 @@ from __future__ import annotations
 import base64
 from collections import OrderedDict
 
+import msgspec
 import pytest
 
 from quorumlog.codec.wire import Record
 from quorumlog.errors import LedgerMetadataFormatError, ManagedLedgerConflictError
 from quorumlog.ledger.managed_format import (
+    ManagedEntry,
     ManagedLedgerInfo,
     ManagedLedgerRecord,
     decode_entry,
@@ -71,6 +73,15 @@ def test_entries_name_their_batch_and_garbage_is_refused() -> None:
     assert [entry.record() for entry in entries] == [Record(b"a", None, 1000), records[1]]
     with pytest.raises(LedgerMetadataFormatError):
         decode_entry(b"\xff\x00garbage")
+
+
+def test_entries_are_encoded_as_the_entry_struct_is() -> None:
+    """encode_batch builds tuples, not ManagedEntry structs: the bytes must be the same."""
+    records = [Record(b"a"), Record(b"b", key=b"k", timestamp_ms=5, headers=[("h", b"v")])]
+    assert encode_batch(records, "p", 7, 1000) == [
+        msgspec.msgpack.encode(ManagedEntry("p", 7, 0, 2, 1000, None, b"a")),
+        msgspec.msgpack.encode(ManagedEntry("p", 7, 1, 2, 5, b"k", b"b", [("h", b"v")])),
+    ]
 
 
 def test_the_producer_table_copy_keeps_the_most_recently_active() -> None:

@@ -74,3 +74,28 @@ def test_sizes_are_checked() -> None:
         DistributionSchedule(3, 4, 2)
     with pytest.raises(ValueError):
         DistributionSchedule(3, 2, 3)
+
+
+@st.composite
+def schedules_and_batches(draw: st.DrawFn) -> tuple[DistributionSchedule, int, int, int]:
+    ensemble = draw(st.integers(1, 6))
+    write_quorum = draw(st.integers(1, ensemble))
+    schedule = DistributionSchedule(ensemble, write_quorum, 1)
+    return (
+        schedule,
+        draw(st.integers(0, ensemble - 1)),
+        draw(st.integers(0, 1000)),
+        draw(st.integers(0, 40)),
+    )
+
+
+@given(schedules_and_batches())
+def test_a_share_is_the_entries_whose_write_set_holds_the_position(
+    drawn: tuple[DistributionSchedule, int, int, int],
+) -> None:
+    """The picker is built from strides; it must pick exactly what `holds` says, in order."""
+    schedule, position, first_entry_id, count = drawn
+    batch = [first_entry_id + k for k in range(count)]
+    expected = [entry for entry in batch if schedule.holds(position, entry)]
+    assert schedule.share(position, first_entry_id, batch) == expected
+    assert schedule.share(position, first_entry_id, batch) == expected  # the cached picker
