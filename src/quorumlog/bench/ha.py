@@ -12,7 +12,8 @@ Cases, one JSON object each:
 
 - `produce-<storage>`: one `Producer` (the `bench stream` produce path) sends RECORDS
   100-byte records as fast as it takes them; records/s from the first send to the last
-  acknowledgement.
+  acknowledgement. CPU per record of the nodes (all three) and of this client beside it:
+  a client near one core's worth per record is what bounds the rate, not the storage.
 - `latency-<storage>`: one `send` per record at PACED_RECORDS_PER_SECOND (open loop: the
   schedule does not wait for answers); p50/p99 from send to acknowledgement.
 - `failover`: a paced producer runs against the HA topic; the master's process is
@@ -160,7 +161,9 @@ def produce_case(
 
     load = load_average()
     cpu_before = sum(cpu_seconds(pid) for pid in pids)
+    client_cpu_before = time.process_time()
     seconds = produce(endpoints, TOPICS[storage], settings.records, 1, CLUSTER_ID)
+    client_cpu_seconds = time.process_time() - client_cpu_before
     node_cpu_seconds = sum(cpu_seconds(pid) for pid in pids) - cpu_before
     return {
         "case": f"produce-{storage}",
@@ -169,6 +172,7 @@ def produce_case(
         "seconds": round(seconds, 3),
         "records_per_s": round(settings.records / seconds),
         "node_cpu_us_per_record": round(node_cpu_seconds / settings.records * 1e6, 2),
+        "client_cpu_us_per_record": round(client_cpu_seconds / settings.records * 1e6, 2),
         "load_average_at_start": load,
     }
 
