@@ -497,6 +497,7 @@ class Producer(BlockingClient):
                 if outcome_unknown and not self.closing:
                     # This call was not written (NotEnoughReplicasUnavailableError, say), but
                     # an earlier one may have been: the sequence stays taken.
+                    self.expire_queued(queue)
                     await asyncio.sleep(RESEND_BACKOFF_SECONDS)
                     continue
                 # Certainly not written (UnavailableError, a closed client): the sequence is
