@@ -6,16 +6,19 @@ with fsync on, under the faults the issue names:
 - the master paused (SIGSTOP) mid-produce: the controller elects another master; resumed,
   the old master follows it as a slave (truncating at handshake whatever it held that the
   new master does not) and ends with the same log end and the same epoch file;
-- the master's node also leading the controller ("ha-controller" group), killed: the next
+- the master's node also leading the controller ("ha-controller" group), killed, and the
+  controller left without a majority for longer than the heartbeat timeout: the next
   controller leader elects once (MasterEpoch + 1, one new master) and produce goes on.
 
-Every wait is a condition polled until a deadline (`wait_until`), never a bare sleep.
+Every wait is a condition polled until a deadline (`wait_until`); the one sleep is the
+length of a fault, not a wait for its outcome.
 """
 
 from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -30,6 +33,7 @@ from quorumlog.codec.wire import HA_CONTROLLER_GROUP, StatusRequest, StatusRespo
 from quorumlog.errors import ClientError
 from quorumlog.ha.broker_host import BrokerStatus
 from quorumlog.ha.controller_client import HAControllerClient
+from quorumlog.ha.controller_machine import BROKER_HEARTBEAT_TIMEOUT_MS_DEFAULT
 from quorumlog.ha.controller_model import BrokerGroupInfo
 from quorumlog.stream.records import RecordMetadata
 from quorumlog.stream.topics import group_id
@@ -43,6 +47,9 @@ WAIT_SECONDS = 20.0
 ACKNOWLEDGED_PER_PHASE = 1000
 """Records acknowledged before a fault and again after it: enough that the fault lands
 among produces in flight, few enough that each test stays within seconds."""
+
+CONTROLLER_OUTAGE_SECONDS = 1.5 * BROKER_HEARTBEAT_TIMEOUT_MS_DEFAULT / 1000
+"""How long the controller has no majority in the #7689 test: past the heartbeat timeout."""
 
 Sent = list[tuple[str, Future[RecordMetadata]]]
 
@@ -255,17 +262,26 @@ def check_epochs_command(cluster: ProcessCluster, group: str, broker_id: str, ep
 
 
 def test_master_and_controller_leader_killed_together_elect_once(tmp_path: Path) -> None:
-    """Three nodes: killing two (the master's and the controller leader's) would leave the
-    controller without a majority, so the master is first moved (an admin election) to
-    the controller leader's node, and that one node is killed."""
+    """apache/rocketmq #7689's shape. Three nodes: killing two (the master's and the
+    controller leader's) would leave the controller without a majority, so the master is
+    first moved (an admin election) to the controller leader's node, and that one node is
+    killed. Another node is paused for longer than the broker heartbeat timeout right
+    after, so the controller has no majority that long: by its log's clock every broker
+    then looks silent, and a new leader that checked at once would elect no one (a
+    MasterEpoch spent on nothing) before electing a master."""
     with ProcessCluster(tmp_path, node_count=3) as cluster:
         group = create_topic(cluster)
         wait_for_full_set(cluster, group)
         leader = wait_until(lambda: controller_leader(cluster), WAIT_SECONDS, "a controller leader")
         before = co_locate_master(cluster, group, leader)
+        survivor = next(node for node in cluster.nodes if node != leader)
         with producing(cluster) as sent:
             wait_for_acknowledged(sent, ACKNOWLEDGED_PER_PHASE, "acks before the kill")
             cluster.kill(leader)
+            cluster.pause(survivor)
+            # The length of the fault (the scenario's parameter), not a wait for an outcome.
+            time.sleep(CONTROLLER_OUTAGE_SECONDS)
+            cluster.resume(survivor)
             after_kill = acknowledged(sent)
             live = [cluster.address(node) for node in cluster.nodes if node != leader]
             elected = wait_for_new_master(live, cluster.cluster_id, group, leader)
