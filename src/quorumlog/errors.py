@@ -223,6 +223,19 @@ class HAPendingFullError(HAReplicationError):
     is refused (nothing written) rather than queued without bound."""
 
 
+class NotEnoughReplicasUnavailableError(UnavailableError, NotEnoughReplicasError):
+    """What a client raises when the master kept refusing a produce with NOT_ENOUGH_REPLICAS
+    until the request's timeout ran out (like Kafka's NotEnoughReplicasException): nothing
+    was written. Both a NotEnoughReplicasError and an UnavailableError, so code that catches
+    either sees it. The master's SyncStateSet and min_in_sync are in the message only (the
+    wire carries text): `sync_state_set` is empty and `min_in_sync` 0 here."""
+
+    def __init__(self, message: str) -> None:
+        QuorumLogError.__init__(self, message)
+        self.sync_state_set = []
+        self.min_in_sync = 0
+
+
 # --- ledgers (reference 001) ---------------------------------------------------------
 
 

@@ -72,6 +72,18 @@ def bench_ledger(as_json: bool, quick: bool, directory: str | None) -> None:
     run_ledger_benchmark(as_json, quick, directory)
 
 
+@bench.command("ha")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
+@click.option("--quick", is_flag=True, help="Short runs, for a smoke run.")
+@click.option("--dir", "directory", type=click.Path(file_okay=False), default=None)
+def bench_ha(as_json: bool, quick: bool, directory: str | None) -> None:
+    """Produce records/s and p50/p99 to an HA topic, a Raft topic and a ledger topic on 3
+    nodes (fsync on), and failover seconds from the HA master's SIGKILL."""
+    from quorumlog.bench.ha import run_ha_benchmark
+
+    run_ha_benchmark(as_json, quick, directory)
+
+
 @bench.command("kv")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
 @click.option("--seconds", type=click.FloatRange(0.5, 600), default=8.0, show_default=True)

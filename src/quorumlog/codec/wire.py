@@ -69,6 +69,11 @@ class ErrorCode(enum.Enum):
     WRONG_GROUP = "wrong_group"
     SESSION_EXPIRED = "session_expired"
     """The cluster no longer has the client's session: the write was not carried out."""
+    NOT_ENOUGH_REPLICAS = "not_enough_replicas"
+    """An HA topic's master has fewer SyncStateSet members than `min_in_sync`: the produce
+    was refused, nothing written; retry after a back-off. A client older than this member
+    cannot decode the answer and treats the connection as broken (its request's outcome
+    unknown, retried elsewhere)."""
 
 
 class KVCommand(msgspec.Struct, frozen=True, array_like=True):

@@ -48,6 +48,7 @@ from quorumlog.codec.wire import (
 from quorumlog.errors import (
     ClientError,
     ConnectionRefusedByNodeError,
+    NotEnoughReplicasUnavailableError,
     RequestRejectedError,
     SessionExpiredError,
     UnavailableError,
@@ -73,6 +74,7 @@ BUSY_CODES = frozenset(
         ErrorCode.TIMEOUT,
         ErrorCode.INTERNAL,
         ErrorCode.CONFIGURATION_IN_PROGRESS,
+        ErrorCode.NOT_ENOUGH_REPLICAS,
     }
 )
 """Codes that mean "this node cannot now": wait a little before the next attempt."""
@@ -397,6 +399,11 @@ class RequestAttempts:
         self.backoff_seconds = BACKOFF_SECONDS_INITIAL
         self.delay_seconds = 0.0
         self.finished = False
+        self.replicas_too_few = False
+        """The latest answer was NOT_ENOUGH_REPLICAS (nothing written): said at give-up."""
+        self.maybe_applied = False
+        """An attempt went unanswered or was answered with a MAYBE_APPLIED code: unlike
+        `maybe_delivered`, refusals that say nothing was done do not set it."""
 
     def next(self) -> Attempt | None:
         """The next attempt, or None when it is time to give up (see `give_up_error`)."""
@@ -411,6 +418,11 @@ class RequestAttempts:
         return Attempt(endpoint, self.delay_seconds, deadline)
 
     def give_up_error(self) -> ClientError:
+        if self.replicas_too_few and not self.maybe_applied:
+            return NotEnoughReplicasUnavailableError(
+                f"{self.what}: refused for too few in-sync replicas until the deadline, "
+                f"{self.timeout_seconds:g}s (last error: {self.last_error})"
+            )
         if self.side_effects and self.maybe_delivered:
             return UnknownOutcomeError(
                 f"{self.what}: no answer in time; it may or may not have taken effect "
@@ -425,6 +437,7 @@ class RequestAttempts:
 
     def connect_failed(self, endpoint: str, error: BaseException) -> None:
         """Could not open a connection: the request certainly did not arrive."""
+        self.replicas_too_few = False
         self.last_error = f"{endpoint}: {describe(error)}"
         self.selector.failed(endpoint)
         self.failed_once(busy=False)
@@ -437,7 +450,9 @@ class RequestAttempts:
 
     def lost(self, endpoint: str, error: BaseException) -> None:
         """Sent (perhaps partly) and then no answer: the connection broke or time ran out."""
+        self.replicas_too_few = False
         self.maybe_delivered = True
+        self.maybe_applied = True
         self.last_error = f"{endpoint}: {describe(error)}"
         self.selector.failed(endpoint)
         if not self.retry_after_delivery or self.fixed_endpoint is not None:
@@ -454,6 +469,7 @@ class RequestAttempts:
             raise ClientError(f"{endpoint} answered {self.what} with {type(frame).__name__}")
         self.last_error = f"{endpoint}: {frame.code.value}: {frame.message}"
         code = frame.code
+        self.replicas_too_few = code is ErrorCode.NOT_ENOUGH_REPLICAS
         if code is ErrorCode.NOT_LEADER:
             followed = self.fixed_endpoint is None and self.selector.hinted(
                 endpoint, frame.leader_hint
@@ -462,6 +478,7 @@ class RequestAttempts:
             return None
         if code in MAYBE_APPLIED_CODES:
             self.maybe_delivered = True
+            self.maybe_applied = True
             if not self.retry_after_delivery:
                 self.finished = True
         if code in BUSY_CODES:

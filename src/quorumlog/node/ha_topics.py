@@ -14,10 +14,10 @@
   contiguous record numbers, as on Raft topics, and duplicates get the same answers
   (`stream.partition.admit_batch`, shared by every storage mode).
 - Produce at the master only (NOT_LEADER naming the master's node elsewhere); acknowledged
-  once every SyncStateSet member has it (NOT_ENOUGH_REPLICAS-like refusal, UNAVAILABLE, if
-  the set is smaller than `min_in_sync`). Fetch and PartitionStatus at the master only, up
-  to confirmOffset (a slave's view of confirmOffset lags, and only the master's index is
-  kept), so a consumer reads only what every SyncStateSet member holds.
+  once every SyncStateSet member has it (refused with NOT_ENOUGH_REPLICAS, nothing
+  written, if the set is smaller than `min_in_sync`). Fetch and PartitionStatus at the
+  master only, up to confirmOffset (a slave's view of confirmOffset lags, and only the
+  master's index is kept), so a consumer reads only what every SyncStateSet member holds.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pathlib import Path
 import msgspec
 
 from quorumlog.codec import wire
-from quorumlog.errors import MasterFencedError, QuorumLogError
+from quorumlog.errors import MasterFencedError, NotEnoughReplicasError, QuorumLogError
 from quorumlog.ha.broker_host import BrokerHost, BrokerHostConfig
 from quorumlog.ha.commit_log import MmapCommitLog
 from quorumlog.ha.epoch_file import EpochFile
@@ -244,7 +244,7 @@ class HATopicService:
         host, index = part.host, part.index
         refusal = host.append_refusal()
         if refusal is not None:
-            refuse(reply, request.request_id, produce_code(refusal), str(refusal))
+            refuse(reply, request.request_id, refusal_code(refusal), str(refusal))
             return
         count = len(request.records)
         outcome = index.admit(request.producer_id, request.base_sequence, count)
@@ -284,7 +284,8 @@ class HATopicService:
             elif isinstance(problem, MasterFencedError):
                 self.refuse_not_master(part, request.request_id, reply)
             elif isinstance(problem, QuorumLogError):
-                refuse(reply, request.request_id, produce_code(problem), str(problem))
+                # Written, not acknowledged: the outcome is open (a retry is deduplicated).
+                refuse(reply, request.request_id, wire.ErrorCode.UNAVAILABLE, str(problem))
             else:
                 raise problem
 
@@ -381,11 +382,13 @@ class HATopicService:
         reply(wire.HABrokerStatusResponse(request_id=request.request_id, status=status))
 
 
-def produce_code(problem: QuorumLogError) -> wire.ErrorCode:
-    """Not written (NotEnoughReplicasError: the SyncStateSet is too small, its message
-    says so), or written and not acknowledged: either way the producer retries with the
-    same sequence, which the master's producer table deduplicates."""
-    del problem
+def refusal_code(refusal: QuorumLogError) -> wire.ErrorCode:
+    """A produce refused before anything was written: NOT_ENOUGH_REPLICAS when the
+    SyncStateSet is too small (clients back off and retry, then raise it typed), else
+    UNAVAILABLE (fenced, too many produces pending: retried likewise). The producer
+    retries with the same sequence either way."""
+    if isinstance(refusal, NotEnoughReplicasError):
+        return wire.ErrorCode.NOT_ENOUGH_REPLICAS
     return wire.ErrorCode.UNAVAILABLE
 
 

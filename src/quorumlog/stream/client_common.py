@@ -20,6 +20,9 @@ Error codes from partition replicas, besides those the KV client knows:
   else the replica is just not ready (a new topic) and the request is retried elsewhere.
 - OUT_OF_RANGE: for a fetch, an offset outside [begin, end]; for a produce, a sequence the
   partition did not expect. Raised to the caller, who knows which it is.
+- NOT_ENOUGH_REPLICAS: an HA topic's master has too few in-sync replicas; nothing was
+  written. Retried after a back-off (`kv.connection.BUSY_CODES`) until the request's
+  timeout, then `NotEnoughReplicasUnavailableError` (a NotEnoughReplicasError).
 """
 
 from __future__ import annotations

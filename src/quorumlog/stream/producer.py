@@ -477,11 +477,13 @@ class Producer(BlockingClient):
         """Send `batch` until the partition answers for it; settle its futures."""
         batch.producer_id = queue.producer_id
         batch.base_sequence = queue.next_sequence
+        outcome_unknown = False
         while True:
             try:
                 result = await self.produce(queue, batch)
             except UnknownOutcomeError as error:
                 # It may be in the log: its sequence stays taken until the partition answers.
+                outcome_unknown = True
                 self.fail(queue, batch, error)
                 self.expire_queued(queue)
                 if self.closing:
@@ -492,6 +494,12 @@ class Producer(BlockingClient):
                 self.rejected(queue, batch, error)
                 return
             except ClientError as error:
+                if outcome_unknown and not self.closing:
+                    # This call was not written (NotEnoughReplicasUnavailableError, say), but
+                    # an earlier one may have been: the sequence stays taken.
+                    self.expire_queued(queue)
+                    await asyncio.sleep(RESEND_BACKOFF_SECONDS)
+                    continue
                 # Certainly not written (UnavailableError, a closed client): the sequence is
                 # free for the next batch.
                 self.fail(queue, batch, error)

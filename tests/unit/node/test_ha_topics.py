@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import msgspec
+
 from quorumlog.codec import wire
-from quorumlog.errors import RequestRejectedError, UnavailableError
+from quorumlog.errors import NotEnoughReplicasError, RequestRejectedError, UnavailableError
 from quorumlog.ha.broker_host import BrokerStatus
 from quorumlog.ha.controller_client import HAControllerClient
 from quorumlog.ha.controller_model import BrokerGroupInfo
@@ -186,3 +188,67 @@ async def check_idempotent_retry(master: Node, next_offset: int) -> None:
         assert answers == [(next_offset, 1, False), (next_offset, 1, True)]
     finally:
         await client.close()
+
+
+def test_a_master_alone_in_its_sync_state_set_refuses_produces_typed(tmp_path: Path) -> None:
+    """Replication 2 (min_in_sync 2): the slave's node stops, the master shrinks the
+    SyncStateSet to itself and refuses produces with NOT_ENOUGH_REPLICAS; the Producer
+    retries them until its timeout and raises NotEnoughReplicasError."""
+
+    async def scenario() -> None:
+        nodes = await start_nodes(settings_for(tmp_path))  # type: ignore[arg-type]
+        for node in nodes:
+            # A slave not caught up leaves the set after 0.5 s, not 3 s: the test is about
+            # the refusal, not the shrink's timing (the simulator checks that).
+            service = node.streams.ha_topics
+            service.config = msgspec.structs.replace(
+                service.config,
+                replication=msgspec.structs.replace(
+                    service.config.replication, ha_max_time_slave_not_catch_up_ms=500
+                ),
+            )
+        stopped: list[Node] = []
+        try:
+            await check_refusal(nodes, stopped)
+        finally:
+            for node in nodes:
+                if node not in stopped:
+                    await node.stop()
+
+    asyncio.run(scenario())
+
+
+async def check_refusal(nodes: list[Node], stopped: list[Node]) -> None:
+    endpoints = endpoints_of(nodes)
+
+    def create() -> wire.TopicDescriptor:
+        with Admin(endpoints) as admin:
+            admin.create_topic(TOPIC, 1, 2, storage="ha")
+            return admin.topic_descriptor(TOPIC)
+
+    descriptor = await asyncio.to_thread(create)
+    name = group_id(descriptor, 0)
+    info = await eventually(lambda: full_set(endpoints, name, 2), "a full SyncStateSet")
+    assert await asyncio.to_thread(produce_values, endpoints, [b"kept"], "p") == [0]
+    slave = next(node for node in nodes if node.node_id in info.sync_state_set)
+    if slave.node_id == info.master_id:
+        slave = next(n for n in nodes if n.node_id in info.sync_state_set and n is not slave)
+    await slave.stop()
+    stopped.append(slave)
+    live = endpoints_of([node for node in nodes if node is not slave])
+
+    def shrunk() -> BrokerGroupInfo | None:
+        found = group_info(live, name)
+        return found if found is not None and found.sync_state_set == [info.master_id] else None
+
+    await eventually(shrunk, "the SyncStateSet to shrink to the master")
+
+    def refused() -> BaseException | None:
+        from quorumlog.stream.producer import Producer
+
+        with Producer(live, producer_id="q", delivery_timeout_seconds=0.5) as producer:
+            return producer.send(TOPIC, b"refused", partition=0).exception(timeout=10)
+
+    problem = await asyncio.to_thread(refused)
+    assert isinstance(problem, NotEnoughReplicasError), problem
+    assert isinstance(problem, UnavailableError), "nothing was written"

@@ -51,7 +51,8 @@ class FakeStreamNode(FakeNode):
         super().__init__(cluster, node_id)
         self.unanswered_produces = 0
         """Apply this many next produces without answering them."""
-        self.produce_errors: list[wire.ErrorCode] = []
+        self.produce_errors: list[wire.ErrorCode | None] = []
+        """Answer the next produces with these codes in turn; None: apply it, answer nothing."""
         self.stale_topic_list = False
         """Answer ListTopics as a follower that has not applied any topic yet."""
 
@@ -105,16 +106,21 @@ class FakeStreamNode(FakeNode):
                 )
             )
             return
+        answer = True
         if self.produce_errors:
             code = self.produce_errors.pop(0)
-            reply(wire.ErrorResponse(frame.request_id, code, f"injected {code.value}"))
-            return
+            if code is not None:
+                reply(wire.ErrorResponse(frame.request_id, code, f"injected {code.value}"))
+                return
+            answer = False
         batch = wire.RecordBatch(
             frame.producer_id, frame.base_sequence, self.cluster.clock_ms, frame.records
         )
         outcome = found.append(batch)
         if self.unanswered_produces:
             self.unanswered_produces -= 1
+            return
+        if not answer:
             return
         if isinstance(outcome, OutOfOrderSequenceError):
             reply(wire.ErrorResponse(frame.request_id, wire.ErrorCode.OUT_OF_RANGE, str(outcome)))

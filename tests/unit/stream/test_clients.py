@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from quorumlog import Admin, Consumer, Producer
 from quorumlog.codec import wire
-from quorumlog.errors import ClientError, RequestRejectedError, UnknownOutcomeError
+from quorumlog.errors import (
+    ClientError,
+    NotEnoughReplicasError,
+    RequestRejectedError,
+    UnavailableError,
+    UnknownOutcomeError,
+)
 from quorumlog.stream.client_common import (
     OffsetOutOfRangeError,
     TopicExistsError,
@@ -275,6 +282,63 @@ def test_busy_codes_are_retried_and_refusals_fail_the_batch(
         # The refused batch was not written: its sequence is the next batch's.
         assert producer.send("events", b"b").result(timeout=10).offset == 0
     assert [p.base_sequence for p in leader.produces()] == [0, 0, 0]
+
+
+def test_not_enough_replicas_is_retried_after_a_back_off_and_written_once(
+    cluster: FakeStreamCluster, admin: Admin
+) -> None:
+    """Like Kafka's NOT_ENOUGH_REPLICAS: the master wrote nothing, so the same batch goes
+    again (same sequence) until the SyncStateSet is large enough."""
+    admin.create_topic("events", partitions=1)
+    leader = cluster.node("n1")
+    leader.produce_errors = [wire.ErrorCode.NOT_ENOUGH_REPLICAS] * 3
+    with Producer(cluster.endpoints) as producer:
+        assert producer.send("events", b"a").result(timeout=10).offset == 0
+    assert [p.base_sequence for p in leader.produces()] == [0, 0, 0, 0]
+    assert cluster.partition("events", 0).machine.next_offset == 1
+
+
+def test_not_enough_replicas_until_the_timeout_is_raised_typed(
+    cluster: FakeStreamCluster, admin: Admin
+) -> None:
+    admin.create_topic("events", partitions=1)
+    leader = cluster.node("n1")
+    leader.produce_errors = [wire.ErrorCode.NOT_ENOUGH_REPLICAS] * 1000
+    with Producer(cluster.endpoints, delivery_timeout_seconds=0.5) as producer:
+        refused = producer.send("events", b"a")
+        with pytest.raises(NotEnoughReplicasError, match="too few in-sync replicas") as raised:
+            refused.result(timeout=10)
+        assert isinstance(raised.value, UnavailableError), "certainly not written"
+        assert len(leader.produces()) > 1, "retried before giving up"
+        leader.produce_errors = []
+        # Nothing was written: the next batch takes the refused one's sequence.
+        assert producer.send("events", b"b").result(timeout=10).offset == 0
+    assert {p.base_sequence for p in leader.produces()} == {0}
+
+
+def test_a_batch_perhaps_written_keeps_its_sequence_through_not_enough_replicas(
+    cluster: FakeStreamCluster, admin: Admin
+) -> None:
+    """The first attempt is written but its answer lost (outcome unknown); then the master
+    refuses with NOT_ENOUGH_REPLICAS until a later call gives up. That call wrote nothing,
+    but the first did: the batch must keep its sequence (and be resent until answered),
+    or the next batch would reuse it and be taken for a duplicate, its record lost."""
+    admin.create_topic("events", partitions=1)
+    leader = cluster.node("n1")
+    leader.produce_errors = [None, *[wire.ErrorCode.NOT_ENOUGH_REPLICAS] * 20]
+    with Producer(
+        cluster.endpoints, attempt_timeout_seconds=0.1, delivery_timeout_seconds=0.25
+    ) as producer:
+        with pytest.raises(UnknownOutcomeError):
+            producer.send("events", b"a").result(timeout=10)
+        deadline = time.monotonic() + 10
+        while leader.produce_errors:  # the batch is resent through every refusal
+            assert time.monotonic() < deadline, "the batch of unknown outcome was given up"
+            time.sleep(0.01)  # polling the condition above, with its deadline
+        assert producer.send("events", b"c").result(timeout=10).offset == 1
+    with Consumer(cluster.endpoints) as consumer:
+        values = [record.value for record in read_all(consumer, "events", 0)]
+    assert values == [b"a", b"c"]
 
 
 def test_out_of_order_answer_fails_batch_and_moves_to_fresh_identity(
