@@ -13,6 +13,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from quorumlog import Admin, Producer
+from quorumlog.kv.client import KVClient
+from quorumlog.ledger.metadata_kv import KVMetadataStore
 from tests.integration.process_cluster import ProcessCluster, wait_until
 from tests.spark.helpers import unique_topic
 
@@ -79,8 +81,14 @@ def test_stream_survives_a_killed_partition_leader_without_loss_or_duplicates(
 
     killer = threading.Thread(target=kill_after_first_batch, daemon=True)
     killer.start()
-    query.awaitTermination()
-    killer.join(timeout=WAIT_SECONDS)
+    try:
+        query.awaitTermination()
+        killer.join(timeout=WAIT_SECONDS)
+    finally:
+        if killed.is_set():
+            # The cluster is shared by the module: later tests need every node (a ledger
+            # topic's ensemble of 3 needs the three bookies the nodes host).
+            cluster.restart(victim)
     assert killed.is_set()
     assert len(query.recentProgress) >= 6  # six micro-batches of at most 1000 records
 
@@ -139,11 +147,24 @@ def test_fail_on_data_loss_after_retention_on_real_nodes(
     assert 0 < counted <= end - begin
 
 
+def wait_for_writable_bookies(cluster: ProcessCluster, count: int) -> None:
+    """Until `count` bookies are registered and writable (a node restarted by an earlier
+    test registers its bookie a heartbeat after it starts)."""
+    with KVClient(cluster.endpoints, timeout=WAIT_SECONDS, cluster_id=CLUSTER_ID) as client:
+        store = KVMetadataStore(client)
+        wait_until(
+            lambda: len(store.writable_bookies()) >= count or None,
+            WAIT_SECONDS,
+            f"{count} writable bookies",
+        )
+
+
 def test_batch_read_of_a_ledger_topic_sees_every_record_once(
     spark: SparkSession, cluster: ProcessCluster
 ) -> None:
     """The Spark source reads a ledger-backed topic as it reads a Raft one."""
     topic = unique_topic("ledger-source")
+    wait_for_writable_bookies(cluster, 3)
     values = [b"ledger-%04d" % number for number in range(400)]
     with Admin(cluster.endpoints, cluster_id=CLUSTER_ID, timeout=WAIT_SECONDS) as admin:
         admin.create_topic(topic, partitions=2, storage="ledger", ensemble=3, write_quorum=2)
@@ -171,6 +192,7 @@ def test_spark_sink_writes_a_ledger_topic_once(
 ) -> None:
     """The Spark sink's idempotent producer works on a ledger-backed topic: every row once."""
     topic = unique_topic("ledger-sink")
+    wait_for_writable_bookies(cluster, 3)
     with Admin(cluster.endpoints, cluster_id=CLUSTER_ID, timeout=WAIT_SECONDS) as admin:
         admin.create_topic(topic, partitions=2, storage="ledger", ensemble=3, write_quorum=2)
     frame = spark.range(0, 2000, numPartitions=2).select(F.col("id").cast("string").alias("value"))
