@@ -14,6 +14,8 @@ or one executor task; it is closed when that work ends.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 from quorumlog.codec import wire
 from quorumlog.errors import ClientError, UnavailableError
 from quorumlog.spark.errors import OptionError
@@ -98,8 +100,19 @@ class ClusterAccess(BlockingClient):
         self, topic_partition: TopicPartition, offset: int, records_max: int, bytes_max: int
     ) -> wire.FetchResult:
         """Committed batches from `offset`; OffsetOutOfRangeError outside [begin, end]."""
+        return self.fetch_soon(topic_partition, offset, records_max, bytes_max).result()
+
+    def fetch_soon(
+        self, topic_partition: TopicPartition, offset: int, records_max: int, bytes_max: int
+    ) -> Future[wire.FetchResult]:
+        """`fetch`, started on the I/O thread: the caller works while the answer comes
+        (the future's result raises what `fetch` raises; its own deadlines bound it)."""
+        if self.closed:
+            raise ClientError("the client is closed")
         topic, partition = topic_partition
-        return self.run(fetch(self.transport, topic, partition, offset, records_max, bytes_max))
+        return self.io.submit(
+            fetch(self.transport, topic, partition, offset, records_max, bytes_max)
+        )
 
     def produce(
         self,
