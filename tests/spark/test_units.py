@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from datetime import UTC, datetime
@@ -10,8 +11,10 @@ import pyarrow as pa
 import pytest
 
 from quorumlog.codec.wire import Record, RecordBatch, encode_record_batch
+from quorumlog.errors import UnavailableError
 from quorumlog.spark.arrow import ARROW_SCHEMA, RecordColumns, decode_stored_batch
 from quorumlog.spark.batch_source import OffsetRange, check_data_loss, plan_ranges
+from quorumlog.spark.cluster import gather_bounded
 from quorumlog.spark.errors import DataLossError, OptionError
 from quorumlog.spark.offsets import (
     OffsetSpec,
@@ -260,3 +263,28 @@ def test_record_columns_match_a_record_by_record_reference(seed: int) -> None:
     arrow_batch = columns.take()
     assert arrow_batch.schema.equals(ARROW_SCHEMA)
     assert arrow_batch.to_pylist() == expected
+
+
+# --- planning many partitions -------------------------------------------------------------
+
+
+def test_gather_bounded_keeps_order_bounds_concurrency_and_raises_the_typed_error() -> None:
+    running = 0
+    most_running = 0
+
+    async def status(number: int) -> int:
+        nonlocal running, most_running
+        running += 1
+        most_running = max(most_running, running)
+        await asyncio.sleep(0)  # let the others start: the bound is what stops them
+        running -= 1
+        if number == 13:
+            raise UnavailableError("partition 13 has no leader")
+        return number * 10
+
+    assert asyncio.run(gather_bounded([status(n) for n in range(12)], 5)) == [
+        n * 10 for n in range(12)
+    ]
+    assert most_running == 5
+    with pytest.raises(UnavailableError, match="partition 13"):
+        asyncio.run(gather_bounded([status(n) for n in range(20)], 4))

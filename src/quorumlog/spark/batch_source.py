@@ -256,7 +256,7 @@ def resolve_batch_offsets(
 ) -> tuple[PartitionOffsets, PartitionOffsets]:
     """Exact (starts, ends) for every partition of the topics read, checked."""
     keys = access.topic_partitions(options.topics, options.topic_option)
-    bounds = {key: access.bounds(key) for key in keys}
+    bounds = access.bounds_of(keys)
     starts = resolve_spec(options.starting, bounds, "startingOffsets")
     ends = resolve_spec(options.ending, bounds, "endingOffsets")
     starts = check_data_loss(starts, bounds, options.fail_on_data_loss)
