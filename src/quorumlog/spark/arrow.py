@@ -222,36 +222,33 @@ class RecordColumns:
         return batch
 
     def offset_column(self) -> np.ndarray[Any, np.dtype[np.int64]]:
-        pieces = [
-            np.arange(run.first_offset, run.first_offset + len(run.records), dtype=np.int64)
-            for run in self.runs
-        ]
-        return np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+        runs = self.runs
+        if not runs:
+            return np.zeros(0, np.int64)
+        first = runs[0].first_offset
+        if runs[-1].first_offset + len(runs[-1].records) - first == self.count:
+            return np.arange(first, first + self.count, dtype=np.int64)  # no gap: one range
+        return np.concatenate(
+            [np.arange(run.first_offset, run.first_offset + len(run.records)) for run in runs]
+        )
 
     def timestamp_columns(self) -> tuple[pa.Array, pa.Array]:
         """(timestamp, timestampType): a record's own time (CreateTime) when its producer
         set one, else the leader's stamp on its entry (LogAppendTime)."""
-        times_ms: list[np.ndarray[Any, np.dtype[np.int64]]] = []
-        types: list[np.ndarray[Any, np.dtype[np.int32]]] = []
-        for run in self.runs:
-            size = len(run.records)
-            if not run.create_times:
-                times_ms.append(np.full(size, run.append_time_ms, np.int64))
-                types.append(np.full(size, TIMESTAMP_TYPE_LOG_APPEND_TIME, np.int32))
-                continue
-            own = np.fromiter(map(timestamp_of, run.records), np.int64, size)
-            stamped = own == 0
-            times_ms.append(np.where(stamped, run.append_time_ms, own))
-            types.append(
-                np.where(
-                    stamped, TIMESTAMP_TYPE_LOG_APPEND_TIME, TIMESTAMP_TYPE_CREATE_TIME
-                ).astype(np.int32)
-            )
-        if not times_ms:
-            return pa.array([], TIMESTAMP_ARROW_TYPE), pa.array([], pa.int32())
-        microseconds = np.concatenate(times_ms) * MICROSECONDS_PER_MILLISECOND
-        type_values = np.concatenate(types)
-        return pa.array(microseconds, TIMESTAMP_ARROW_TYPE), pa.array(type_values, pa.int32())
+        runs = self.runs
+        sizes = [len(run.records) for run in runs]
+        times_ms = np.repeat(np.array([run.append_time_ms for run in runs], np.int64), sizes)
+        types = np.full(self.count, TIMESTAMP_TYPE_LOG_APPEND_TIME, np.int32)
+        start = 0
+        for run, size in zip(runs, sizes, strict=True):
+            if run.create_times:  # rare: only then is a record's own time read
+                own = np.fromiter(map(timestamp_of, run.records), np.int64, size)
+                created = own != 0
+                times_ms[start : start + size][created] = own[created]
+                types[start : start + size][created] = TIMESTAMP_TYPE_CREATE_TIME
+            start += size
+        microseconds = times_ms * MICROSECONDS_PER_MILLISECOND
+        return pa.array(microseconds, TIMESTAMP_ARROW_TYPE), pa.array(types, pa.int32())
 
 
 def key_column(records: list[StoredRecord]) -> pa.Array:
