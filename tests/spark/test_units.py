@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pytest
 
-from quorumlog.codec.wire import Record, RecordBatch
-from quorumlog.spark.arrow import ARROW_SCHEMA, RecordColumns
+from quorumlog.codec.wire import Record, RecordBatch, encode_record_batch
+from quorumlog.errors import UnavailableError
+from quorumlog.spark.arrow import ARROW_SCHEMA, RecordColumns, decode_stored_batch
 from quorumlog.spark.batch_source import OffsetRange, check_data_loss, plan_ranges
+from quorumlog.spark.cluster import gather_bounded
 from quorumlog.spark.errors import DataLossError, OptionError
 from quorumlog.spark.offsets import (
     OffsetSpec,
@@ -156,6 +161,14 @@ def test_limit_offsets_takes_exactly_the_limit_in_proportion() -> None:
 # --- Arrow --------------------------------------------------------------------------------
 
 
+def gathered(
+    columns: RecordColumns, base_offset: int, batch: RecordBatch, start: int, end: int
+) -> int:
+    """Add `batch` the way a reader does: from its stored bytes."""
+    data = encode_record_batch(batch)
+    return columns.add_batch(base_offset, decode_stored_batch(data), start, end, len(data))
+
+
 def test_record_columns_take_exactly_the_range_with_times_and_headers() -> None:
     batch = RecordBatch(
         producer_id="p",
@@ -169,8 +182,8 @@ def test_record_columns_take_exactly_the_range_with_times_and_headers() -> None:
         ],
     )
     columns = RecordColumns("t", 4)
-    assert columns.add_batch(100, batch, start=101, end=103) == 2
-    assert columns.add_batch(104, batch, start=101, end=103) == 0
+    assert gathered(columns, 100, batch, start=101, end=103) == 2
+    assert gathered(columns, 104, batch, start=101, end=103) == 0
     arrow_batch = columns.take()
     assert arrow_batch.schema.equals(ARROW_SCHEMA)
     rows = arrow_batch.to_pylist()
@@ -183,3 +196,95 @@ def test_record_columns_take_exactly_the_range_with_times_and_headers() -> None:
     assert {row["topic"] for row in rows} == {"t"} and {row["partition"] for row in rows} == {4}
     assert len(columns) == 0
     assert isinstance(arrow_batch, pa.RecordBatch)
+    assert columns.take().num_rows == 0  # nothing gathered: an empty batch of the schema
+
+
+def random_batch(chooser: random.Random, size: int) -> RecordBatch:
+    """Records of every shape a producer can send: keys absent, empty or set; own times
+    or none; headers or none; values of any length, the empty one included."""
+    shapes = chooser.choice(["plain", "keys", "mixed"])
+    records = []
+    for _ in range(size):
+        mixed = shapes == "mixed"
+        key = chooser.choice([None, b"", b"key"]) if mixed else (b"k" if shapes == "keys" else None)
+        records.append(
+            Record(
+                value=chooser.randbytes(chooser.choice([0, 1, 100])),
+                key=key,
+                timestamp_ms=chooser.choice([0, 1_600_000_000_123]) if mixed else 0,
+                headers=[("h", b"v"), ("", b"")] if mixed and chooser.random() < 0.3 else [],
+            )
+        )
+    return RecordBatch("p", 0, chooser.randrange(1, 2**41), records)
+
+
+def expected_rows(
+    base_offset: int, batch: RecordBatch, start: int, end: int
+) -> list[dict[str, object]]:
+    """The Kafka-shaped rows of one entry, record by record (the reference)."""
+    rows: list[dict[str, object]] = []
+    for position, record in enumerate(batch.records):
+        offset = base_offset + position
+        if not start <= offset < end:
+            continue
+        own_time = record.timestamp_ms != 0
+        milliseconds = record.timestamp_ms if own_time else batch.timestamp_ms
+        rows.append(
+            {
+                "key": record.key,
+                "value": record.value,
+                "topic": "t",
+                "partition": 2,
+                "offset": offset,
+                "timestamp": datetime.fromtimestamp(milliseconds / 1000, UTC),
+                "timestampType": 0 if own_time else 1,
+                "headers": [{"key": key, "value": value} for key, value in record.headers] or None,
+            }
+        )
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_record_columns_match_a_record_by_record_reference(seed: int) -> None:
+    chooser = random.Random(seed)
+    columns = RecordColumns("t", 2)
+    expected: list[dict[str, object]] = []
+    base_offset = chooser.randrange(0, 1000)
+    start = base_offset + chooser.randrange(0, 5)
+    end = start + chooser.randrange(0, 400)
+    while base_offset < end + 3:
+        batch = random_batch(chooser, chooser.randrange(1, 60))
+        added = gathered(columns, base_offset, batch, start, end)
+        rows = expected_rows(base_offset, batch, start, end)
+        assert added == len(rows)
+        expected += rows
+        base_offset += len(batch.records) + chooser.choice([0, 0, 0, 3])  # retention gaps too
+    assert len(columns) == len(expected)
+    arrow_batch = columns.take()
+    assert arrow_batch.schema.equals(ARROW_SCHEMA)
+    assert arrow_batch.to_pylist() == expected
+
+
+# --- planning many partitions -------------------------------------------------------------
+
+
+def test_gather_bounded_keeps_order_bounds_concurrency_and_raises_the_typed_error() -> None:
+    running = 0
+    most_running = 0
+
+    async def status(number: int) -> int:
+        nonlocal running, most_running
+        running += 1
+        most_running = max(most_running, running)
+        await asyncio.sleep(0)  # let the others start: the bound is what stops them
+        running -= 1
+        if number == 13:
+            raise UnavailableError("partition 13 has no leader")
+        return number * 10
+
+    assert asyncio.run(gather_bounded([status(n) for n in range(12)], 5)) == [
+        n * 10 for n in range(12)
+    ]
+    assert most_running == 5
+    with pytest.raises(UnavailableError, match="partition 13"):
+        asyncio.run(gather_bounded([status(n) for n in range(20)], 4))

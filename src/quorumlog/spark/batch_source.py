@@ -12,21 +12,25 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator, Mapping
+from concurrent.futures import Future
 
 import pyarrow as pa  # type: ignore[import-untyped]
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from quorumlog.codec.wire import decode_record_batch
+from quorumlog.codec.wire import FetchResult
 from quorumlog.errors import UnavailableError
-from quorumlog.spark.arrow import RecordColumns
+from quorumlog.spark.arrow import RecordColumns, StoredRecordBatch, decode_stored_batch
 from quorumlog.spark.cluster import ClusterAccess
 from quorumlog.spark.errors import DataLossError, OptionError
 from quorumlog.spark.offsets import PartitionBounds, PartitionOffsets, TopicPartition, resolve_spec
 from quorumlog.spark.options import SourceOptions
 from quorumlog.stream.client_common import OffsetOutOfRangeError
 
-ARROW_BATCH_ROWS_MAX = 10_000
-"""Rows per Arrow batch handed to Spark: large enough to amortise the per-batch cost."""
+ARROW_BATCH_ROWS_MAX = 65_536
+"""Rows per Arrow batch handed to Spark: large enough to amortise Spark's cost per batch
+(10,000 rows read about 10% slower on the 2-core bench machine)."""
+ARROW_BATCH_BYTES_MAX = 16 * 1024 * 1024
+"""Encoded bytes per Arrow batch, so that batches of large values stay small."""
 STALL_PAUSE_SECONDS = 0.02
 """Pause before fetching again when a fetch brought nothing new (a lagging replica)."""
 
@@ -126,39 +130,74 @@ class FetchSettings:
 def read_range(
     access: ClusterAccess, offset_range: OffsetRange, settings: FetchSettings
 ) -> Iterator[pa.RecordBatch]:
-    """Exactly the records of `offset_range` (less what retention removed, if allowed)."""
+    """Exactly the records of `offset_range` (less what retention removed, if allowed).
+
+    The next fetch is sent as soon as an answer is decoded (that shows where it ends), so
+    the node serves it while this task turns the answer into Arrow columns and Spark
+    takes them."""
     key = offset_range.topic_partition
     columns = RecordColumns(offset_range.topic, offset_range.partition)
     offset, end = offset_range.start, offset_range.end
+    if offset >= end:
+        return
+
+    def fetch_from(position: int) -> Future[FetchResult]:
+        records_max = min(settings.fetch_records_max, end - position)
+        return access.fetch_soon(key, position, records_max, settings.fetch_bytes_max)
+
     stalled_since: float | None = None
-    while offset < end:
-        try:
-            result = access.fetch(
-                key, offset, min(settings.fetch_records_max, end - offset), settings.fetch_bytes_max
-            )
-        except OffsetOutOfRangeError as error:
-            offset = skip_lost_offsets(offset_range, offset, error, settings)
-            continue
-        before = offset
-        for fetched in result.batches:
-            batch = decode_record_batch(fetched.data)
-            columns.add_batch(fetched.base_offset, batch, offset, end)
-            offset = max(offset, min(end, fetched.base_offset + len(batch.records)))
-        if len(columns) >= ARROW_BATCH_ROWS_MAX:
-            yield columns.take()
-        if offset > before:
-            stalled_since = None
-            continue
-        # Nothing new: the node answering lags behind the watermark the range was planned
-        # with (a new leader catching up). Ask again until the deadline.
-        now = time.monotonic()
-        stalled_since = now if stalled_since is None else stalled_since
-        if now - stalled_since > settings.connection.timeout_seconds:
-            offset = give_up_stalled_range(offset_range, offset, result.end_offset, settings)
-        else:
+    pending = fetch_from(offset)
+    try:
+        while True:
+            try:
+                result = pending.result()
+            except OffsetOutOfRangeError as error:
+                offset = skip_lost_offsets(offset_range, offset, error, settings)
+                if offset >= end:
+                    break
+                pending = fetch_from(offset)
+                continue
+            before = offset
+            entries, offset = decode_answer(result, offset, end)
+            if before < offset < end:
+                pending = fetch_from(offset)
+            for base_offset, batch, start, encoded_bytes in entries:
+                columns.add_batch(base_offset, batch, start, end, encoded_bytes)
+            if columns.full(ARROW_BATCH_ROWS_MAX, ARROW_BATCH_BYTES_MAX):
+                yield columns.take()
+            if offset >= end:
+                break
+            if offset > before:
+                stalled_since = None
+                continue
+            # Nothing new: the node answering lags behind the watermark the range was
+            # planned with (a new leader catching up). Ask again until the deadline.
+            now = time.monotonic()
+            stalled_since = now if stalled_since is None else stalled_since
+            if now - stalled_since > settings.connection.timeout_seconds:
+                offset = give_up_stalled_range(offset_range, offset, result.end_offset, settings)
+                break
             time.sleep(STALL_PAUSE_SECONDS)
+            pending = fetch_from(offset)
+    finally:
+        pending.cancel()  # a fetch still in flight when the reader stops early
     if len(columns):
         yield columns.take()
+
+
+DecodedEntry = tuple[int, StoredRecordBatch, int, int]
+"""(base offset, decoded entry, first offset to take from it, encoded bytes)."""
+
+
+def decode_answer(result: FetchResult, offset: int, end: int) -> tuple[list[DecodedEntry], int]:
+    """The answer's entries decoded, each with the offset to start taking from, and the
+    offset after the last record of [offset, end) the answer holds."""
+    entries: list[DecodedEntry] = []
+    for fetched in result.batches:
+        batch = decode_stored_batch(fetched.data)
+        entries.append((fetched.base_offset, batch, offset, len(fetched.data)))
+        offset = max(offset, min(end, fetched.base_offset + len(batch.records)))
+    return entries, offset
 
 
 def skip_lost_offsets(
@@ -217,7 +256,7 @@ def resolve_batch_offsets(
 ) -> tuple[PartitionOffsets, PartitionOffsets]:
     """Exact (starts, ends) for every partition of the topics read, checked."""
     keys = access.topic_partitions(options.topics, options.topic_option)
-    bounds = {key: access.bounds(key) for key in keys}
+    bounds = access.bounds_of(keys)
     starts = resolve_spec(options.starting, bounds, "startingOffsets")
     ends = resolve_spec(options.ending, bounds, "endingOffsets")
     starts = check_data_loss(starts, bounds, options.fail_on_data_loss)

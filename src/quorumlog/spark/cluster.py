@@ -14,6 +14,11 @@ or one executor task; it is closed when that work ends.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
 from quorumlog.codec import wire
 from quorumlog.errors import ClientError, UnavailableError
 from quorumlog.spark.errors import OptionError
@@ -21,6 +26,32 @@ from quorumlog.spark.offsets import PartitionBounds, TopicPartition
 from quorumlog.spark.options import ConnectionOptions
 from quorumlog.stream.client_common import BlockingClient, TopicNotFoundError, leader_status
 from quorumlog.stream.consumer import fetch
+
+BOUNDS_CONCURRENCY_MAX = 64
+"""Partition status requests in flight at once while planning."""
+
+ResultType = TypeVar("ResultType")
+
+
+async def gather_bounded(
+    coroutines: list[Coroutine[Any, Any, ResultType]], concurrency_max: int
+) -> list[ResultType]:
+    """The coroutines' results in order, at most `concurrency_max` running at once. The
+    first error is raised as it is (not in an ExceptionGroup: callers catch the typed
+    errors) and the rest are cancelled."""
+    limit = asyncio.Semaphore(concurrency_max)
+
+    async def bounded(coroutine: Coroutine[Any, Any, ResultType]) -> ResultType:
+        async with limit:
+            return await coroutine
+
+    tasks = [asyncio.ensure_future(bounded(coroutine)) for coroutine in coroutines]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
 
 
 class ClusterAccess(BlockingClient):
@@ -90,16 +121,44 @@ class ClusterAccess(BlockingClient):
     def bounds(self, topic_partition: TopicPartition) -> PartitionBounds:
         """[begin, end) as the partition's leader sees it (a replica's if the leader cannot
         be reached: never past the committed high watermark either way)."""
-        topic, partition = topic_partition
-        status = self.run(leader_status(self.transport, topic, partition))
-        return PartitionBounds(status.begin_offset, status.end_offset)
+        return self.bounds_of([topic_partition])[topic_partition]
+
+    def bounds_of(
+        self, topic_partitions: list[TopicPartition]
+    ) -> dict[TopicPartition, PartitionBounds]:
+        """`bounds` of every partition, asked concurrently (a topic of a thousand
+        partitions is planned in a few round trips, not a thousand)."""
+        statuses = self.run(
+            gather_bounded(
+                [
+                    leader_status(self.transport, topic, partition)
+                    for topic, partition in topic_partitions
+                ],
+                BOUNDS_CONCURRENCY_MAX,
+            )
+        )
+        return {
+            key: PartitionBounds(status.begin_offset, status.end_offset)
+            for key, status in zip(topic_partitions, statuses, strict=True)
+        }
 
     def fetch(
         self, topic_partition: TopicPartition, offset: int, records_max: int, bytes_max: int
     ) -> wire.FetchResult:
         """Committed batches from `offset`; OffsetOutOfRangeError outside [begin, end]."""
+        return self.fetch_soon(topic_partition, offset, records_max, bytes_max).result()
+
+    def fetch_soon(
+        self, topic_partition: TopicPartition, offset: int, records_max: int, bytes_max: int
+    ) -> Future[wire.FetchResult]:
+        """`fetch`, started on the I/O thread: the caller works while the answer comes
+        (the future's result raises what `fetch` raises; its own deadlines bound it)."""
+        if self.closed:
+            raise ClientError("the client is closed")
         topic, partition = topic_partition
-        return self.run(fetch(self.transport, topic, partition, offset, records_max, bytes_max))
+        return self.io.submit(
+            fetch(self.transport, topic, partition, offset, records_max, bytes_max)
+        )
 
     def produce(
         self,

@@ -90,7 +90,7 @@ class QuorumLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def current_bounds(self) -> dict[TopicPartition, PartitionBounds]:
         access = self.cluster()
         keys = access.topic_partitions(self.options.topics, self.options.topic_option)
-        return {key: access.bounds(key) for key in keys}
+        return access.bounds_of(keys)
 
     # --- offsets ----------------------------------------------------------------------
 

@@ -58,7 +58,7 @@ from quorumlog.storage.base import (
 from quorumlog.storage.entry import LogEntry
 from quorumlog.storage.files import disk_errors, fsync_directory, lock_directory
 from quorumlog.storage.filesystem import atomic_write
-from quorumlog.storage.mmap_encode import encode
+from quorumlog.storage.mmap_encode import EntryColumns, encode
 from quorumlog.storage.mmap_files import MappedFile, MappedFileList
 from quorumlog.storage.mmap_format import (
     ENTRY_HEADER_BYTES,
@@ -263,10 +263,12 @@ class MmapLogStore:
         self._check_usable()
         if not entries:
             return
-        check_append(entries, self._last_index, self._entry_bytes_max)
+        columns = EntryColumns(entries)
+        if not columns.follow(self._last_index, self._entry_bytes_max):
+            check_append(entries, self._last_index, self._entry_bytes_max)  # names the culprit
         start = self._data_end
         slot_low = slot_position(entries[0].index, self._slot_base_index)
-        batch = encode(entries, start, self._data_file_bytes)
+        batch = encode(columns, start, self._data_file_bytes)
         end = batch.data_end
         # Allocate every file the batch needs before writing a byte of it.
         created = self._data.ensure(start, end)

@@ -9,6 +9,12 @@ import google_crc32c
 import pytest
 
 from quorumlog.storage import EntryType, LogEntry, MmapLogStore
+from quorumlog.storage.mmap_encode import (
+    SLOT_STRUCT_ENTRIES_MAX,
+    TABLE_LENGTH_MAX,
+    EntryColumns,
+    encode,
+)
 from quorumlog.storage.mmap_format import (
     BLANK_MAGIC,
     ENTRY_HEADER_BYTES,
@@ -176,3 +182,45 @@ def test_batches_across_rollovers_match_the_reference_codec(
         position += size
     assert data[position:] == bytes(len(data) - position)
     assert blanks > 3
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        [0, 1, 7, 8, 9, 100, 4095],  # every size and padding from the tables
+        [100, TABLE_LENGTH_MAX, 3],  # a length past the tables: sizes computed
+        [5] * (SLOT_STRUCT_ENTRIES_MAX + 1),  # slots packed one by one
+        [33] * 300,  # slots from one Struct for the batch
+    ],
+)
+def test_the_batch_encoder_matches_the_reference_codec(lengths: list[int]) -> None:
+    entries = [
+        LogEntry(
+            index=50 + i, term=3 + i % 2, data=bytes([i % 251]) * length, type=EntryType(1 + i % 3)
+        )
+        for i, length in enumerate(lengths)
+    ]
+    start = 4096 + 8
+    batch = encode(EntryColumns(entries), start, 1 << 40)
+    [(position, [data])] = batch.pieces
+    assert position == start
+    expected_data = b""
+    expected_slots = b""
+    for entry in entries:
+        encoded = encode_entry(entry, start + len(expected_data))
+        expected_slots += encode_index_slot(
+            start + len(expected_data), len(encoded), entry.index, entry.term
+        )
+        expected_data += encoded
+    assert bytes(data) == expected_data
+    assert bytes(batch.index_buffer) == expected_slots
+    assert batch.data_end == start + len(expected_data)
+
+
+def test_entry_columns_follow_only_a_contiguous_batch_within_bounds() -> None:
+    entries = [LogEntry(index=i, term=1, data=b"x" * i) for i in range(5, 9)]
+    assert EntryColumns(entries).follow(4, 8)
+    assert not EntryColumns(entries).follow(3, 8)  # starts past the end
+    assert not EntryColumns(entries).follow(4, 7)  # the last entry is too large
+    assert not EntryColumns([*entries[:2], entries[3]]).follow(4, 8)  # a gap
+    assert not EntryColumns([LogEntry(index=5, term=-1)]).follow(4, 8)
