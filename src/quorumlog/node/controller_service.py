@@ -9,13 +9,12 @@ once a ReadIndex round confirms this node still leads (linearizable, without a l
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from quorumlog.codec import wire
-from quorumlog.errors import NotLeaderError, QuorumLogError
+from quorumlog.errors import NotLeaderError
+from quorumlog.node.batched_proposals import BatchedProposals
 from quorumlog.node.errors_to_wire import after_read_barrier, error_response
 from quorumlog.raft.invariants import InvariantViolation
-from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.handle import GroupHandle
 from quorumlog.shard.controller import ControllerMachine, rejected
 from quorumlog.shard.controller_commands import (
@@ -43,8 +42,9 @@ class ControllerService:
         self.group = group
         self.machine = machine
         self.leader_address = leader_address
-        self.pending: list[tuple[wire.ControllerRequest, list[ControllerCommand], Replier]] = []
-        self.flush_scheduled = False
+        self.proposals: BatchedProposals[ControllerBatch] = BatchedProposals(
+            group, make_entry, answer, self.reject
+        )
 
     def reject(self, reply: Replier, request_id: int, error: BaseException) -> None:
         reply(error_response(request_id, error, self.leader_address))
@@ -80,10 +80,8 @@ class ControllerService:
         if all(isinstance(command, Query) for command in commands):
             self.query(request, commands, reply)
             return
-        self.pending.append((request, commands, reply))
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            self.group.scheduler.call_soon(self.flush)
+        batch = ControllerBatch(request.client_id, request.first_unacknowledged, commands)
+        self.proposals.add(request.request_id, batch, reply)
 
     def query(
         self, request: wire.ControllerRequest, commands: list[ControllerCommand], reply: Replier
@@ -107,34 +105,10 @@ class ControllerService:
             return rejected(f"configuration number must be -1 or more, got {command.number}")
         return ControllerResult(ok=True, configuration=self.machine.query(command.number))
 
-    def flush(self) -> None:
-        self.flush_scheduled = False
-        pending, self.pending = self.pending, []
-        entry = ControllerEntry(
-            timestamp_ms=self.group.scheduler.wall_time_ms(),
-            batches=[
-                ControllerBatch(request.client_id, request.first_unacknowledged, commands)
-                for request, commands, _ in pending
-            ],
-        )
-        try:
-            future = self.group.propose(encode_entry(entry))
-        except QuorumLogError as error:
-            for request, _, reply in pending:
-                self.reject(reply, request.request_id, error)
-            return
 
-        def answer(done: Completion[Any]) -> None:
-            error = done.exception()
-            if error is not None:
-                for request, _, reply in pending:
-                    self.reject(reply, request.request_id, error)
-                return
-            for (request, _, reply), results in zip(pending, done.result(), strict=True):
-                reply(
-                    wire.ControllerResponse(
-                        request_id=request.request_id, results=encode_results(results)
-                    )
-                )
+def make_entry(timestamp_ms: int, batches: list[ControllerBatch]) -> bytes:
+    return encode_entry(ControllerEntry(timestamp_ms=timestamp_ms, batches=batches))
 
-        future.add_done_callback(answer)
+
+def answer(reply: Replier, request_id: int, results: list[ControllerResult]) -> None:
+    reply(wire.ControllerResponse(request_id=request_id, results=encode_results(results)))

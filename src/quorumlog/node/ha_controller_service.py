@@ -40,6 +40,7 @@ from quorumlog.ha.controller_model import (
     encode_entry,
     encode_results,
 )
+from quorumlog.node.batched_proposals import BatchedProposals
 from quorumlog.node.errors_to_wire import after_read_barrier, error_response
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.handle import GroupHandle
@@ -69,8 +70,9 @@ class HAControllerService:
         self.machine = machine
         self.leader_address = leader_address
         self.check_interval_seconds = check_interval_seconds
-        self.pending: list[tuple[wire.HAControllerRequest, list[HAControllerCommand], Replier]] = []
-        self.flush_scheduled = False
+        self.proposals: BatchedProposals[HAControllerBatch] = BatchedProposals(
+            group, make_entry, answer, self.reject
+        )
         self.timer: Timer | None = None
         self.leading_since_seconds: float | None = None
         """When this node was first seen leading, by the monotonic clock; None if not."""
@@ -105,8 +107,8 @@ class HAControllerService:
         if all(isinstance(command, HA_CONTROLLER_QUERY_TYPES) for command in commands):
             self.query(request, commands, reply)
             return
-        self.pending.append((request, commands, reply))
-        self.schedule_flush()
+        batch = HAControllerBatch(request.client_id, request.first_unacknowledged, commands)
+        self.proposals.add(request.request_id, batch, reply)
 
     def bad_request(self, reply: Replier, request_id: int, message: str) -> None:
         reply(
@@ -149,45 +151,6 @@ class HAControllerService:
             return HAControllerResult(ok=True, group=info)
         return HAControllerResult(ok=True, groups=self.machine.list_groups(now_ms))
 
-    def schedule_flush(self) -> None:
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            self.group.scheduler.call_soon(self.flush)
-
-    def flush(self) -> None:
-        self.flush_scheduled = False
-        pending, self.pending = self.pending, []
-        if not pending:
-            return
-        entry = HAControllerEntry(
-            timestamp_ms=self.group.scheduler.wall_time_ms(),
-            batches=[
-                HAControllerBatch(request.client_id, request.first_unacknowledged, commands)
-                for request, commands, _ in pending
-            ],
-        )
-        try:
-            future = self.group.propose(encode_entry(entry))
-        except QuorumLogError as error:
-            for request, _, reply in pending:
-                self.reject(reply, request.request_id, error)
-            return
-
-        def answer(done: Completion[Any]) -> None:
-            error = done.exception()
-            if error is not None:
-                for request, _, reply in pending:
-                    self.reject(reply, request.request_id, error)
-                return
-            for (request, _, reply), results in zip(pending, done.result(), strict=True):
-                reply(
-                    wire.HAControllerResponse(
-                        request_id=request.request_id, results=encode_results(results)
-                    )
-                )
-
-        future.add_done_callback(answer)
-
     # --- the leader's check for silent masters -------------------------------------------
 
     def start(self) -> None:
@@ -222,12 +185,9 @@ class HAControllerService:
 
     def propose_election(self, name: str, master_epoch: int) -> None:
         command = ElectMaster(name, automatic=True, expected_master_epoch=master_epoch)
-        entry = HAControllerEntry(
-            timestamp_ms=self.group.scheduler.wall_time_ms(),
-            batches=[HAControllerBatch(self.check_client_id, 0, [command])],
-        )
+        batch = HAControllerBatch(self.check_client_id, 0, [command])
         try:
-            future = self.group.propose(encode_entry(entry))
+            future = self.group.propose(make_entry(self.group.scheduler.wall_time_ms(), [batch]))
         except QuorumLogError as error:
             log.info("HA controller: election for %s not proposed: %s", name, error)
             return
@@ -250,6 +210,14 @@ class HAControllerService:
                 )
 
         future.add_done_callback(done)
+
+
+def make_entry(timestamp_ms: int, batches: list[HAControllerBatch]) -> bytes:
+    return encode_entry(HAControllerEntry(timestamp_ms=timestamp_ms, batches=batches))
+
+
+def answer(reply: Replier, request_id: int, results: list[HAControllerResult]) -> None:
+    reply(wire.HAControllerResponse(request_id=request_id, results=encode_results(results)))
 
 
 __all__ = ["CHECK_INTERVAL_SECONDS_DEFAULT", "HAControllerService"]
