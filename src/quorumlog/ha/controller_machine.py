@@ -27,7 +27,7 @@ The rules, after RocketMQ's ReplicasInfoManager and DefaultElectPolicy:
 
 Writes other than heartbeats and automatic elections are deduplicated by (client id,
 sequence) through the same `SessionTable` the KV machine uses; a session keeps each result
-as its JSON text (`is_deduplicated` says why those two are not). A well-formed entry
+as its JSON text (`deduplicated_sequence` says why those two are not). A well-formed entry
 never makes `apply` raise; bytes that do not decode are corruption.
 """
 
@@ -62,7 +62,7 @@ from quorumlog.kv.sessions import (
     SESSION_TTL_MS_DEFAULT,
     SessionRecord,
     SessionTable,
-    lookup_duplicate,
+    apply_deduplicated,
 )
 from quorumlog.raft.invariants import require
 
@@ -234,26 +234,17 @@ class HAControllerMachine:
             self._applied_index = index
 
     def apply_entry(self, entry: HAControllerEntry) -> list[list[HAControllerResult]]:
-        sessions = self.sessions
-        sessions.advance_clock(entry.timestamp_ms)
-        all_results: list[list[HAControllerResult]] = []
-        for batch in entry.batches:
-            session = sessions.touch(batch.client_id, batch.first_unacknowledged)
-            batch_results: list[HAControllerResult] = []
-            for command in batch.commands:
-                if not is_deduplicated(command):
-                    batch_results.append(self.execute(command))
-                    continue
-                stored = lookup_duplicate(session, command.sequence)
-                if stored is not None:
-                    self.duplicate_count += 1
-                    batch_results.append(from_session_result(stored))
-                    continue
-                result = self.execute(command)
-                sessions.remember(session, command.sequence, to_session_result(result))
-                batch_results.append(result)
-            all_results.append(batch_results)
-        return all_results
+        self.sessions.advance_clock(entry.timestamp_ms)
+        results, duplicates = apply_deduplicated(
+            self.sessions,
+            entry.batches,
+            self.execute,
+            deduplicated_sequence,
+            to_session_result,
+            from_session_result,
+        )
+        self.duplicate_count += duplicates
+        return results
 
     def execute(self, command: HAControllerCommand) -> HAControllerResult:
         """Carry out one command that is not a duplicate."""
@@ -511,13 +502,16 @@ class HAControllerMachine:
         self._applied_index = snapshot.applied_index
 
 
-def is_deduplicated(command: HAControllerCommand) -> bool:
-    """Reads, heartbeats and automatic elections are not kept in sessions: a repeat of
-    one is harmless (a read reads again, a heartbeat stamps again, an automatic election
-    is guarded by its expected MasterEpoch), and keeping them would fill the sessions."""
+def deduplicated_sequence(command: HAControllerCommand) -> int | None:
+    """The sequence a session keeps the command's answer under; None for reads, heartbeats
+    and automatic elections, which are not kept: a repeat of one is harmless (a read reads
+    again, a heartbeat stamps again, an automatic election is guarded by its expected
+    MasterEpoch), and keeping them would fill the sessions."""
     if isinstance(command, GetGroup | ListGroups | BrokerHeartbeat):
-        return False
-    return not (isinstance(command, ElectMaster) and command.automatic)
+        return None
+    if isinstance(command, ElectMaster) and command.automatic:
+        return None
+    return command.sequence
 
 
 def epochs_of(state: GroupState) -> tuple[int, int]:

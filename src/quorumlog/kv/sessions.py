@@ -46,6 +46,8 @@ even if a new leader's clock is behind), and sessions are kept in order of last 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
+from typing import Protocol, TypeVar
 
 import msgspec
 
@@ -297,3 +299,53 @@ def is_session_expired(results: list[KVCommandResult]) -> bool:
     """True if a batch's results say it was refused because its session is gone (a node
     may answer such a batch with an ErrorResponse SESSION_EXPIRED instead)."""
     return any(result.error is ErrorCode.SESSION_EXPIRED for result in results)
+
+
+CommandType = TypeVar("CommandType", covariant=True)
+ResultType = TypeVar("ResultType")
+
+
+class CommandBatch(Protocol[CommandType]):
+    @property
+    def client_id(self) -> str: ...
+
+    @property
+    def first_unacknowledged(self) -> int: ...
+
+    @property
+    def commands(self) -> Sequence[CommandType]: ...
+
+
+def apply_deduplicated(
+    sessions: SessionTable,
+    batches: Sequence[CommandBatch[CommandType]],
+    execute: Callable[[CommandType], ResultType],
+    sequence_of: Callable[[CommandType], int | None],
+    stored_from: Callable[[ResultType], KVCommandResult],
+    result_from: Callable[[KVCommandResult], ResultType],
+) -> tuple[list[list[ResultType]], int]:
+    """Apply a log entry's client batches with at-most-once commands (the controllers'
+    loop): each command whose `sequence_of` is not None runs once per (client, sequence);
+    a retry gets the stored answer. Returns one result list per batch and how many
+    commands were duplicates. `stored_from`/`result_from` convert a machine's result to and
+    from what a session keeps."""
+    all_results: list[list[ResultType]] = []
+    duplicates = 0
+    for batch in batches:
+        session = sessions.touch(batch.client_id, batch.first_unacknowledged)
+        batch_results: list[ResultType] = []
+        for command in batch.commands:
+            sequence = sequence_of(command)
+            if sequence is None:
+                batch_results.append(execute(command))
+                continue
+            stored = lookup_duplicate(session, sequence)
+            if stored is not None:
+                duplicates += 1
+                batch_results.append(result_from(stored))
+                continue
+            result = execute(command)
+            sessions.remember(session, sequence, stored_from(result))
+            batch_results.append(result)
+        all_results.append(batch_results)
+    return all_results, duplicates

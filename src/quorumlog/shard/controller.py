@@ -34,7 +34,7 @@ from quorumlog.kv.sessions import (
     SESSION_TTL_MS_DEFAULT,
     SessionRecord,
     SessionTable,
-    lookup_duplicate,
+    apply_deduplicated,
 )
 from quorumlog.raft.invariants import InvariantViolation
 from quorumlog.shard.balance import rebalance
@@ -150,26 +150,17 @@ class ControllerMachine:
             self._applied_index = index
 
     def apply_entry(self, entry: ControllerEntry) -> list[list[ControllerResult]]:
-        sessions = self.sessions
-        sessions.advance_clock(entry.timestamp_ms)
-        all_results: list[list[ControllerResult]] = []
-        for batch in entry.batches:
-            session = sessions.touch(batch.client_id, batch.first_unacknowledged)
-            batch_results: list[ControllerResult] = []
-            for command in batch.commands:
-                if isinstance(command, Query):
-                    batch_results.append(self.execute(command))
-                    continue
-                stored = lookup_duplicate(session, command.sequence)
-                if stored is not None:
-                    self.duplicate_count += 1
-                    batch_results.append(from_session_result(stored))
-                    continue
-                result = self.execute(command)
-                sessions.remember(session, command.sequence, to_session_result(result))
-                batch_results.append(result)
-            all_results.append(batch_results)
-        return all_results
+        self.sessions.advance_clock(entry.timestamp_ms)
+        results, duplicates = apply_deduplicated(
+            self.sessions,
+            entry.batches,
+            self.execute,
+            deduplicated_sequence,
+            to_session_result,
+            from_session_result,
+        )
+        self.duplicate_count += duplicates
+        return results
 
     def execute(self, command: ControllerCommand) -> ControllerResult:
         """Carry out one command that is not a duplicate."""
@@ -342,3 +333,8 @@ __all__ = [
     "from_session_result",
     "to_session_result",
 ]
+
+
+def deduplicated_sequence(command: ControllerCommand) -> int | None:
+    """Queries are read again on a retry; every change runs once per (client, sequence)."""
+    return None if isinstance(command, Query) else command.sequence
