@@ -34,7 +34,7 @@ from typing import Protocol
 import msgspec
 
 from quorumlog.raft.invariants import require
-from quorumlog.storage.base import SyncPolicy
+from quorumlog.storage.base import LogStore, SyncPolicy
 from quorumlog.storage.entry import EntryType, LogEntry
 from quorumlog.storage.mmap_store import (
     DATA_FILE_BYTES_DEFAULT,
@@ -145,13 +145,7 @@ class MmapCommitLog:
 
     def append(self, messages: Sequence[bytes], epoch: int) -> int:
         store = self._store
-        first = store.last_index + 1
-        store.append(
-            [
-                LogEntry(index=index, term=epoch, data=message, type=EntryType.DATA)
-                for index, message in enumerate(messages, start=first)
-            ]
-        )
+        store.append(message_entries(messages, epoch, store.last_index + 1))
         return store.data_end
 
     def sync(self) -> None:
@@ -162,17 +156,7 @@ class MmapCommitLog:
         index = self._index_at(offset)
         if index > store.last_index:
             return None
-        messages: list[bytes] = []
-        data_bytes = 0
-        epoch = -1
-        last_read = index
-        for entry in store.iter_entries(index, store.last_index + 1):
-            if messages and (entry.term != epoch or data_bytes + len(entry.data) > bytes_max):
-                break
-            epoch = entry.term
-            messages.append(entry.data)
-            data_bytes += len(entry.data)
-            last_read = entry.index
+        messages, epoch, last_read = read_one_epoch(store, index, bytes_max)
         position, size = store.entry_span(last_read)
         end_offset = position + size
         self._remember(end_offset, last_read + 1)
@@ -236,3 +220,31 @@ class MmapCommitLog:
 
 
 __all__ = ["CommitLog", "CommitLogBatch", "MmapCommitLog"]
+
+
+# --- shared by every CommitLog on a LogStore -----------------------------------------------
+
+
+def message_entries(messages: Sequence[bytes], epoch: int, first_index: int) -> list[LogEntry]:
+    """One store entry per message; the entry's term is the message's MasterEpoch."""
+    return [
+        LogEntry(index=index, term=epoch, data=message, type=EntryType.DATA)
+        for index, message in enumerate(messages, start=first_index)
+    ]
+
+
+def read_one_epoch(store: LogStore, index: int, bytes_max: int) -> tuple[list[bytes], int, int]:
+    """Messages from entry `index` on, all of one epoch and at most `bytes_max` data bytes
+    (at least one): (messages, their epoch, the last entry read)."""
+    messages: list[bytes] = []
+    data_bytes = 0
+    epoch = -1
+    last_read = index
+    for entry in store.iter_entries(index, store.last_index + 1):
+        if messages and (entry.term != epoch or data_bytes + len(entry.data) > bytes_max):
+            break
+        epoch = entry.term
+        messages.append(entry.data)
+        data_bytes += len(entry.data)
+        last_read = entry.index
+    return messages, epoch, last_read

@@ -29,10 +29,9 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Final
 
-from quorumlog.ha.commit_log import CommitLogBatch
+from quorumlog.ha.commit_log import CommitLogBatch, message_entries, read_one_epoch
 from quorumlog.raft.invariants import require
 from quorumlog.storage.base import SyncPolicy
-from quorumlog.storage.entry import EntryType, LogEntry
 from quorumlog.storage.filesystem import OS_FILE_SYSTEM, FileSystem
 from quorumlog.storage.segment import SEGMENT_BYTES_MAX_DEFAULT, SegmentLogStore
 from quorumlog.storage.segment_format import ENTRY_HEADER_BYTES
@@ -99,13 +98,7 @@ class SegmentCommitLog:
 
     def append(self, messages: Sequence[bytes], epoch: int) -> int:
         store = self._store
-        first = store.last_index + 1
-        store.append(
-            [
-                LogEntry(index=index, term=epoch, data=message, type=EntryType.DATA)
-                for index, message in enumerate(messages, start=first)
-            ]
-        )
+        store.append(message_entries(messages, epoch, store.last_index + 1))
         end = self.max_offset
         ends = self._ends
         for message in messages:  # only once the store took them: an append is all or nothing
@@ -121,17 +114,7 @@ class SegmentCommitLog:
         index = self._index_at(offset)
         if index > store.last_index:
             return None
-        messages: list[bytes] = []
-        data_bytes = 0
-        epoch = -1
-        last_read = index
-        for entry in store.iter_entries(index, store.last_index + 1):
-            if messages and (entry.term != epoch or data_bytes + len(entry.data) > bytes_max):
-                break
-            epoch = entry.term
-            messages.append(entry.data)
-            data_bytes += len(entry.data)
-            last_read = entry.index
+        messages, epoch, last_read = read_one_epoch(store, index, bytes_max)
         return CommitLogBatch(offset, self._ends[last_read - 1], epoch, messages)
 
     def truncate(self, offset: int) -> None:
