@@ -20,8 +20,9 @@ Cases, one JSON object each:
   SIGKILLed; the figure is the seconds from the kill to the acknowledgement of the first
   record sent after it (so it was written by the new master). The controller declares a
   master dead after BROKER_HEARTBEAT_TIMEOUT_MS_DEFAULT of silence, which dominates; when
-  the master's node also led the controller (`controller_leader_killed`), a controller
-  election and the new leader's wait of one heartbeat timeout come on top.
+  the master's node also led the controller (`controller_leader_killed`), the controller
+  election overlaps that silence (the new leader skips its grace for a master whose node
+  it sees unreachable, node/ha_controller_service.py).
 
 The last line sums it up: produce_records_per_s (the HA topic), ratio_ha_to_raft_produce,
 failover_seconds and the rest. Figures, never pass or fail; the load average at the start

@@ -150,6 +150,10 @@ class HAControllerMachine:
         """The latest entry stamp applied (monotonic)."""
         return self.sessions.clock_ms
 
+    def master_of(self, name: str) -> str | None:
+        state = self.groups.get(name)
+        return None if state is None else state.master_id
+
     def is_alive(self, broker: BrokerState, now_ms: int) -> bool:
         return now_ms - broker.last_heartbeat_ms <= self.broker_heartbeat_timeout_ms
 

@@ -13,7 +13,14 @@ Requests that arrive in one event-loop turn become one entry, as KV writes do. T
 runs on a timer of the group's scheduler (no asyncio), so the simulator runs it on virtual
 time. A new leader waits one heartbeat timeout before its first check: while the old
 leader was gone no heartbeat reached the log, so by the log's clock every broker looks
-silent until the brokers' next heartbeats are applied under the new leader. Each automatic
+silent until the brokers' next heartbeats are applied under the new leader. The wait is
+skipped for a master whose node this node's own peer liveness (runtime/liveness.py) already
+reports unreachable: that broker cannot heartbeat to anyone, so waiting only delays its
+failover (when the master's node also led the controller, the kill costs a controller
+election and then one heartbeat timeout by the log's clock, not two). This only decides
+when an election is proposed; whether it elects, and whom, is still decided in the log by
+the machine with the entry's stamp, so a wrong liveness view costs availability at worst,
+never safety. Each automatic
 election names the MasterEpoch it saw, so two leaders that saw the same silent master
 elect once (the second entry is refused as stale).
 """
@@ -61,6 +68,7 @@ class HAControllerService:
         machine: HAControllerMachine,
         leader_address: Callable[[], str | None],
         check_interval_seconds: float = CHECK_INTERVAL_SECONDS_DEFAULT,
+        node_reachable: Callable[[str], bool] | None = None,
     ) -> None:
         if check_interval_seconds <= 0:
             raise ValueError(
@@ -70,6 +78,9 @@ class HAControllerService:
         self.machine = machine
         self.leader_address = leader_address
         self.check_interval_seconds = check_interval_seconds
+        self.node_reachable = node_reachable
+        """This node's view of whether another node answers (a broker's id is its node's);
+        None: no view, every new leader waits its whole grace."""
         self.proposals: BatchedProposals[HAControllerBatch] = BatchedProposals(
             group, make_entry, answer, self.reject
         )
@@ -177,11 +188,23 @@ class HAControllerService:
         if self.leading_since_seconds is None:
             self.leading_since_seconds = now_seconds
         grace_seconds = self.machine.broker_heartbeat_timeout_ms / 1000
-        if now_seconds - self.leading_since_seconds < grace_seconds:
+        in_grace = now_seconds - self.leading_since_seconds < grace_seconds
+        if in_grace and self.node_reachable is None:
             return
         for name, master_epoch in self.machine.groups_needing_election(scheduler.wall_time_ms()):
+            if in_grace and not self.master_node_unreachable(name):
+                continue
             if (name, master_epoch) not in self.elections_in_flight:
                 self.propose_election(name, master_epoch)
+
+    def master_node_unreachable(self, name: str) -> bool:
+        """Whether group `name` has a master whose node this node sees as unreachable."""
+        master_id = self.machine.master_of(name)
+        if master_id is None or self.node_reachable is None:
+            return False
+        if master_id == self.group.node_id:
+            return False
+        return not self.node_reachable(master_id)
 
     def propose_election(self, name: str, master_epoch: int) -> None:
         command = ElectMaster(name, automatic=True, expected_master_epoch=master_epoch)

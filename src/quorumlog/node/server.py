@@ -313,6 +313,7 @@ class Node:
             machine,
             lambda: self.address_of(group.core.leader_id),
             settings.ha_controller_check_ms / 1000,
+            self.liveness.is_reachable,
         )
         self.dispatcher.ha_controller = self.ha_controller
 

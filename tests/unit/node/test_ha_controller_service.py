@@ -85,3 +85,46 @@ def test_a_new_leader_waits_a_heartbeat_timeout_then_replaces_a_silent_master() 
     assert service.elections_proposed == 1
     service.stop()
     assert scheduler.timer_count == 0
+
+
+def elect_after_leading(master_reachable: bool) -> tuple[HAControllerMachine, HAControllerService]:
+    """A new leader whose node sees master a's node as reachable or not; a was last logged
+    a heartbeat timeout ago and b beats to the new leader. Checks for half the grace."""
+    scheduler = ManualScheduler()
+    machine = HAControllerMachine(broker_heartbeat_timeout_ms=TIMEOUT_MS)
+    group = OneReplicaGroup(scheduler, machine)
+    service = HAControllerService(
+        group,  # type: ignore[arg-type]
+        machine,
+        lambda: None,
+        CHECK_SECONDS,
+        node_reachable=lambda node_id: master_reachable or node_id != "a",
+    )
+    service.start()
+    log_commands(
+        group,
+        RegisterBroker("g", "a", "a:1", 1),
+        RegisterBroker("g", "b", "b:1", 2),
+        AlterSyncStateSet("g", "a", 1, 1, ["a", "b"], 3),
+    )
+    scheduler.advance(2 * TIMEOUT_MS / 1000)
+    group.is_leader = True
+    for _ in range(int(TIMEOUT_MS / 1000 / CHECK_SECONDS) // 2):
+        log_commands(group, BrokerHeartbeat("g", "b", 10, 1))
+        scheduler.advance(CHECK_SECONDS)
+    service.stop()
+    return machine, service
+
+
+def test_a_new_leader_skips_its_grace_for_a_master_whose_node_it_sees_unreachable() -> None:
+    machine, service = elect_after_leading(master_reachable=False)
+    info = machine.group_info("g")
+    assert info is not None and (info.master_id, info.master_epoch) == ("b", 2)
+    assert service.elections_proposed == 1
+
+
+def test_a_new_leader_keeps_its_grace_for_a_master_whose_node_answers() -> None:
+    machine, service = elect_after_leading(master_reachable=True)
+    info = machine.group_info("g")
+    assert info is not None and (info.master_id, info.master_epoch) == ("a", 1)
+    assert service.elections_proposed == 0
