@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -141,7 +142,7 @@ class HATopicService:
         links, controller, address = self.links, self.controller, self.ha_address
         assert links is not None and controller is not None and address is not None
         name = group_id(descriptor, partition)
-        directory = self.data_dir / "ha" / name.replace("/", "-")
+        directory = self.partition_directory(name)
         commit_log = MmapCommitLog.open(
             directory / "log",
             data_file_bytes=DATA_FILE_BYTES,
@@ -179,6 +180,11 @@ class HATopicService:
                 continue
             del self.partitions[(descriptor.name, partition)]
             self.close_partition(part)
+            # The topic is gone from the metadata: its commit log and epoch file go with it.
+            shutil.rmtree(self.partition_directory(part.group), ignore_errors=True)
+
+    def partition_directory(self, name: str) -> Path:
+        return self.data_dir / "ha" / name.replace("/", "-")
 
     def close_partition(self, part: HAPartition) -> None:
         part.host.close()

@@ -61,6 +61,14 @@ def storage_problem(settings: TopicSettings) -> str | None:
             f"ensemble {settings.ensemble}, write_quorum {settings.write_quorum}, "
             f"ack_quorum {settings.ack_quorum}"
         )
+    if settings.storage == STORAGE_HA and (settings.retention_bytes, settings.retention_ms) != (
+        -1,
+        -1,
+    ):
+        return (
+            "storage 'ha' keeps every record (its brokers do not delete by retention yet): "
+            "leave retention_bytes and retention_ms at -1, or use storage 'raft' or 'ledger'"
+        )
     return None
 
 

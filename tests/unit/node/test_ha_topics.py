@@ -252,3 +252,40 @@ async def check_refusal(nodes: list[Node], stopped: list[Node]) -> None:
     problem = await asyncio.to_thread(refused)
     assert isinstance(problem, NotEnoughReplicasError), problem
     assert isinstance(problem, UnavailableError), "nothing was written"
+    await check_retention_refused_and_delete_removes_files(nodes, stopped, name)
+
+
+async def check_retention_refused_and_delete_removes_files(
+    nodes: list[Node], stopped: list[Node], name: str
+) -> None:
+    """Retention is refused for an HA topic (its brokers would keep every record); deleting
+    the topic removes its commit log and epoch file on every live node."""
+    live_nodes = [node for node in nodes if node not in stopped]
+    live = endpoints_of(live_nodes)
+    directories = [
+        node.streams.ha_topics.partition_directory(name)
+        for node in live_nodes
+        if node.streams.ha_topics.serves(TOPIC, 0) is not None
+    ]
+    assert directories and all(directory.exists() for directory in directories)
+
+    def create_with_retention() -> BaseException | None:
+        with Admin(live) as admin:
+            try:
+                admin.create_topic("ha-retained", 1, 2, storage="ha", retention_ms=60_000)
+            except (ValueError, RequestRejectedError) as error:  # the client checks first
+                return error
+        return None
+
+    refusal = await asyncio.to_thread(create_with_retention)
+    assert refusal is not None and "retention" in str(refusal)
+
+    def delete() -> None:
+        with Admin(live) as admin:
+            admin.delete_topic(TOPIC)
+
+    await asyncio.to_thread(delete)
+    await eventually(
+        lambda: all(not directory.exists() for directory in directories) or None,
+        "the deleted topic's HA files to go",
+    )
