@@ -33,7 +33,7 @@ from quorumlog.node.ha_topics import HATopicService
 from quorumlog.node.ledger_topics import LedgerTopicService, LedgerTopicSettings
 from quorumlog.raft.configuration import Configuration
 from quorumlog.raft.messages import SnapshotMeta
-from quorumlog.runtime.group import GroupRunner, GroupSettings
+from quorumlog.runtime.group import GroupRunner, GroupSettings, open_log_stores
 from quorumlog.runtime.transport import Replier
 from quorumlog.stream.partition import (
     OffsetOutOfRangeError,
@@ -55,6 +55,7 @@ from quorumlog.stream.topics import (
 
 if TYPE_CHECKING:
     from quorumlog.node.server import Node
+    from quorumlog.storage.base import LogStore
 
 log = logging.getLogger("quorumlog.streams")
 
@@ -200,44 +201,73 @@ class StreamService:
         if is_ha_topic(descriptor):
             self.ha_topics.host(descriptor)
             return
-        for partition, replicas in enumerate(descriptor.replicas):
-            if node.node_id not in replicas:
-                continue
-            if partition % HOST_PARTITIONS_PER_TURN == 0:
-                # Opening a group's files takes a while: hosting a thousand partitions at
-                # once would hold the event loop for seconds, and every other group (the
-                # metadata group too) would miss its heartbeats and elect meanwhile.
-                await asyncio.sleep(0)
-                if self.stopping or self.topics.get(descriptor.name) is not descriptor:
-                    return
-            machine = PartitionMachine()
-            gid = group_id(descriptor, partition)
-            directory = Path(node.settings.data_dir) / "streams" / gid.replace("/", "-")
-            group = GroupRunner(
-                gid,
-                node.raft_config(),
-                directory,
-                machine,
-                node.send,
-                Configuration(voters=tuple(sorted(replicas))),
-                node.executor,
-                GroupSettings(
-                    tick_seconds=node.settings.tick_ms / 1000,
-                    snapshot_entries=NEVER_SNAPSHOT_ENTRIES,
-                    snapshot_trailing_entries=0,
-                    fsync=node.settings.fsync,
-                ),
-                node.ticker,
-            )
-            hosted = HostedPartition(descriptor, partition, group, machine, directory)
-            group.on_snapshot_saved = self.cut_done_callback(hosted)
-            node.groups[gid] = group
-            self.partitions[(descriptor.name, partition)] = hosted
-            group.start()
-            if replicas[0] == node.node_id and len(replicas) > 1:
-                # The first replica campaigns at once: a new topic's partitions elect in a
-                # round trip or two, not in an election storm of every group at once.
-                group.campaign()
+        settings = GroupSettings(
+            tick_seconds=node.settings.tick_ms / 1000,
+            snapshot_entries=NEVER_SNAPSHOT_ENTRIES,
+            snapshot_trailing_entries=0,
+            fsync=node.settings.fsync,
+        )
+        hosted_here = [
+            (partition, replicas)
+            for partition, replicas in enumerate(descriptor.replicas)
+            if node.node_id in replicas
+        ]
+        for first in range(0, len(hosted_here), HOST_PARTITIONS_PER_TURN):
+            chunk = hosted_here[first : first + HOST_PARTITIONS_PER_TURN]
+            directories = [
+                self.partition_directory(descriptor, partition) for partition, _ in chunk
+            ]
+            # Opening a group's files creates and syncs them: a thousand partitions would hold
+            # the event loop for seconds, and every other group (the metadata group too)
+            # would miss its heartbeats meanwhile. So a worker thread opens them, a chunk at
+            # a time, and the loop only starts the groups.
+            stores = await asyncio.to_thread(open_log_stores, directories, settings)
+            if self.stopping or self.topics.get(descriptor.name) is not descriptor:
+                for store in stores:
+                    store.close()
+                return
+            for (partition, replicas), directory, store in zip(
+                chunk, directories, stores, strict=True
+            ):
+                self.start_partition(descriptor, partition, replicas, directory, store, settings)
+
+    def partition_directory(self, descriptor: wire.TopicDescriptor, partition: int) -> Path:
+        gid = group_id(descriptor, partition)
+        return Path(self.node.settings.data_dir) / "streams" / gid.replace("/", "-")
+
+    def start_partition(
+        self,
+        descriptor: wire.TopicDescriptor,
+        partition: int,
+        replicas: list[str],
+        directory: Path,
+        store: LogStore,
+        settings: GroupSettings,
+    ) -> None:
+        node = self.node
+        machine = PartitionMachine()
+        gid = group_id(descriptor, partition)
+        group = GroupRunner(
+            gid,
+            node.raft_config(),
+            directory,
+            machine,
+            node.send,
+            Configuration(voters=tuple(sorted(replicas))),
+            node.executor,
+            settings,
+            node.ticker,
+            store,
+        )
+        hosted = HostedPartition(descriptor, partition, group, machine, directory)
+        group.on_snapshot_saved = self.cut_done_callback(hosted)
+        node.groups[gid] = group
+        self.partitions[(descriptor.name, partition)] = hosted
+        group.start()
+        if replicas[0] == node.node_id and len(replicas) > 1:
+            # The first replica campaigns at once: a new topic's partitions elect in a
+            # round trip or two, not in an election storm of every group at once.
+            group.campaign()
             log.info("hosting %s partition %d (group %s)", descriptor.name, partition, gid)
 
     async def drop_topic(self, descriptor: wire.TopicDescriptor) -> None:

@@ -147,6 +147,15 @@ def open_log_store(directory: Path, settings: GroupSettings) -> LogStore:
             segment_bytes_max=settings.segment_bytes_max,
             sync_policy=sync_policy,
         )
+    if isinstance(store, SegmentLogStore):
+        # Now, not at the first append: creating the open segment syncs the directory, and
+        # the first append runs on the event loop (open runs off it when a node hosts many
+        # groups at once, see `open_log_stores`).
+        try:
+            store.prepare_open_segment()
+        except BaseException:
+            store.close()
+            raise
     recovery = store.recovery
     if recovery.torn_bytes_dropped:
         log.warning(
@@ -156,6 +165,21 @@ def open_log_store(directory: Path, settings: GroupSettings) -> LogStore:
             recovery.torn_file,
         )
     return store
+
+
+def open_log_stores(directories: list[Path], settings: GroupSettings) -> list[LogStore]:
+    """Open the stores of many groups, for a worker thread: each open creates and syncs
+    files (directories, meta, the open segment), which for a thousand new groups would hold
+    the event loop for seconds. All or nothing: what was opened is closed on a failure."""
+    stores: list[LogStore] = []
+    try:
+        for directory in directories:
+            stores.append(open_log_store(directory, settings))
+    except BaseException:
+        for store in stores:
+            store.close()
+        raise
+    return stores
 
 
 class GroupRunner:
@@ -172,12 +196,14 @@ class GroupRunner:
         executor: Executor,
         settings: GroupSettings | None = None,
         ticker: GroupTicker | None = None,
+        store: LogStore | None = None,
     ) -> None:
         """`ticker`: the node's shared ticker (None: the group ticks on a timer of its own)."""
         self.settings = settings or GroupSettings()
         data_dir.mkdir(parents=True, exist_ok=True)
         loop = asyncio.get_running_loop()
-        self.store = open_log_store(data_dir, self.settings)
+        self.store = open_log_store(data_dir, self.settings) if store is None else store
+        """Opened here, or by the caller (off the event loop) and owned from here on."""
         try:
             self.host = RaftHost(
                 group_id,

@@ -241,6 +241,13 @@ class SegmentLogStore:
         except StorageError as error:
             self._failure = f"could not cut back a failed write of {handle.path}: {error}"
 
+    def prepare_open_segment(self) -> None:
+        """Create the open segment now if the log has none (or roll a full one), so the
+        next append creates no file and syncs no directory: for a caller that opens a store
+        off its event loop and appends on it."""
+        self._check_writable()
+        self._writable_segment()
+
     def _writable_segment(self) -> SegmentFile:
         """The open segment, after closing it and starting another if it is full."""
         segment = self._segments[-1] if self._segments else None
