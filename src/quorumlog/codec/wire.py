@@ -42,10 +42,16 @@ class RaftEnvelope(msgspec.Struct, frozen=True, tag=True):
     message: Message
 
 
-class PeerBatch(msgspec.Struct, frozen=True, tag=True):
+class PeerBatch(msgspec.Struct, frozen=True, tag=True, omit_defaults=True):
     """Raft messages coalesced into one frame per flush."""
 
     envelopes: list[RaftEnvelope]
+    down_node: str = ""
+    """With `down_groups`: the sending node, on which those groups stopped."""
+    down_groups: list[str] = msgspec.field(default_factory=list)
+    """Groups that stopped on the sending node (a storage failure) while the node goes on
+    serving: its liveness pings still say "alive", so a quiet group whose leader it was
+    would wait forever; the receiver treats the sender as unreachable for these groups."""
 
 
 # --- client requests ----------------------------------------------------------------------

@@ -273,8 +273,22 @@ class Node:
             ),
             self.ticker,
         )
-        self.groups[name] = group
+        self.register_group(name, group)
         return group
+
+    def register_group(self, name: str, group: GroupRunner) -> None:
+        self.groups[name] = group
+        group.on_storage_failure = self.group_down
+
+    def group_down(self, group_id: str) -> None:
+        """A group stopped here while this node goes on: tell its other members, so a quiet
+        follower whose leader was here campaigns instead of trusting this node's pings."""
+        group = self.groups.get(group_id)
+        if group is None:
+            return
+        for member in sorted(group.core.configuration.members()):
+            if member != self.node_id:
+                self.endpoint.send_groups_down(member, self.node_id, [group_id])
 
     def start_sharded_kv(self) -> None:
         """Host the controller group and the shard groups this node is a member of."""
@@ -405,6 +419,10 @@ class Node:
         self.endpoint.send(target, wire.RaftEnvelope(group=group, message=message))
 
     def on_peer_batch(self, batch: wire.PeerBatch) -> None:
+        for group_id in batch.down_groups:
+            group = self.groups.get(group_id)
+            if group is not None and batch.down_node:
+                group.host.peer_unreachable(batch.down_node)
         for envelope in batch.envelopes:
             group = self.groups.get(envelope.group)
             if group is None or envelope.message.target != self.node_id:

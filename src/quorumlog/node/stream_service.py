@@ -261,7 +261,7 @@ class StreamService:
         )
         hosted = HostedPartition(descriptor, partition, group, machine, directory)
         group.on_snapshot_saved = self.cut_done_callback(hosted)
-        node.groups[gid] = group
+        node.register_group(gid, group)
         self.partitions[(descriptor.name, partition)] = hosted
         group.start()
         if replicas[0] == node.node_id and len(replicas) > 1:

@@ -227,12 +227,17 @@ class GroupRunner:
         self.node_id = raft_config.node_id
         self.machine = machine
         self.host.on_failed = self.group_failed
+        self.on_storage_failure: Callable[[str], None] | None = None
+        """Told the group id when a storage failure stopped this group (the node then tells
+        the group's other members, whose quiet followers would otherwise wait on it)."""
 
     def group_failed(self, group_id: str, error: BaseException) -> None:
         """A storage failure stops this group only (the process serves its other groups);
         anything else (a violated invariant, a bug) goes to the event loop's exception
         handler, which a node turns into stopping the whole process (fail-stop)."""
         if isinstance(error, QuorumLogError):
+            if self.on_storage_failure is not None:
+                self.on_storage_failure(group_id)
             return
         asyncio.get_running_loop().call_exception_handler(
             {"message": f"group {group_id} failed", "exception": error}

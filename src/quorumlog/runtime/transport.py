@@ -424,6 +424,13 @@ class Endpoint:
         if connection is not None and connection.buffered_bytes() <= WRITE_BUFFER_BYTES_MAX:
             connection.write(wire.PeerBatch(envelopes=[]))
 
+    def send_groups_down(self, peer: str, node_id: str, groups: list[str]) -> None:
+        """Tell `peer` these groups stopped on this node (best effort: a peer not connected
+        now hears nothing of this node, and its liveness wakes its quiet groups anyway)."""
+        connection = self.peers.get(peer)
+        if connection is not None:
+            connection.write(wire.PeerBatch(envelopes=[], down_node=node_id, down_groups=groups))
+
     def write_batches(self, connection: Connection, envelopes: list[wire.RaftEnvelope]) -> None:
         """One frame if it fits; otherwise halves, until each fits (a message too large
         even alone is dropped and counted: Raft sends it again, smaller or never)."""
