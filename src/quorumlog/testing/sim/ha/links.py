@@ -72,6 +72,9 @@ class SimHALinks:
         self.next_connection_id = 1
         self.frames_sent = 0
         self.breaks = 0
+        self.extra_delay_ms: dict[str, int] = {}
+        """Per sending broker: added to each frame's delay (a slow link out of a master, so
+        its slaves trail it by that much when it dies)."""
 
     def register(self, name: str, end: LinkEnd) -> None:
         self.ends[name] = end
@@ -117,7 +120,8 @@ class SimHALinks:
             return
         self.frames_sent += 1
         arrivals = connection.last_arrival_ms
-        arrival_ms = max(self.events.now_ms + self.delay_ms(), arrivals[target])
+        delay_ms = self.delay_ms() + self.extra_delay_ms.get(name, 0)
+        arrival_ms = max(self.events.now_ms + delay_ms, arrivals[target])
         arrivals[target] = arrival_ms  # FIFO: never before the frame sent ahead of it
         packet = (connection_id, target, encode_frame(frame))
         self.events.schedule_at(arrival_ms, self.arrive, packet)

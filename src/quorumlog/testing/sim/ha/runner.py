@@ -12,8 +12,11 @@ The timeline of one seed:
 The shapes replay the RocketMQ bugs whose names they carry:
 
 - "ack-lost-while-expanding" (apache/rocketmq #5663): the master's AlterSyncStateSet answers
-  are lost while slaves join, then the master dies;
-- "controller-and-master-killed" (#7689): the controller's leader and the master die at once;
+  are lost while slaves join, then the master dies with its slaves trailing it (its links
+  slowed by `lag_ms`);
+- "controller-and-master-killed" (#7689): the controller's leader and the master die at once,
+  the slaves trailing the master as above (so a master that acknowledged alone loses what
+  it acknowledged: the checks catch it, tests/sim/test_ha_sim.py);
 - "two-masters-after-partition" (#6316): the master is cut from the controller and the
   slaves, not from the producer; a new master is elected; the old one must acknowledge
   nothing more, then truncate its divergent tail when it comes back;
@@ -57,6 +60,9 @@ class HAPlan(msgspec.Struct, frozen=True):
     """When the shape's fault happens (the random shape: when the nemesis starts)."""
     halt_operations: int
     """For crash-mid-truncation: disk changes allowed before the halt."""
+    lag_ms: int = 200
+    """For the #5663 and #7689 shapes: how far the slaves trail the master (its links slowed
+    by this much) when it dies."""
 
 
 class HASeedResult(msgspec.Struct):
@@ -101,6 +107,7 @@ def plan_seed(seed: int) -> HAPlan:
         heal_ms=rng.randint(7000, 9000),
         fault_ms=rng.randint(2500, 3500),
         halt_operations=rng.randint(0, 6),
+        lag_ms=rng.randint(100, 400),
     )
 
 
@@ -172,21 +179,34 @@ class HASeed:
         elif shape == "ack-lost-while-expanding":
             self.ack_lost_while_expanding(master.name)
         elif shape == "controller-and-master-killed":
-            leader = world.controller_leader()
-            if leader is not None:
-                world.cluster.crash(leader)
-                world.events.schedule(1500, world.cluster.restart, leader)
-            self.crash_broker(master.name, 2000)
+            # Slaves trail the master by a slow link first, so a master that acknowledged
+            # what they did not have loses it when it dies (the gap a real kill finds).
+            world.slow_links_from(master.name, self.plan.lag_ms)
+            world.events.schedule(self.plan.lag_ms * 2, self.kill_controller_and_master)
         else:
             self.two_masters(master.name, halt=shape == "crash-mid-truncation")
 
+    def kill_controller_and_master(self, _: object) -> None:
+        world = self.world
+        master = world.master()
+        leader = world.controller_leader()
+        if leader is not None:
+            world.cluster.crash(leader)
+            world.events.schedule(1500, world.cluster.restart, leader)
+        if master is not None:
+            self.crash_broker(master.name, 2000)
+
     def ack_lost_while_expanding(self, master: str) -> None:
         """Restart a slave so it rejoins the SyncStateSet while the master's alter answers
-        are lost; then the master dies."""
+        are lost, its links to the slaves slow (they trail it); then the master dies."""
         world = self.world
         slaves = sorted(name for name in world.brokers if name != master)
         self.crash_broker(slaves[0], 300)
         world.brokers[master].drop_alter_answers = True
+        world.events.schedule(
+            1500 - self.plan.lag_ms * 2,
+            lambda _: world.slow_links_from(master, self.plan.lag_ms),
+        )
         world.events.schedule(1500, lambda _: self.crash_broker(master, 1500))
 
     def two_masters(self, master: str, halt: bool) -> None:

@@ -245,8 +245,14 @@ class HAWorld:
         self.links.cut()
         self.note(f"isolate {name}")
 
+    def slow_links_from(self, name: str, delay_ms: int) -> None:
+        """Every HA frame `name` sends from now on arrives `delay_ms` later."""
+        self.links.extra_delay_ms[name] = delay_ms
+        self.note(f"slow links from {name} by {delay_ms} ms")
+
     def heal_network(self) -> None:
         self.blocked.clear()
+        self.links.extra_delay_ms.clear()
         self.note("heal network")
 
     def controller_leader(self) -> str | None:
