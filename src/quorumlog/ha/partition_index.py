@@ -11,8 +11,9 @@ entries). The base offset is assigned by the master when it admits the batch, so
 see contiguous record numbers, as on Raft topics, and a slave that becomes master knows
 every message's offsets from its log alone.
 
-The index is built by reading the log once (`catch_up`: at the first mastership, and for
-what arrived as a slave since) and extended by the master's own appends. A truncation cuts
+The index is built by reading the log once (`catch_up`: a slave indexes what it receives as
+it goes, a step at a time, so becoming master reads only the last few messages) and extended
+by the master's own appends. A truncation cuts
 records whose producer-table effects cannot be undone, so it empties the index and the
 table (`reset`); the next `catch_up` reads the log again from its start.
 """
@@ -66,12 +67,12 @@ class HAPartitionIndex:
 
     # --- building --------------------------------------------------------------------------
 
-    def catch_up(self, log: CommitLog) -> int:
-        """Index the messages past `indexed_end`; returns how many."""
+    def catch_up(self, log: CommitLog, messages_max: int | None = None) -> int:
+        """Index the messages past `indexed_end` (at most `messages_max`); returns how many."""
         offset = log.min_offset if self.indexed_end is None else self.indexed_end
         self.indexed_end = offset
         count = 0
-        while offset < log.max_offset:
+        while offset < log.max_offset and (messages_max is None or count < messages_max):
             batch = log.read_batch(offset, 1)  # one message: its end is its boundary
             require(batch is not None and len(batch.messages) == 1, f"no message at {offset}")
             assert batch is not None

@@ -62,6 +62,11 @@ HA_TOPIC_CONFIG = BrokerHostConfig(
     ),
 )
 """A dead slave leaves the SyncStateSet (and stops holding produces) within 3 s."""
+SLAVE_INDEX_INTERVAL_SECONDS = 0.2
+SLAVE_INDEX_MESSAGES_PER_STEP = 2_048
+"""A slave indexes what it received this often, at most this many messages per partition
+a step (so a slave far behind never holds the event loop long): becoming master then reads
+only the tail, whatever the log's length."""
 
 
 @dataclass
@@ -136,6 +141,9 @@ class HATopicService:
         port = await self.links.listen(self.listen_host)
         self.ha_address = f"{self.listen_host}:{port}"
         self.controller = ThreadedControllerAccess(loop, self.metadata_endpoints(), self.cluster_id)
+        indexing = loop.create_task(self.index_slaves_forever())
+        self.tasks.add(indexing)
+        indexing.add_done_callback(self.tasks.discard)
         log.info("node %s: HA replication listens on %s", self.node_id, self.ha_address)
 
     def start_broker(self, descriptor: wire.TopicDescriptor, partition: int) -> None:
@@ -192,6 +200,23 @@ class HATopicService:
             self.links.detach(part.group)
         part.commit_log.close()
 
+    async def index_slaves_forever(self) -> None:
+        while not self.stopping:
+            await asyncio.sleep(SLAVE_INDEX_INTERVAL_SECONDS)  # a period, not a condition
+            for part in list(self.partitions.values()):
+                if self.stopping:
+                    return
+                if self.partitions.get((part.descriptor.name, part.partition)) is not part:
+                    continue  # dropped meanwhile: its log is closed
+                if not part.host.is_master and part.host.slave is not None:
+                    try:
+                        part.index.catch_up(part.commit_log, SLAVE_INDEX_MESSAGES_PER_STEP)
+                    except QuorumLogError as error:
+                        # Becoming master reads the log again and fails there, typed.
+                        log.error("HA %s: indexing as a slave failed: %s", part.group, error)
+                        part.index.reset()
+                    await asyncio.sleep(0)
+
     def serves(self, topic: str, partition: int) -> HAPartition | None:
         return self.partitions.get((topic, partition))
 
@@ -205,6 +230,8 @@ class HATopicService:
         if self.stopping:
             return
         self.stopping = True
+        for task in list(self.tasks):
+            task.cancel()
         for part in list(self.partitions.values()):
             self.close_partition(part)
         self.partitions.clear()
