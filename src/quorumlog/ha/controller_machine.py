@@ -154,6 +154,10 @@ class HAControllerMachine:
         state = self.groups.get(name)
         return None if state is None else state.master_id
 
+    def has_election_candidates(self, name: str, now_ms: int) -> bool:
+        state = self.groups.get(name)
+        return state is not None and bool(self.election_candidates(state, now_ms))
+
     def is_alive(self, broker: BrokerState, now_ms: int) -> bool:
         return now_ms - broker.last_heartbeat_ms <= self.broker_heartbeat_timeout_ms
 

@@ -191,8 +191,15 @@ class HAControllerService:
         in_grace = now_seconds - self.leading_since_seconds < grace_seconds
         if in_grace and self.node_reachable is None:
             return
-        for name, master_epoch in self.machine.groups_needing_election(scheduler.wall_time_ms()):
-            if in_grace and not self.master_node_unreachable(name):
+        now_ms = scheduler.wall_time_ms()
+        for name, master_epoch in self.machine.groups_needing_election(now_ms):
+            if in_grace and not (
+                self.master_node_unreachable(name)
+                and self.machine.has_election_candidates(name, now_ms)
+            ):
+                # In the grace, only a master known to be gone, and only once a member of
+                # its SyncStateSet has heartbeated to this leader: an election now that
+                # found nobody would leave the group masterless for nothing.
                 continue
             if (name, master_epoch) not in self.elections_in_flight:
                 self.propose_election(name, master_epoch)
