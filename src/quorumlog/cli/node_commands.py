@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import signal
 import socket
@@ -19,6 +18,7 @@ import click
 from quorumlog.cli.defaults import DEV_DIRECTORY_DEFAULT as DEFAULT_DEV_DIR
 from quorumlog.cli.defaults import DEV_STATE_FILE
 from quorumlog.errors import QuorumLogError
+from quorumlog.obs.log_format import LOG_FORMATS, LOG_LEVELS, configure_logging
 
 STARTED_HERE: dict[int, subprocess.Popen[bytes]] = {}
 """Node processes this process started (kept, not dropped to the garbage collector, which
@@ -121,6 +121,20 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
     type=click.IntRange(1),
     help="Ledger topics: records per ledger before rolling over to a new one.",
 )
+@click.option(
+    "--http-listen",
+    default="",
+    help="HOST:PORT for /metrics, /health, /readyz, /livez and the dashboard (default: off).",
+)
+@click.option("--log-format", default="text", show_default=True, type=click.Choice(LOG_FORMATS))
+@click.option("--log-level", default="info", show_default=True, type=click.Choice(LOG_LEVELS))
+@click.option(
+    "--slow-fsync-warn-ms",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Log a slow_fsync event when a log sync takes longer than this.",
+)
 def node_command(
     node_id: str,
     listen: str,
@@ -142,15 +156,15 @@ def node_command(
     ledger_owner_renew_ms: int,
     ledger_owner_stale_ms: int,
     ledger_rollover_entries: int,
+    http_listen: str,
+    log_format: str,
+    log_level: str,
+    slow_fsync_warn_ms: int,
 ) -> None:
     """Run one node in the foreground; logs to stderr; SIGTERM stops it cleanly."""
     from quorumlog.node.server import NodeFailedError, NodeSettings, run_node
 
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format=f"%(asctime)s {node_id} %(name)s %(levelname)s %(message)s",
-    )
+    configure_logging(node_id, log_format, log_level)
     settings = NodeSettings(
         node_id=node_id,
         listen=listen,
@@ -173,6 +187,8 @@ def node_command(
         ledger_owner_renew_ms=ledger_owner_renew_ms,
         ledger_owner_stale_ms=ledger_owner_stale_ms,
         ledger_rollover_entries=ledger_rollover_entries,
+        http_listen=http_listen,
+        slow_fsync_warn_ms=slow_fsync_warn_ms,
     )
 
     async def main() -> None:

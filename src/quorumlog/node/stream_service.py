@@ -228,7 +228,9 @@ class StreamService:
                     fsync=node.settings.fsync,
                 ),
                 node.ticker,
+                hooks=node.observability.hooks_for(gid),
             )
+            node.observability.attach(gid, group)
             hosted = HostedPartition(descriptor, partition, group, machine, directory)
             group.on_snapshot_saved = self.cut_done_callback(hosted)
             node.groups[gid] = group

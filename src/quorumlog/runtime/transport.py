@@ -139,6 +139,9 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
+        if self.peer_id is not None:
+            received = self.endpoint.peer_bytes_received
+            received[self.peer_id] = received.get(self.peer_id, 0) + len(data)
         try:
             payloads = self.decoder.feed(data)
         except FrameError as error:
@@ -249,6 +252,9 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
+        if self.peer_id is not None:
+            sent = self.endpoint.peer_bytes_sent
+            sent[self.peer_id] = sent.get(self.peer_id, 0) + FRAME_HEADER.size + len(payload)
         transport.writelines((FRAME_HEADER.pack(len(payload)), payload))
 
     def buffered_bytes(self) -> int:
@@ -298,6 +304,13 @@ class Endpoint:
         self.on_peer_heard: Callable[[str], None] | None = None
         """Told the peer's id for every frame from a peer (node-level liveness)."""
         self.sent_since_ping: set[str] = set()
+        self.on_peer_link: Callable[[str, bool], None] | None = None
+        """Told (peer, True) when a peer gets a link where it had none, (peer, False) when
+        its link goes and none replaces it (events: links lost and regained)."""
+        self.peer_bytes_sent: dict[str, int] = {}
+        self.peer_bytes_received: dict[str, int] = {}
+        """Bytes on peer links per peer since start (counted per read and write, not per
+        message), for the node's metrics."""
 
     async def listen(self, host: str, port: int, advertise: str = "") -> int:
         """Listen on `host:port` (0: any free port); returns the port bound. Peers are told
@@ -387,12 +400,16 @@ class Endpoint:
                 connection.transport.close()
             return
         self.peers[peer] = connection
+        if old is None and self.on_peer_link is not None:
+            self.on_peer_link(peer, True)
         if old is not None and old is not connection and old.transport is not None:
             old.transport.close()  # the peer restarted and dialled again: the new link wins
 
     def peer_gone(self, peer: str, connection: Connection) -> None:
         if self.peers.get(peer) is connection:
             del self.peers[peer]
+            if self.on_peer_link is not None and not self.stopping:
+                self.on_peer_link(peer, False)
 
     def send(self, peer: str, envelope: wire.RaftEnvelope) -> None:
         queue = self.outgoing.get(peer)
