@@ -292,15 +292,19 @@ def start_dev_cluster(
         raise QuorumLogError(
             f"a dev cluster is already running under {base}; `quorumlog dev down` first"
         )
-    ports = free_ports(nodes + bookie_count)
+    ports = free_ports(nodes + bookie_count + nodes)
+    http_ports = ports[nodes + bookie_count :]
     ids = [f"n{i}" for i in range(1, nodes + 1)]
     addresses = {node_id: f"127.0.0.1:{port}" for node_id, port in zip(ids, ports, strict=False)}
     bookie_ids = [f"bookie-{i}" for i in range(1, bookie_count + 1)]
     bookies = {
         bookie_id: f"127.0.0.1:{port}"
-        for bookie_id, port in zip(bookie_ids, ports[nodes:], strict=True)
+        for bookie_id, port in zip(bookie_ids, ports[nodes : nodes + bookie_count], strict=True)
     }
     endpoints = ",".join(addresses.values())
+    dashboards = {
+        node_id: f"http://127.0.0.1:{port}/" for node_id, port in zip(ids, http_ports, strict=True)
+    }
     pids: dict[str, int] = {}
     for node_id in ids:
         peers = ",".join(f"{p}={a}" for p, a in addresses.items() if p != node_id)
@@ -321,6 +325,8 @@ def start_dev_cluster(
                 cluster_id,
                 *sharded_kv_arguments(ids, group_count),
                 *(extra_arguments or []),
+                "--http-listen",
+                dashboards[node_id].removeprefix("http://").rstrip("/"),
             ],
         )
     for bookie_id, address in bookies.items():
@@ -349,6 +355,7 @@ def start_dev_cluster(
         "pids": pids,
         "endpoints": endpoints,
         "groups": {str(gid): list(ids) for gid in range(1, group_count + 1)},
+        "dashboards": dashboards,
     }
     dev_state_path(str(base)).write_text(json.dumps(state, indent=2))
     return state
@@ -513,6 +520,7 @@ def dev_up(
             ) from error
         done = "joined" if joined else "already joined:"
         click.echo(f"{done} shard groups 1..{group_count}: configuration {number}")
+    echo_dashboards(state)
     click.echo(f"export QUORUMLOG_ENDPOINTS={state['endpoints']}")
 
 
@@ -548,4 +556,12 @@ def dev_status(directory: str) -> None:
     groups: dict[str, list[str]] = state.get("groups") or {}  # type: ignore[assignment]
     for gid, servers in groups.items():
         click.echo(f"shard group {gid}  {','.join(servers)}")
+    echo_dashboards(state)
     click.echo(f"export QUORUMLOG_ENDPOINTS={state['endpoints']}")
+
+
+def echo_dashboards(state: dict[str, object]) -> None:
+    """Each node's dashboard (also /metrics and /health there), one line each."""
+    dashboards: dict[str, str] = state.get("dashboards") or {}  # type: ignore[assignment]
+    for node_id, url in dashboards.items():
+        click.echo(f"{node_id} dashboard: {url}  (metrics: {url}metrics, health: {url}health)")
