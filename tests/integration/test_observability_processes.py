@@ -21,6 +21,9 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from quorumlog.stream.client_admin import Admin
+from quorumlog.stream.consumer import Consumer
+from quorumlog.stream.producer import Producer
 from tests.integration.headless_browser import HeadlessBrowser, find_chromium
 from tests.integration.process_cluster import ProcessCluster, wait_until
 
@@ -121,6 +124,47 @@ def test_a_healthy_cluster_reports_one_leader_and_health(observed: ObservedClust
     assert samples[("quorumlog_server_proposals_committed_total", (("group", "kv"),))] >= 1
     assert ("quorumlog_disk_wal_fsync_duration_seconds_count", ()) in samples
     assert any(name == "quorumlog_network_peer_sent_bytes_total" for name, _ in samples)
+
+
+def test_topic_traffic_and_consumer_lag_are_metrics_and_on_the_dashboard(
+    observed: ObservedCluster,
+) -> None:
+    cluster = observed.cluster
+    endpoints, cluster_id = cluster.endpoints, cluster.cluster_id
+    with Admin(endpoints, cluster_id=cluster_id) as admin:
+        admin.create_topic("clicks", partitions=1, replication=3)
+    with Producer(endpoints, cluster_id=cluster_id) as producer:
+        for number in range(10):
+            producer.send("clicks", b"click-%d" % number, partition=0)
+        producer.flush()
+    with Consumer(endpoints, cluster_id=cluster_id, group="reports") as consumer:
+        records = consumer.read("clicks", 0, 0, max_records=100)
+        assert len(records) == 10
+        consumer.commit("clicks", 0, 4)
+    with Admin(endpoints, cluster_id=cluster_id) as admin:
+        # Elected by now: the produce went through it (no election since on a quiet cluster).
+        leader = admin.describe_topic("clicks").partitions[0].leader
+    assert leader is not None
+    topic = (("topic", "clicks"),)
+    samples = observed.metrics(leader)
+    assert samples[("quorumlog_topic_records_in_total", topic)] == 10
+    assert samples[("quorumlog_topic_bytes_in_total", topic)] == sum(
+        len(b"click-%d" % number) for number in range(10)
+    )
+    assert samples[("quorumlog_topic_records_out_total", topic)] == 10
+    lag_labels = (("consumer_group", "reports"), ("partition", "0"), ("topic", "clicks"))
+    wait_until(
+        lambda: observed.metrics(leader).get(("quorumlog_consumer_group_lag", lag_labels)) == 6,
+        ELECTION_TIMEOUT_SECONDS,
+        "the consumer group's lag of 6 on the partition leader",
+    )
+    status, body = http_get(observed.url(leader, "/api/status"))
+    shown = json.loads(body)
+    assert status == 200
+    assert [t["name"] for t in shown["topics"]] == ["clicks"]
+    assert shown["topics"][0]["partitions"][0]["end_offset"] == 10
+    assert shown["consumer_groups"][0]["group"] == "reports"
+    assert shown["consumer_groups"][0]["partitions"][0]["lag"] == 6
 
 
 def test_the_dashboard_page_shows_members_and_follows_a_leader_change(

@@ -456,6 +456,7 @@ class StreamService:
         return None
 
     def produce(self, request: wire.Produce, reply: Replier) -> None:
+        reply = self.counting_produce(request, reply)
         ledger_partition = self.ledger_topics.serves(request.topic, request.partition)
         if ledger_partition is not None:
             if not refuse_batch(request, reply):
@@ -558,6 +559,27 @@ class StreamService:
                 batches=batches,
             )
         )
+        if located:
+            # Records from the offset asked to the end of the last batch (once per fetch).
+            last_base = located[-1][1]
+            last_end = last_base + machine.batch_counts[machine.locate(last_base)]
+            self.node.observability.topic_traffic.fetched(
+                request.topic,
+                last_end - max(request.offset, machine.begin_offset),
+                sum(len(batch.data) for batch in batches),
+            )
+
+    def counting_produce(self, request: wire.Produce, reply: Replier) -> Replier:
+        """`reply`, counting an acknowledged batch into the node's topic metrics (every
+        storage mode answers a produce with a `ProduceResult`)."""
+        traffic = self.node.observability.topic_traffic
+
+        def counted(frame: wire.Frame) -> None:
+            if isinstance(frame, wire.ProduceResult) and not frame.duplicate:
+                traffic.produced(request.topic, frame.count, batch_bytes(request.records))
+            reply(frame)
+
+        return counted
 
     def partition_status(self, request: wire.PartitionStatusRequest, reply: Replier) -> None:
         ledger_partition = self.ledger_topics.serves(request.topic, request.partition)

@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from quorumlog.obs.events import GroupObserver
+from quorumlog.obs.topic_traffic import TopicTraffic
 from quorumlog.runtime.group import GroupRunner
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -43,6 +44,13 @@ class ObservedNode(Protocol):
 
     @property
     def peer_bytes_received(self) -> Mapping[str, int]: ...
+
+    @property
+    def topic_traffic(self) -> TopicTraffic: ...
+
+    def consumer_lags(self) -> list[tuple[str, str, int, int]]:
+        """(consumer group, topic, partition, lag) for partitions this node leads."""
+        ...
 
 
 class NodeMetrics:
@@ -148,6 +156,16 @@ class NodeCollector(Collector):
                     )
         yield from families.values()
         yield from self.network_families()
+        yield from self.node.topic_traffic.families()
+        lag = GaugeMetricFamily(
+            "quorumlog_consumer_group_lag",
+            "Records between a consumer group's committed offset and the partition's end, "
+            "reported by the partition's leader.",
+            labels=["consumer_group", "topic", "partition"],
+        )
+        for consumer_group, topic, partition, records in self.node.consumer_lags():
+            lag.add_metric([consumer_group, topic, str(partition)], records)
+        yield lag
 
     def network_families(self) -> Iterator[Metric]:
         sent = CounterMetricFamily(

@@ -15,11 +15,12 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from quorumlog.obs.dashboard import page_html, status_view
+from quorumlog.obs.dashboard import consumer_groups_view, page_html, status_view
 from quorumlog.obs.events import EventLog, GroupObserver
 from quorumlog.obs.health import HealthVerdict, check_health, check_liveness
 from quorumlog.obs.http_server import HttpServer, Response, json_response
 from quorumlog.obs.metrics import CONTENT_TYPE, NodeMetrics
+from quorumlog.obs.topic_traffic import TopicTraffic
 from quorumlog.runtime.group import GroupRunner
 from quorumlog.runtime.transport import format_address, parse_address
 
@@ -38,6 +39,7 @@ class Observability:
         self.events = EventLog(node_id)
         self.metrics = NodeMetrics()
         self.group_observers: dict[str, GroupObserver] = {}
+        self.topic_traffic = TopicTraffic()
         self.http: HttpServer | None = None
         self.http_address = ""
 
@@ -102,6 +104,10 @@ class NodeView:
         return self.node.endpoint.peer_bytes_received
 
     @property
+    def topic_traffic(self) -> TopicTraffic:
+        return self.node.observability.topic_traffic
+
+    @property
     def addresses(self) -> dict[str, str]:
         return self.node.addresses
 
@@ -122,6 +128,19 @@ class NodeView:
             return None
         hosted = streams.partitions.get((topic, partition))
         return hosted.machine.next_offset if hosted is not None else None
+
+    def partition_leader_here(self, topic: str, partition: int) -> bool:
+        streams = getattr(self.node, "streams", None)
+        hosted = streams.partitions.get((topic, partition)) if streams is not None else None
+        return hosted is not None and hosted.group.host.is_leader
+
+    def consumer_lags(self) -> list[tuple[str, str, int, int]]:
+        return [
+            (group["group"], row["topic"], row["partition"], row["lag"])
+            for group in consumer_groups_view(self)
+            for row in group["partitions"]
+            if row["lag"] is not None and self.partition_leader_here(row["topic"], row["partition"])
+        ]
 
     async def health(self) -> HealthVerdict:
         return await check_health(self.node.groups, self.node.peers, self.node.metadata_endpoints)
