@@ -124,6 +124,8 @@ def test_a_healthy_cluster_reports_one_leader_and_health(observed: ObservedClust
     assert samples[("quorumlog_server_proposals_committed_total", (("group", "kv"),))] >= 1
     assert ("quorumlog_disk_wal_fsync_duration_seconds_count", ()) in samples
     assert any(name == "quorumlog_network_peer_sent_bytes_total" for name, _ in samples)
+    assert samples[("quorumlog_bookie_writable", ())] in (0, 1)
+    assert ("quorumlog_bookie_journal_syncs_total", ()) in samples
 
 
 def test_topic_traffic_and_consumer_lag_are_metrics_and_on_the_dashboard(

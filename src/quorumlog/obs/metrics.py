@@ -52,6 +52,11 @@ class ObservedNode(Protocol):
         """(consumer group, topic, partition, lag) for partitions this node leads."""
         ...
 
+    def bookie_state(self) -> tuple[int, bool] | None:
+        """The hosted bookie's journal syncs so far and whether it takes adds (None: no
+        bookie on this node)."""
+        ...
+
 
 class NodeMetrics:
     """The registry and the few metrics observed as things happen."""
@@ -166,6 +171,21 @@ class NodeCollector(Collector):
         for consumer_group, topic, partition, records in self.node.consumer_lags():
             lag.add_metric([consumer_group, topic, str(partition)], records)
         yield lag
+        yield from self.bookie_families()
+
+    def bookie_families(self) -> Iterator[Metric]:
+        state = self.node.bookie_state()
+        if state is None:
+            return
+        syncs, writable = state
+        yield CounterMetricFamily(
+            "quorumlog_bookie_journal_syncs",
+            "Journal fsyncs of this node's bookie (each covers every add written before it).",
+            value=syncs,
+        )
+        yield GaugeMetricFamily(
+            "quorumlog_bookie_writable", "Whether this node's bookie takes adds.", value=writable
+        )
 
     def network_families(self) -> Iterator[Metric]:
         sent = CounterMetricFamily(

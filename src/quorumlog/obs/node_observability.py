@@ -142,6 +142,12 @@ class NodeView:
             if row["lag"] is not None and self.partition_leader_here(row["topic"], row["partition"])
         ]
 
+    def bookie_state(self) -> tuple[int, bool] | None:
+        server = self.node.bookie
+        if server is None:
+            return None
+        return server.bookie.syncs_completed, server.writable
+
     async def health(self) -> HealthVerdict:
         return await check_health(self.node.groups, self.node.peers, self.node.metadata_endpoints)
 
