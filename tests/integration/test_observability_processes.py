@@ -125,6 +125,14 @@ def test_a_healthy_cluster_reports_one_leader_and_health(observed: ObservedClust
     assert ("quorumlog_disk_wal_fsync_duration_seconds_count", ()) in samples
     assert any(name == "quorumlog_network_peer_sent_bytes_total" for name, _ in samples)
     assert samples[("quorumlog_bookie_writable", ())] in (0, 1)
+    follower = next(node_id for node_id in observed.survivors() if node_id != leader)
+    wait_until(
+        lambda: observed.metrics(leader).get(
+            ("quorumlog_network_peer_round_trip_time_seconds_count", (("peer", follower),))
+        ),
+        ELECTION_TIMEOUT_SECONDS,
+        f"a round trip to {follower} measured",
+    )
     assert ("quorumlog_bookie_journal_syncs_total", ()) in samples
 
 

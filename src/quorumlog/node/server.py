@@ -176,6 +176,7 @@ class Node:
         self.endpoint.on_peer_heard = self.liveness.heard
         self.observability = Observability(settings.node_id, settings.slow_fsync_warn_ms)
         self.endpoint.on_peer_link = self.observability.events.peer_link
+        self.endpoint.on_round_trip = self.observability.metrics.round_trip
 
     def raft_config(self) -> RaftConfig:
         """The Raft settings of every group this node hosts."""

@@ -28,6 +28,8 @@ from quorumlog.runtime.group import GroupRunner
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 SYNC_BUCKETS_SECONDS = tuple(0.001 * 2**power for power in range(14))
 """etcd's buckets for wal_fsync and backend_commit: 1 ms to about 8 s."""
+ROUND_TRIP_BUCKETS_SECONDS = tuple(0.0001 * 2**power for power in range(16))
+"""etcd's buckets for peer round trips: 0.1 ms to about 3 s."""
 
 
 class ObservedNode(Protocol):
@@ -75,6 +77,17 @@ class NodeMetrics:
             buckets=SYNC_BUCKETS_SECONDS,
             registry=self.registry,
         )
+        self.round_trip_seconds = Histogram(
+            "quorumlog_network_peer_round_trip_time_seconds",
+            "Round-trip time of pings on each peer link (a few a second per peer, idle or not).",
+            ["peer"],
+            buckets=ROUND_TRIP_BUCKETS_SECONDS,
+            registry=self.registry,
+        )
+
+    def round_trip(self, peer: str, seconds: float) -> None:
+        """A ping on the peer link to `peer` came back after `seconds`."""
+        self.round_trip_seconds.labels(peer).observe(seconds)
 
     def synced(
         self, group: str, log_sync_seconds: float | None, hard_state_seconds: float | None

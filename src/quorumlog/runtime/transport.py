@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Protocol, cast
 
@@ -50,6 +51,9 @@ ANNOUNCE_DELAY_SECONDS_INITIAL = 0.25
 the smaller id usually dials first, and a second link would only be closed again."""
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
 HANDSHAKE_TIMEOUT_SECONDS = 5.0
+ROUND_TRIP_EVERY_PINGS = 5
+"""Every this many liveness pings to a peer, one is a `PeerPing` whatever else went to it
+(its pong gives a round-trip time): about one a second with default ticks."""
 
 
 class Handler(Protocol):
@@ -167,6 +171,9 @@ class Connection(asyncio.Protocol):
             if endpoint.on_peer_heard is not None:
                 endpoint.on_peer_heard(self.peer_id)
             endpoint.handler.on_peer_batch(frame)
+            return True
+        if isinstance(frame, wire.PeerPing | wire.PeerPong) and self.peer_id is not None:
+            endpoint.round_trip_frame(self, frame)
             return True
         if self.is_client and isinstance(frame, wire.CLIENT_REQUEST_TYPES):
             endpoint.handler.on_client_request(cast(wire.ClientRequest, frame), self.write)
@@ -307,6 +314,9 @@ class Endpoint:
         self.on_peer_link: Callable[[str, bool], None] | None = None
         """Told (peer, True) when a peer gets a link where it had none, (peer, False) when
         its link goes and none replaces it (events: links lost and regained)."""
+        self.on_round_trip: Callable[[str, float], None] | None = None
+        """Told (peer, seconds) for each round trip measured on a peer link."""
+        self.pings_sent: dict[str, int] = {}
         self.peer_bytes_sent: dict[str, int] = {}
         self.peer_bytes_received: dict[str, int] = {}
         """Bytes on peer links per peer since start (counted per read and write, not per
@@ -434,12 +444,31 @@ class Endpoint:
     def ping(self, peer: str) -> None:
         """Say "alive" to `peer`: an empty PeerBatch, unless a frame went to it since the
         last ping (that said it already)."""
-        if peer in self.sent_since_ping:
+        pings = self.pings_sent[peer] = self.pings_sent.get(peer, 0) + 1
+        measure = self.on_round_trip is not None and pings % ROUND_TRIP_EVERY_PINGS == 0
+        if peer in self.sent_since_ping and not measure:
             self.sent_since_ping.discard(peer)
             return
         connection = self.peers.get(peer)
         if connection is not None and connection.buffered_bytes() <= WRITE_BUFFER_BYTES_MAX:
-            connection.write(wire.PeerBatch(envelopes=[]))
+            if measure:
+                connection.write(wire.PeerPing(sent_ns=time.monotonic_ns()))
+            else:
+                connection.write(wire.PeerBatch(envelopes=[]))
+
+    def round_trip_frame(
+        self, connection: Connection, frame: wire.PeerPing | wire.PeerPong
+    ) -> None:
+        """A ping is answered at once; a pong ends a round trip we measured."""
+        peer = connection.peer_id
+        if peer is None:
+            return
+        if self.on_peer_heard is not None:
+            self.on_peer_heard(peer)
+        if isinstance(frame, wire.PeerPing):
+            connection.write(wire.PeerPong(sent_ns=frame.sent_ns))
+        elif self.on_round_trip is not None:
+            self.on_round_trip(peer, max(0, time.monotonic_ns() - frame.sent_ns) / 1e9)
 
     def write_batches(self, connection: Connection, envelopes: list[wire.RaftEnvelope]) -> None:
         """One frame if it fits; otherwise halves, until each fits (a message too large
