@@ -10,7 +10,7 @@ import pytest
 
 from quorumlog.obs.events import EventLog, GroupObserver
 from quorumlog.raft.config import RaftConfig
-from quorumlog.raft.configuration import Configuration
+from quorumlog.raft.configuration import ChangeKind, Configuration, MembershipChange
 from quorumlog.runtime.host import HostSettings, RaftHost
 from quorumlog.testing.manual import InlineBackground, ManualScheduler
 from quorumlog.testing.sim.disk import SimDisk
@@ -114,3 +114,13 @@ def test_the_ring_keeps_only_the_newest() -> None:
         events.record("snapshot_taken", group="g", index=number)
     assert [event.index for event in events.newest(10)] == [4, 3, 2]
     assert events.counts["snapshot_taken"] == 5
+
+
+def test_a_membership_change_is_an_event_naming_the_new_members() -> None:
+    host, events, scheduler = observed_node()
+    host.change_membership(MembershipChange(kind=ChangeKind.ADD_LEARNER, node_id="n2"))
+    scheduler.run_until_idle()
+    changed = [event for event in events.newest(1000) if event.kind == "membership_changed"]
+    assert len(changed) == 1
+    assert changed[0].detail == "voters=n1 learners=n2"
+    assert changed[0].group == "g" and changed[0].term == host.core.term
