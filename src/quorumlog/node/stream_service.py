@@ -255,6 +255,7 @@ class StreamService:
                 continue
             del self.partitions[(descriptor.name, partition)]
             self.node.groups.pop(hosted.group.group_id, None)
+            self.node.observability.forget(hosted.group.group_id, descriptor.name)
             await hosted.group.stop()
             await asyncio.get_running_loop().run_in_executor(
                 None, shutil.rmtree, hosted.directory, True

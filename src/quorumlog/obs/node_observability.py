@@ -51,6 +51,12 @@ class Observability:
     def attach(self, group: str, runner: GroupRunner) -> None:
         self.group_observers[group].attach(runner.core)
 
+    def forget(self, group: str, topic: str | None = None) -> None:
+        """A group (and its topic) is no longer hosted here: its series go."""
+        self.group_observers.pop(group, None)
+        if topic is not None:
+            self.topic_traffic.forget(topic)
+
     async def serve_http(self, listen: str, node: Node) -> str:
         """Serve the pages on `listen` (HOST:PORT, port 0: any free one); the address."""
         view = NodeView(node)
