@@ -457,15 +457,16 @@ class StreamService:
         return None
 
     def produce(self, request: wire.Produce, reply: Replier) -> None:
-        reply = self.counting_produce(request, reply)
+        size = batch_bytes(request.records)  # once: it costs about what encoding does
+        reply = self.counting_produce(request, reply, size)
         ledger_partition = self.ledger_topics.serves(request.topic, request.partition)
         if ledger_partition is not None:
-            if not refuse_batch(request, reply):
+            if not refuse_batch(request, reply, size):
                 self.ledger_topics.produce(ledger_partition, request, reply)
             return
         ha_partition = self.ha_topics.serves(request.topic, request.partition)
         if ha_partition is not None:
-            if not refuse_batch(request, reply):
+            if not refuse_batch(request, reply, size):
                 self.ha_topics.produce(ha_partition, request, reply)
             return
         hosted = self.hosted_or_refuse(request.request_id, request.topic, request.partition, reply)
@@ -480,7 +481,7 @@ class StreamService:
                 group,
             )
             return
-        if refuse_batch(request, reply):
+        if refuse_batch(request, reply, size):
             return
         batch = wire.RecordBatch(
             producer_id=request.producer_id,
@@ -570,14 +571,14 @@ class StreamService:
                 sum(len(batch.data) for batch in batches),
             )
 
-    def counting_produce(self, request: wire.Produce, reply: Replier) -> Replier:
+    def counting_produce(self, request: wire.Produce, reply: Replier, size: int) -> Replier:
         """`reply`, counting an acknowledged batch into the node's topic metrics (every
         storage mode answers a produce with a `ProduceResult`)."""
         traffic = self.node.observability.topic_traffic
 
         def counted(frame: wire.Frame) -> None:
             if isinstance(frame, wire.ProduceResult) and not frame.duplicate:
-                traffic.produced(request.topic, frame.count, batch_bytes(request.records))
+                traffic.produced(request.topic, frame.count, size)
             reply(frame)
 
         return counted
@@ -638,12 +639,14 @@ class StreamService:
         )
 
 
-def refuse_batch(request: wire.Produce, reply: Replier) -> bool:
-    """Refuse an empty or oversized batch (True: refused)."""
+def refuse_batch(request: wire.Produce, reply: Replier, size: int | None = None) -> bool:
+    """Refuse an empty or oversized batch (True: refused); `size`: its `batch_bytes`, if
+    the caller measured it already."""
     if not request.records:
         error(reply, request.request_id, wire.ErrorCode.BAD_REQUEST, "no records to produce")
         return True
-    size = batch_bytes(request.records)
+    if size is None:
+        size = batch_bytes(request.records)
     if len(request.records) > PRODUCE_RECORDS_MAX or size > PRODUCE_BYTES_MAX:
         error(
             reply,
