@@ -26,6 +26,7 @@ HANDLER_TIMEOUT_SECONDS = 10.0
 WRITE_TIMEOUT_SECONDS = 10.0
 CONNECTIONS_MAX = 64
 SERVER_NAME = "quorumlog"
+ALLOW_HEADER = "Allow: GET, HEAD\r\n"
 
 log = logging.getLogger("quorumlog.http")
 
@@ -87,6 +88,7 @@ def encode_response(response: Response, head_only: bool) -> bytes:
         f"Server: {SERVER_NAME}\r\n"
         f"Content-Type: {response.content_type}\r\n"
         f"Content-Length: {len(response.body)}\r\n"
+        f"{ALLOW_HEADER if status is HTTPStatus.METHOD_NOT_ALLOWED else ''}"
         "Cache-Control: no-store\r\n"
         "Connection: close\r\n\r\n"
     ).encode("ascii")

@@ -106,7 +106,9 @@ def test_oversized_headers_get_431() -> None:
 
 @pytest.mark.parametrize("method", [b"POST", b"PUT", b"DELETE"])
 def test_a_method_other_than_get_gets_405(method: bytes) -> None:
-    assert status_of(answer_to(method + b" / HTTP/1.1\r\nContent-Length: 0\r\n\r\n")) == 405
+    answer = answer_to(method + b" / HTTP/1.1\r\nContent-Length: 0\r\n\r\n")
+    assert status_of(answer) == 405
+    assert b"\r\nAllow: GET, HEAD\r\n" in answer
 
 
 def test_an_unknown_path_gets_404() -> None:
