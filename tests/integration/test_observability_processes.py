@@ -177,6 +177,26 @@ def test_topic_traffic_and_consumer_lag_are_metrics_and_on_the_dashboard(
     assert shown["consumer_groups"][0]["partitions"][0]["lag"] == 6
 
 
+def test_an_ha_topic_s_master_reports_its_confirm_offset_lag(observed: ObservedCluster) -> None:
+    cluster = observed.cluster
+    endpoints, cluster_id = cluster.endpoints, cluster.cluster_id
+    with Admin(endpoints, cluster_id=cluster_id) as admin:
+        admin.create_topic("audit", 1, 3, storage="ha")
+    with Producer(endpoints, cluster_id=cluster_id) as producer:
+        for number in range(5):
+            producer.send("audit", b"entry-%d" % number, partition=0)
+        producer.flush()
+    series = ("quorumlog_ha_confirm_offset_lag_bytes", (("partition", "0"), ("topic", "audit")))
+
+    def masters_reporting() -> list[float] | None:
+        values = [observed.metrics(node_id).get(series) for node_id in observed.survivors()]
+        reported = [value for value in values if value is not None]
+        # Acknowledged produces are confirmed: the one master's lag comes back to 0.
+        return reported if reported == [0.0] else None
+
+    wait_until(masters_reporting, ELECTION_TIMEOUT_SECONDS, "one HA master reporting no lag")
+
+
 def test_the_dashboard_page_shows_members_and_follows_a_leader_change(
     observed: ObservedCluster, tmp_path: Path
 ) -> None:

@@ -54,6 +54,11 @@ class ObservedNode(Protocol):
         """(consumer group, topic, partition, lag) for partitions this node leads."""
         ...
 
+    def ha_confirm_lags(self) -> list[tuple[str, int, int]]:
+        """(topic, partition, bytes written but not yet confirmed by the SyncStateSet) for
+        the HA partitions this node is master of."""
+        ...
+
     def bookie_state(self) -> tuple[int, bool] | None:
         """The hosted bookie's journal syncs so far and whether it takes adds (None: no
         bookie on this node)."""
@@ -185,6 +190,15 @@ class NodeCollector(Collector):
             lag.add_metric([consumer_group, topic, str(partition)], records)
         yield lag
         yield from self.bookie_families()
+        confirm_lag = GaugeMetricFamily(
+            "quorumlog_ha_confirm_offset_lag_bytes",
+            "On an HA topic's master: bytes in its commit log past confirmOffset (written, "
+            "not yet held by every SyncStateSet member).",
+            labels=["topic", "partition"],
+        )
+        for topic, partition, lag_bytes in self.node.ha_confirm_lags():
+            confirm_lag.add_metric([topic, str(partition)], lag_bytes)
+        yield confirm_lag
 
     def bookie_families(self) -> Iterator[Metric]:
         state = self.node.bookie_state()

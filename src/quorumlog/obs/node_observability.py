@@ -148,6 +148,16 @@ class NodeView:
             if row["lag"] is not None and self.partition_leader_here(row["topic"], row["partition"])
         ]
 
+    def ha_confirm_lags(self) -> list[tuple[str, int, int]]:
+        streams = getattr(self.node, "streams", None)
+        if streams is None:
+            return []
+        return [
+            (topic, partition, max(0, part.commit_log.max_offset - part.host.confirm_offset))
+            for (topic, partition), part in sorted(streams.ha_topics.partitions.items())
+            if part.host.is_master
+        ]
+
     def bookie_state(self) -> tuple[int, bool] | None:
         server = self.node.bookie
         if server is None:
