@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import msgspec
 
 from quorumlog.codec import wire
+from quorumlog.node.dispatch import KV_GROUP
 from quorumlog.obs.events import Event, EventLog
 from quorumlog.runtime.group import GroupRunner
 
@@ -27,7 +28,6 @@ EVENTS_SHOWN_MAX = 50
 METADATA_KEYS_SCANNED_MAX = 200_000
 """Consumer groups are found by scanning the metadata keys; past this many keys the page
 leaves them out rather than make a poll cost more than a moment."""
-KV_GROUP = "kv"
 
 
 class HostedPartitionView(Protocol):

@@ -31,7 +31,6 @@ from quorumlog.runtime.host import HostHooks
 
 EVENTS_KEPT_MAX = 256
 """The ring's bound: the dashboard shows the newest; the log keeps them all."""
-SLOW_SYNC_WARN_MS_DEFAULT = 1000
 
 log = logging.getLogger("quorumlog.events")
 

@@ -18,13 +18,13 @@ import msgspec
 
 from quorumlog.codec import wire
 from quorumlog.errors import QuorumLogError
+from quorumlog.node.dispatch import KV_GROUP
 from quorumlog.node.peer_requests import PeerRequests
 from quorumlog.runtime.group import GroupRunner, completion_future
 
 HEALTH_READ_TIMEOUT_SECONDS_DEFAULT = 2.0
 """Long enough for a read on a loaded machine; short enough for a probe's own timeout."""
 HEALTH_READ_ATTEMPT_SECONDS = 1.0
-KV_GROUP = "kv"
 
 
 class GroupState(msgspec.Struct, frozen=True):
