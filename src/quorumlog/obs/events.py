@@ -153,9 +153,9 @@ class GroupObserver(HostHooks):
         self.leader_id: str | None = None
         self.configuration: Configuration | None = None
         self.leader_changes_seen = 0
-        """etcd's leader_changes_seen_total: a leader (not "none") that differs from the
-        last one seen here."""
-        self.last_leader_seen: str | None = None
+        """etcd's leader_changes_seen_total: counted when the leader seen here becomes a
+        node (not "none") other than the one seen just before (none included, as etcd:
+        the same leader elected again after an interregnum counts)."""
         self.snapshots_taken = 0
         self.snapshots_installed = 0
 
@@ -194,9 +194,7 @@ class GroupObserver(HostHooks):
             self.leader_id = core.leader_id
             if core.leader_id is not None:
                 self.record("leader_changed", f"leader={core.leader_id}")
-                if core.leader_id != self.last_leader_seen:
-                    self.leader_changes_seen += 1
-                self.last_leader_seen = core.leader_id
+                self.leader_changes_seen += 1
         if core.configuration is not self.configuration:
             previous, self.configuration = self.configuration, core.configuration
             if (
