@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -66,6 +68,11 @@ def test_dev_up_status_down(dev_directory: Path) -> None:
     assert len(endpoints.split(",")) == 3
     pids = recorded_pids(dev_directory)
     assert len(pids) == 3
+    dashboards = re.findall(r"^n\d dashboard: (http://\S+)", started.stdout, re.MULTILINE)
+    assert len(dashboards) == 3, started.stdout
+    for url in dashboards:
+        with urllib.request.urlopen(url, timeout=10) as page:
+            assert b"quorumlog node" in page.read()
 
     status = quorumlog("dev", "status", "--dir", str(dev_directory))
     assert status.returncode == 0, status.stderr

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 import os
 import signal
 import socket
@@ -19,6 +18,7 @@ import click
 from quorumlog.cli.defaults import DEV_DIRECTORY_DEFAULT as DEFAULT_DEV_DIR
 from quorumlog.cli.defaults import DEV_STATE_FILE
 from quorumlog.errors import QuorumLogError
+from quorumlog.obs.log_format import LOG_FORMATS, LOG_LEVELS, configure_logging
 
 STARTED_HERE: dict[int, subprocess.Popen[bytes]] = {}
 """Node processes this process started (kept, not dropped to the garbage collector, which
@@ -121,6 +121,20 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
     type=click.IntRange(1),
     help="Ledger topics: records per ledger before rolling over to a new one.",
 )
+@click.option(
+    "--http-listen",
+    default="",
+    help="HOST:PORT for /metrics, /health, /readyz, /livez and the dashboard (default: off).",
+)
+@click.option("--log-format", default="text", show_default=True, type=click.Choice(LOG_FORMATS))
+@click.option("--log-level", default="info", show_default=True, type=click.Choice(LOG_LEVELS))
+@click.option(
+    "--slow-fsync-warn-ms",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Log a slow_fsync event when a log sync takes longer than this.",
+)
 def node_command(
     node_id: str,
     listen: str,
@@ -142,15 +156,15 @@ def node_command(
     ledger_owner_renew_ms: int,
     ledger_owner_stale_ms: int,
     ledger_rollover_entries: int,
+    http_listen: str,
+    log_format: str,
+    log_level: str,
+    slow_fsync_warn_ms: int,
 ) -> None:
     """Run one node in the foreground; logs to stderr; SIGTERM stops it cleanly."""
     from quorumlog.node.server import NodeFailedError, NodeSettings, run_node
 
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format=f"%(asctime)s {node_id} %(name)s %(levelname)s %(message)s",
-    )
+    configure_logging(node_id, log_format, log_level)
     settings = NodeSettings(
         node_id=node_id,
         listen=listen,
@@ -173,6 +187,8 @@ def node_command(
         ledger_owner_renew_ms=ledger_owner_renew_ms,
         ledger_owner_stale_ms=ledger_owner_stale_ms,
         ledger_rollover_entries=ledger_rollover_entries,
+        http_listen=http_listen,
+        slow_fsync_warn_ms=slow_fsync_warn_ms,
     )
 
     async def main() -> None:
@@ -276,15 +292,19 @@ def start_dev_cluster(
         raise QuorumLogError(
             f"a dev cluster is already running under {base}; `quorumlog dev down` first"
         )
-    ports = free_ports(nodes + bookie_count)
+    ports = free_ports(nodes + bookie_count + nodes)
+    http_ports = ports[nodes + bookie_count :]
     ids = [f"n{i}" for i in range(1, nodes + 1)]
     addresses = {node_id: f"127.0.0.1:{port}" for node_id, port in zip(ids, ports, strict=False)}
     bookie_ids = [f"bookie-{i}" for i in range(1, bookie_count + 1)]
     bookies = {
         bookie_id: f"127.0.0.1:{port}"
-        for bookie_id, port in zip(bookie_ids, ports[nodes:], strict=True)
+        for bookie_id, port in zip(bookie_ids, ports[nodes : nodes + bookie_count], strict=True)
     }
     endpoints = ",".join(addresses.values())
+    dashboards = {
+        node_id: f"http://127.0.0.1:{port}/" for node_id, port in zip(ids, http_ports, strict=True)
+    }
     pids: dict[str, int] = {}
     for node_id in ids:
         peers = ",".join(f"{p}={a}" for p, a in addresses.items() if p != node_id)
@@ -305,6 +325,8 @@ def start_dev_cluster(
                 cluster_id,
                 *sharded_kv_arguments(ids, group_count),
                 *(extra_arguments or []),
+                "--http-listen",
+                dashboards[node_id].removeprefix("http://").rstrip("/"),
             ],
         )
     for bookie_id, address in bookies.items():
@@ -333,6 +355,7 @@ def start_dev_cluster(
         "pids": pids,
         "endpoints": endpoints,
         "groups": {str(gid): list(ids) for gid in range(1, group_count + 1)},
+        "dashboards": dashboards,
     }
     dev_state_path(str(base)).write_text(json.dumps(state, indent=2))
     return state
@@ -497,6 +520,7 @@ def dev_up(
             ) from error
         done = "joined" if joined else "already joined:"
         click.echo(f"{done} shard groups 1..{group_count}: configuration {number}")
+    echo_dashboards(state)
     click.echo(f"export QUORUMLOG_ENDPOINTS={state['endpoints']}")
 
 
@@ -532,4 +556,12 @@ def dev_status(directory: str) -> None:
     groups: dict[str, list[str]] = state.get("groups") or {}  # type: ignore[assignment]
     for gid, servers in groups.items():
         click.echo(f"shard group {gid}  {','.join(servers)}")
+    echo_dashboards(state)
     click.echo(f"export QUORUMLOG_ENDPOINTS={state['endpoints']}")
+
+
+def echo_dashboards(state: dict[str, object]) -> None:
+    """Each node's dashboard (also /metrics and /health there), one line each."""
+    dashboards: dict[str, str] = state.get("dashboards") or {}  # type: ignore[assignment]
+    for node_id, url in dashboards.items():
+        click.echo(f"{node_id} dashboard: {url}  (metrics: {url}metrics, health: {url}health)")

@@ -554,6 +554,17 @@ class HABrokerStatusResponse(msgspec.Struct, frozen=True, tag=True):
     """JSON of `ha.broker_host.BrokerStatus` (role, epochs, offsets)."""
 
 
+class PeerPing(msgspec.Struct, frozen=True, tag=True):
+    """On a peer link: answer with a `PeerPong` carrying `sent_ns` back. The sender's own
+    monotonic clock, so only the sender reads it (round-trip time metrics)."""
+
+    sent_ns: int
+
+
+class PeerPong(msgspec.Struct, frozen=True, tag=True):
+    sent_ns: int
+
+
 Frame = (
     Hello
     | Welcome
@@ -598,6 +609,8 @@ Frame = (
     | HAControllerResponse
     | HABrokerStatusRequest
     | HABrokerStatusResponse
+    | PeerPing
+    | PeerPong
 )
 
 ClientRequest = (

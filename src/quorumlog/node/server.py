@@ -66,6 +66,7 @@ from quorumlog.node.shard_migration import (
 )
 from quorumlog.node.shard_service import ShardGroupService
 from quorumlog.node.stream_service import StreamService, TopicWatchingMachine
+from quorumlog.obs.node_observability import SLOW_FSYNC_WARN_MS_DEFAULT, Observability
 from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration
 from quorumlog.raft.messages import Message
@@ -131,6 +132,10 @@ class NodeSettings(msgspec.Struct, frozen=True):
     it was the master). The same on every node: replicas decide by it."""
     ha_controller_check_ms: int = int(CHECK_INTERVAL_SECONDS_DEFAULT * 1000)
     """HA controller: how often its leader looks for silent masters."""
+    http_listen: str = ""
+    """HOST:PORT of the HTTP endpoint (/metrics, /health, the dashboard); empty: none."""
+    slow_fsync_warn_ms: int = SLOW_FSYNC_WARN_MS_DEFAULT
+    """A log sync or hard-state save slower than this is logged as a slow_fsync event."""
 
 
 class Node:
@@ -169,6 +174,9 @@ class Node:
             silent_ticks_max=max(settings.election_ticks, 2),
         )
         self.endpoint.on_peer_heard = self.liveness.heard
+        self.observability = Observability(settings.node_id, settings.slow_fsync_warn_ms)
+        self.endpoint.on_peer_link = self.observability.events.peer_link
+        self.endpoint.on_round_trip = self.observability.metrics.round_trip
 
     def raft_config(self) -> RaftConfig:
         """The Raft settings of every group this node hosts."""
@@ -225,6 +233,8 @@ class Node:
         if self.ha_controller is not None:
             self.ha_controller.start()
         self.start_registration()
+        if settings.http_listen:
+            await self.observability.serve_http(settings.http_listen, self)
         log.info(
             "node %s listening on %s:%d (data in %s)",
             self.node_id,
@@ -272,11 +282,13 @@ class Node:
                 fsync=settings.fsync,
             ),
             self.ticker,
+            hooks=self.observability.hooks_for(name),
         )
         self.register_group(name, group)
         return group
 
     def register_group(self, name: str, group: GroupRunner) -> None:
+        self.observability.attach(name, group)
         self.groups[name] = group
         group.on_storage_failure = self.group_down
 
@@ -356,6 +368,7 @@ class Node:
         return [addresses[member] for member in self.settings.controller if member in addresses]
 
     async def stop(self) -> None:
+        await self.observability.close()
         # First, while this node's endpoint and bookie still serve: close the ledger topics
         # it owns and hand their leases on.
         await self.streams.release_ledger_topics()

@@ -257,7 +257,8 @@ class StreamService:
             node.executor,
             settings,
             node.ticker,
-            store,
+            hooks=node.observability.hooks_for(gid),
+            store=store,
         )
         hosted = HostedPartition(descriptor, partition, group, machine, directory)
         group.on_snapshot_saved = self.cut_done_callback(hosted)
@@ -268,7 +269,7 @@ class StreamService:
             # The first replica campaigns at once: a new topic's partitions elect in a
             # round trip or two, not in an election storm of every group at once.
             group.campaign()
-            log.info("hosting %s partition %d (group %s)", descriptor.name, partition, gid)
+        log.info("hosting %s partition %d (group %s)", descriptor.name, partition, gid)
 
     async def drop_topic(self, descriptor: wire.TopicDescriptor) -> None:
         if is_ledger_topic(descriptor):
@@ -283,6 +284,7 @@ class StreamService:
                 continue
             del self.partitions[(descriptor.name, partition)]
             self.node.groups.pop(hosted.group.group_id, None)
+            self.node.observability.forget(hosted.group.group_id, descriptor.name)
             await hosted.group.stop()
             await asyncio.get_running_loop().run_in_executor(
                 None, shutil.rmtree, hosted.directory, True
@@ -484,14 +486,16 @@ class StreamService:
         return None
 
     def produce(self, request: wire.Produce, reply: Replier) -> None:
+        size = batch_bytes(request.records)  # once: it costs about what encoding does
+        reply = self.counting_produce(request, reply, size)
         ledger_partition = self.ledger_topics.serves(request.topic, request.partition)
         if ledger_partition is not None:
-            if not refuse_batch(request, reply):
+            if not refuse_batch(request, reply, size):
                 self.ledger_topics.produce(ledger_partition, request, reply)
             return
         ha_partition = self.ha_topics.serves(request.topic, request.partition)
         if ha_partition is not None:
-            if not refuse_batch(request, reply):
+            if not refuse_batch(request, reply, size):
                 self.ha_topics.produce(ha_partition, request, reply)
             return
         hosted = self.hosted_or_refuse(request.request_id, request.topic, request.partition, reply)
@@ -506,7 +510,7 @@ class StreamService:
                 group,
             )
             return
-        if refuse_batch(request, reply):
+        if refuse_batch(request, reply, size):
             return
         batch = wire.RecordBatch(
             producer_id=request.producer_id,
@@ -586,6 +590,27 @@ class StreamService:
                 batches=batches,
             )
         )
+        if located:
+            # Records from the offset asked to the end of the last batch (once per fetch).
+            last_base = located[-1][1]
+            last_end = last_base + machine.batch_counts[machine.locate(last_base)]
+            self.node.observability.topic_traffic.fetched(
+                request.topic,
+                last_end - max(request.offset, machine.begin_offset),
+                sum(len(batch.data) for batch in batches),
+            )
+
+    def counting_produce(self, request: wire.Produce, reply: Replier, size: int) -> Replier:
+        """`reply`, counting an acknowledged batch into the node's topic metrics (every
+        storage mode answers a produce with a `ProduceResult`)."""
+        traffic = self.node.observability.topic_traffic
+
+        def counted(frame: wire.Frame) -> None:
+            if isinstance(frame, wire.ProduceResult) and not frame.duplicate:
+                traffic.produced(request.topic, frame.count, size)
+            reply(frame)
+
+        return counted
 
     def partition_status(self, request: wire.PartitionStatusRequest, reply: Replier) -> None:
         ledger_partition = self.ledger_topics.serves(request.topic, request.partition)
@@ -643,12 +668,14 @@ class StreamService:
         )
 
 
-def refuse_batch(request: wire.Produce, reply: Replier) -> bool:
-    """Refuse an empty or oversized batch (True: refused)."""
+def refuse_batch(request: wire.Produce, reply: Replier, size: int | None = None) -> bool:
+    """Refuse an empty or oversized batch (True: refused); `size`: its `batch_bytes`, if
+    the caller measured it already."""
     if not request.records:
         error(reply, request.request_id, wire.ErrorCode.BAD_REQUEST, "no records to produce")
         return True
-    size = batch_bytes(request.records)
+    if size is None:
+        size = batch_bytes(request.records)
     if len(request.records) > PRODUCE_RECORDS_MAX or size > PRODUCE_BYTES_MAX:
         error(
             reply,

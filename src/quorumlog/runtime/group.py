@@ -30,7 +30,7 @@ from quorumlog.raft.configuration import Configuration, MembershipChange
 from quorumlog.raft.core import RaftCore
 from quorumlog.raft.messages import Message, SnapshotMeta
 from quorumlog.runtime.completion import Completion
-from quorumlog.runtime.host import HostSettings, RaftHost
+from quorumlog.runtime.host import HostHooks, HostSettings, RaftHost
 from quorumlog.runtime.resources import StateMachine, Timer
 from quorumlog.runtime.stable import HardStateFile, SnapshotStore
 from quorumlog.runtime.ticker import GroupTicker
@@ -196,9 +196,11 @@ class GroupRunner:
         executor: Executor,
         settings: GroupSettings | None = None,
         ticker: GroupTicker | None = None,
+        hooks: HostHooks | None = None,
         store: LogStore | None = None,
     ) -> None:
-        """`ticker`: the node's shared ticker (None: the group ticks on a timer of its own)."""
+        """`ticker`: the node's shared ticker (None: the group ticks on a timer of its own);
+        `hooks`: what observes the host (the node's events and metrics)."""
         self.settings = settings or GroupSettings()
         data_dir.mkdir(parents=True, exist_ok=True)
         loop = asyncio.get_running_loop()
@@ -219,6 +221,7 @@ class GroupRunner:
                 random_source=random.Random(),
                 settings=self.settings.host_settings(),
                 ticker=ticker,
+                hooks=hooks,
             )
         except BaseException:
             self.store.close()

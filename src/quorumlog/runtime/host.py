@@ -118,6 +118,11 @@ class HostHooks:
     def on_acknowledged(self, entry: LogEntry) -> None:
         """A proposal's waiter is told it succeeded (the entry is committed and applied)."""
 
+    def on_synced(self, log_sync_seconds: float | None, hard_state_seconds: float | None) -> None:
+        """A sync job landed (on the host's thread): how long the log's sync and the hard
+        state's save took, by the scheduler's clock (None: not done in this job). Called
+        once per group commit, never per entry (metrics, slow-sync warnings)."""
+
     def apply_delay_seconds(self) -> float:
         return 0.0
 
@@ -221,6 +226,11 @@ class RaftHost:
         self.on_snapshot_saved: Callable[[SnapshotMeta], None] | None = None
         self.on_failed: Callable[[str, BaseException], None] | None = None
         self.last_configuration: Configuration | None = None
+        self.proposals_failed = 0
+        """Proposals whose waiter was told they failed or that their outcome is unknown
+        (leadership lost, replaced, stopped): etcd's proposals_failed_total."""
+        self.sync_seconds: tuple[float | None, float | None] = (None, None)
+        """The last sync job's durations (written by the job, read once it landed)."""
 
     # --- views --------------------------------------------------------------------------
 
@@ -491,6 +501,8 @@ class RaftHost:
                     lambda: self.submit_sync(batch, hard_state, sync_log),
                 )
                 return
+            if error is None:
+                self.hooks.on_synced(*self.sync_seconds)
             self.after_sync(batch, error)
 
         self.background.submit(lambda: self.sync_job(hard_state, sync_log), done)
@@ -517,10 +529,18 @@ class RaftHost:
         return False
 
     def sync_job(self, hard_state: HardState | None, sync_log: bool) -> None:
+        # Timed by the scheduler's clock: real time in a node, virtual in the simulator.
+        clock = self.scheduler.monotonic_seconds
+        log_seconds = hard_state_seconds = None
         if sync_log:
+            started = clock()
             self.store.sync()
+            log_seconds = clock() - started
         if hard_state is not None:
+            started = clock()
             self.hard_state_store.save(hard_state)  # after the log it refers to
+            hard_state_seconds = clock() - started
+        self.sync_seconds = (log_seconds, hard_state_seconds)
 
     def after_sync(self, batch: list[Ready], error: BaseException | None) -> None:
         self.syncing = False
@@ -618,6 +638,7 @@ class RaftHost:
                     hooks.on_acknowledged(entry)
                     waiter.completion.set_result(result)
                 else:
+                    self.proposals_failed += 1
                     waiter.completion.set_exception(
                         ProposalDroppedError(f"entry {entry.index} was replaced by a new leader")
                     )
@@ -734,6 +755,7 @@ class RaftHost:
 
     def fail_waiters(self, error: BaseException) -> None:
         waiters, self.waiters = self.waiters, {}
+        self.proposals_failed += len(waiters)
         for waiter in waiters.values():
             waiter.completion.set_exception(error)
         for completions in [
@@ -752,6 +774,7 @@ class RaftHost:
         client retries with the same sequence and the session table answers it."""
         for waiter_index in [i for i in self.waiters if i <= index]:
             waiter = self.waiters.pop(waiter_index)
+            self.proposals_failed += 1
             waiter.completion.set_exception(
                 ProposalDroppedError("replaced by an installed snapshot")
             )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import Protocol, cast
 
@@ -50,6 +51,9 @@ ANNOUNCE_DELAY_SECONDS_INITIAL = 0.25
 the smaller id usually dials first, and a second link would only be closed again."""
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
 HANDSHAKE_TIMEOUT_SECONDS = 5.0
+ROUND_TRIP_EVERY_PINGS = 5
+"""Every this many liveness pings to a peer, one is a `PeerPing` whatever else went to it
+(its pong gives a round-trip time): about one a second with default ticks."""
 
 
 class Handler(Protocol):
@@ -139,6 +143,9 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
+        if self.peer_id is not None:
+            received = self.endpoint.peer_bytes_received
+            received[self.peer_id] = received.get(self.peer_id, 0) + len(data)
         try:
             payloads = self.decoder.feed(data)
         except FrameError as error:
@@ -164,6 +171,9 @@ class Connection(asyncio.Protocol):
             if endpoint.on_peer_heard is not None:
                 endpoint.on_peer_heard(self.peer_id)
             endpoint.handler.on_peer_batch(frame)
+            return True
+        if isinstance(frame, wire.PeerPing | wire.PeerPong) and self.peer_id is not None:
+            endpoint.round_trip_frame(self, frame)
             return True
         if self.is_client and isinstance(frame, wire.CLIENT_REQUEST_TYPES):
             endpoint.handler.on_client_request(cast(wire.ClientRequest, frame), self.write)
@@ -249,6 +259,9 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
+        if self.peer_id is not None:
+            sent = self.endpoint.peer_bytes_sent
+            sent[self.peer_id] = sent.get(self.peer_id, 0) + FRAME_HEADER.size + len(payload)
         transport.writelines((FRAME_HEADER.pack(len(payload)), payload))
 
     def buffered_bytes(self) -> int:
@@ -298,6 +311,16 @@ class Endpoint:
         self.on_peer_heard: Callable[[str], None] | None = None
         """Told the peer's id for every frame from a peer (node-level liveness)."""
         self.sent_since_ping: set[str] = set()
+        self.on_peer_link: Callable[[str, bool], None] | None = None
+        """Told (peer, True) when a peer gets a link where it had none, (peer, False) when
+        its link goes and none replaces it (events: links lost and regained)."""
+        self.on_round_trip: Callable[[str, float], None] | None = None
+        """Told (peer, seconds) for each round trip measured on a peer link."""
+        self.pings_sent: dict[str, int] = {}
+        self.peer_bytes_sent: dict[str, int] = {}
+        self.peer_bytes_received: dict[str, int] = {}
+        """Bytes on peer links per peer since start (counted per read and write, not per
+        message), for the node's metrics."""
 
     async def listen(self, host: str, port: int, advertise: str = "") -> int:
         """Listen on `host:port` (0: any free port); returns the port bound. Peers are told
@@ -387,12 +410,16 @@ class Endpoint:
                 connection.transport.close()
             return
         self.peers[peer] = connection
+        if old is None and self.on_peer_link is not None:
+            self.on_peer_link(peer, True)
         if old is not None and old is not connection and old.transport is not None:
             old.transport.close()  # the peer restarted and dialled again: the new link wins
 
     def peer_gone(self, peer: str, connection: Connection) -> None:
         if self.peers.get(peer) is connection:
             del self.peers[peer]
+            if self.on_peer_link is not None and not self.stopping:
+                self.on_peer_link(peer, False)
 
     def send(self, peer: str, envelope: wire.RaftEnvelope) -> None:
         queue = self.outgoing.get(peer)
@@ -417,12 +444,31 @@ class Endpoint:
     def ping(self, peer: str) -> None:
         """Say "alive" to `peer`: an empty PeerBatch, unless a frame went to it since the
         last ping (that said it already)."""
-        if peer in self.sent_since_ping:
+        pings = self.pings_sent[peer] = self.pings_sent.get(peer, 0) + 1
+        measure = self.on_round_trip is not None and pings % ROUND_TRIP_EVERY_PINGS == 0
+        if peer in self.sent_since_ping and not measure:
             self.sent_since_ping.discard(peer)
             return
         connection = self.peers.get(peer)
         if connection is not None and connection.buffered_bytes() <= WRITE_BUFFER_BYTES_MAX:
-            connection.write(wire.PeerBatch(envelopes=[]))
+            if measure:
+                connection.write(wire.PeerPing(sent_ns=time.monotonic_ns()))
+            else:
+                connection.write(wire.PeerBatch(envelopes=[]))
+
+    def round_trip_frame(
+        self, connection: Connection, frame: wire.PeerPing | wire.PeerPong
+    ) -> None:
+        """A ping is answered at once; a pong ends a round trip we measured."""
+        peer = connection.peer_id
+        if peer is None:
+            return
+        if self.on_peer_heard is not None:
+            self.on_peer_heard(peer)
+        if isinstance(frame, wire.PeerPing):
+            connection.write(wire.PeerPong(sent_ns=frame.sent_ns))
+        elif self.on_round_trip is not None:
+            self.on_round_trip(peer, max(0, time.monotonic_ns() - frame.sent_ns) / 1e9)
 
     def send_groups_down(self, peer: str, node_id: str, groups: list[str]) -> None:
         """Tell `peer` these groups stopped on this node (best effort: a peer not connected

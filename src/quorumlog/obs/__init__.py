@@ -1,0 +1,1 @@
+"""Observability: metrics, health, events and the dashboard (see DESIGN.md)."""
