@@ -115,11 +115,18 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
     help="Ledger topics: an unrenewed lease is taken over after this long.",
 )
 @click.option(
-    "--ledger-rollover-entries",
+    "--ledger-rollover-records",
     default=50_000,
     show_default=True,
     type=click.IntRange(1),
     help="Ledger topics: records per ledger before rolling over to a new one.",
+)
+@click.option(
+    "--ledger-rollover-entries",
+    default=None,
+    type=click.IntRange(1),
+    hidden=True,
+    help="The old name of --ledger-rollover-records (it counted records then too).",
 )
 def node_command(
     node_id: str,
@@ -141,7 +148,8 @@ def node_command(
     no_bookie: bool,
     ledger_owner_renew_ms: int,
     ledger_owner_stale_ms: int,
-    ledger_rollover_entries: int,
+    ledger_rollover_records: int,
+    ledger_rollover_entries: int | None,
 ) -> None:
     """Run one node in the foreground; logs to stderr; SIGTERM stops it cleanly."""
     from quorumlog.node.server import NodeFailedError, NodeSettings, run_node
@@ -172,7 +180,7 @@ def node_command(
         bookie=not no_bookie,
         ledger_owner_renew_ms=ledger_owner_renew_ms,
         ledger_owner_stale_ms=ledger_owner_stale_ms,
-        ledger_rollover_entries=ledger_rollover_entries,
+        ledger_rollover_records=ledger_rollover_entries or ledger_rollover_records,
     )
 
     async def main() -> None:

@@ -53,7 +53,7 @@ def read_all(world: ManagedWorld, managed: ManagedLedger) -> list[tuple[int, byt
 
 def test_offsets_stay_contiguous_across_rollovers_and_reads_cross_ledgers() -> None:
     world = ManagedWorld()
-    managed = opened(world, "node-a", 1, rollover_entries_max=10)
+    managed = opened(world, "node-a", 1, rollover_records_max=10)
     outcomes = [managed.append(batch("p", 4 * number, 4), "p", 4 * number) for number in range(7)]
     world.settle(outcomes[-1])
     assert [outcome.result().base_offset for outcome in outcomes] == list(range(0, 28, 4))
@@ -97,12 +97,12 @@ def test_idempotent_retries_after_a_takeover_get_the_original_offsets() -> None:
     world = ManagedWorld()
     # Small ledgers: the retried batch lives in an older ledger than the last one, so the
     # new owner knows it from the producer table copied into the last ledger's metadata.
-    first = opened(world, "node-a", 1, rollover_entries_max=4)
+    first = opened(world, "node-a", 1, rollover_records_max=4)
     originals = [first.append(batch("p", 2 * n, 2), "p", 2 * n) for n in range(6)]
     other = first.append(batch("q", 0, 3), "q", 0)
     world.settle(other)
     assert other.result().base_offset == 12
-    second = opened(world, "node-b", 2, rollover_entries_max=4)
+    second = opened(world, "node-b", 2, rollover_records_max=4)
     retried = world.wait(second.append(batch("p", 2, 2), "p", 2))
     assert retried == ProduceOutcome(base_offset=2, count=2, duplicate=True)
     retried_last = world.wait(second.append(batch("p", 10, 2), "p", 10))
@@ -137,35 +137,44 @@ def test_a_retry_of_a_batch_in_flight_is_answered_only_with_the_original() -> No
     assert retry.exception() is original.exception()
 
 
-def test_a_batch_recovered_only_in_part_is_left_out_and_its_retry_written_whole() -> None:
+@pytest.mark.parametrize("slice_records", [1, 2])
+def test_a_batch_recovered_only_in_part_is_left_out_and_its_retry_written_whole(
+    slice_records: int,
+) -> None:
+    """Each batch is three entries of `slice_records` records (1: as entry format 1 held
+    them; 2: a batch sliced across entries in format 2)."""
     world = ManagedWorld()
     first_client = world.client(1)
-    first = first_client.managed("node-a", config())
+    first = first_client.managed("node-a", config(slice_records_max=slice_records))
     world.wait(first.open())
-    world.wait(first.append(batch("p", 0, 3), "p", 0))
+    size = 3 * slice_records
+    world.wait(first.append(batch("p", 0, size), "p", 0))
     writer = first.writer
     assert writer is not None
+    assert writer.last_add_confirmed == 2  # three entries
     ensemble = writer.metadata.last_ensemble
     # Entries 3, 4, 5 go to write sets (e0,e1), (e1,e2), (e2,e0): with e1 and e2 cut off,
     # only entry 3 reaches a bookie (e0): recovery finds it and stops before entry 4.
     first_client.dropping.update(ensemble[1:])
-    pending = first.append(batch("p", 3, 3), "p", 3)
+    pending = first.append(batch("p", size, size), "p", size)
     world.scheduler.run_until_idle()
     assert not pending.done()
     second = opened(world, "node-b", 2)
     recovered = world.metadata.read_ledger(writer.ledger_id)
     assert recovered.last_entry_id == 3  # the ledger holds a third of the batch ...
-    assert second.end_offset == 3  # ... which the managed ledger leaves out
+    assert second.end_offset == size  # ... which the managed ledger leaves out
+    closed = stored_record(world).ledgers[0]
+    assert (closed.last_entry_id, closed.end_offset) == (2, size)
     world.settle(pending)
     assert isinstance(pending.exception(), NotPartitionOwnerError)
-    retried = world.wait(second.append(batch("p", 3, 3), "p", 3))
-    assert (retried.base_offset, retried.duplicate) == (3, False)
-    assert read_all(world, second) == [(n, b"p-%d" % n) for n in range(6)]
+    retried = world.wait(second.append(batch("p", size, size), "p", size))
+    assert (retried.base_offset, retried.duplicate) == (size, False)
+    assert read_all(world, second) == [(n, b"p-%d" % n) for n in range(2 * size)]
 
 
 def test_retention_drops_whole_closed_ledgers_and_advances_the_start() -> None:
     world = ManagedWorld()
-    managed = opened(world, "node-a", 1, rollover_entries_max=5, retention_ms=60_000)
+    managed = opened(world, "node-a", 1, rollover_records_max=5, retention_ms=60_000)
     for number in range(4):
         world.wait(managed.append(batch("p", 5 * number, 5), "p", 5 * number))
     before = stored_record(world)
@@ -187,14 +196,14 @@ def test_retention_drops_whole_closed_ledgers_and_advances_the_start() -> None:
 
 def test_retention_by_bytes_keeps_at_least_the_bytes_asked_for() -> None:
     world = ManagedWorld()
-    managed = opened(world, "node-a", 1, rollover_entries_max=5)
+    managed = opened(world, "node-a", 1, rollover_records_max=5)
     for number in range(6):
         world.wait(managed.append(batch("p", 5 * number, 5), "p", 5 * number))
     record = stored_record(world)
     ledger_bytes = record.ledgers[0].data_bytes
     assert ledger_bytes > 0
     assert world.wait(managed.trim()) == []  # no retention set: everything stays
-    managed.config = config(rollover_entries_max=5, retention_bytes=2 * ledger_bytes)
+    managed.config = config(rollover_records_max=5, retention_bytes=2 * ledger_bytes)
     dropped = world.wait(managed.trim())
     assert len(dropped) == 4  # six closed ledgers, two kept
     assert managed.start_offset == 20
@@ -272,7 +281,12 @@ def run_takeovers(seed: int) -> None:
     rng = random.Random(seed)
     world = ManagedWorld()
     producers = [Producer(f"p{number}", rng) for number in range(3)]
-    settings = config(rollover_entries_max=rng.choice([3, 7, 50]))
+    settings = config(
+        rollover_records_max=rng.choice([3, 7, 50]),
+        # Slices of one or two records: batches cut across entries, so recovery finds
+        # parts of batches; 4096: a batch per entry.
+        slice_records_max=rng.choice([1, 2, 4096]),
+    )
     owner_client: Client | None = None
     for round_number in range(rng.randint(3, 6)):
         if owner_client is not None and rng.random() < 0.5:

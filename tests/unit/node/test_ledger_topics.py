@@ -47,7 +47,7 @@ def settings_for(tmp_path: Path) -> list[object]:
             bookie_heartbeat_ms=100,
             ledger_owner_renew_ms=100,
             ledger_owner_stale_ms=600,
-            ledger_rollover_entries=ROLLOVER_ENTRIES,
+            ledger_rollover_records=ROLLOVER_ENTRIES,
         )
     )
 
