@@ -12,13 +12,28 @@ import pytest
 from quorumlog.codec.wire import Record
 from quorumlog.errors import BadPasswordError, NotPartitionOwnerError
 from quorumlog.ledger.managed import ManagedLedger, ManagedLedgerConfig
-from quorumlog.ledger.managed_format import ManagedLedgerRecord
-from quorumlog.ledger.metadata import LedgerState
+from quorumlog.ledger.managed_format import (
+    ENTRY_FORMAT_V1,
+    ENTRY_FORMAT_V2,
+    PRODUCERS_PROPERTY,
+    TOPIC_PROPERTY,
+    ManagedLedgerRecord,
+    ProducerTable,
+    encode_producer_table,
+    replay_batch,
+)
+from quorumlog.ledger.metadata import LedgerMetadata, LedgerState, master_key, new_ledger_metadata
 from quorumlog.runtime.completion import Completion
 from quorumlog.stream.partition import (
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     ProduceOutcome,
+)
+from tests.unit.ledger.managed_v1 import (
+    LedgerInfoV1,
+    RecordV1,
+    encode_batch_v1,
+    encode_record_v1,
 )
 from tests.unit.ledger.managed_world import NAME, PASSWORD, Client, ManagedWorld
 
@@ -239,6 +254,110 @@ def test_a_closed_managed_ledger_opens_again_without_recovery() -> None:
     again = opened(world, "node-a", 3)
     assert again.end_offset == 3
     assert world.wait(again.append(batch("p", 0, 3), "p", 0)).duplicate
+
+
+def test_a_fetch_from_mid_batch_starts_at_the_offset_asked() -> None:
+    world = ManagedWorld()
+    managed = opened(world, "node-a", 1, rollover_records_max=20)
+    for number in range(6):
+        world.wait(managed.append(batch("p", 10 * number, 10), "p", 10 * number))
+    assert len(stored_record(world).ledgers) == 4  # three closed (20 records each), one open
+    for offset, count in [(3, 4), (17, 6), (25, 100), (59, 5), (41, 1)]:
+        records = world.wait(managed.read(offset, count))
+        expected = list(range(offset, min(offset + count, 60)))
+        assert [(n, record.value) for n, record in records] == [(n, b"p-%d" % n) for n in expected]
+
+
+def test_a_new_owner_reads_older_ledgers_it_never_wrote_from_any_offset() -> None:
+    """The successor knows the older ledgers by their ends only: it probes for the entry
+    that holds an offset, batches of unequal sizes included."""
+    world = ManagedWorld()
+    first = opened(world, "node-a", 1, rollover_records_max=30)
+    sizes = [1, 7, 2, 13, 1, 1, 9, 4, 20, 3, 1, 6, 11, 2, 5]
+    sequence = 0
+    for size in sizes:
+        world.wait(first.append(batch("p", sequence, size), "p", sequence))
+        sequence += size
+    second = opened(world, "node-b", 2)
+    assert len(second.closed_indexes) == 1  # the last ledger, replayed at the takeover
+    for offset in range(sequence):
+        records = world.wait(second.read(offset, 3))
+        expected = list(range(offset, min(offset + 3, sequence)))
+        assert [(n, record.value) for n, record in records] == [(n, b"p-%d" % n) for n in expected]
+    assert read_all(world, second) == [(n, b"p-%d" % n) for n in range(sequence)]
+
+
+# --- a topic the previous release wrote (entry format 1) ---------------------------------
+
+
+def write_v1_ledger(
+    world: ManagedWorld, batches: list[tuple[str, int, int]], table: ProducerTable, close: bool
+) -> LedgerMetadata:
+    """A ledger as the previous release's owner wrote it: one entry per record, its
+    producer table before it in its metadata; closed, or left open (its owner died)."""
+    created = world.metadata.create_ledger(
+        new_ledger_metadata(
+            ensemble=["b0", "b1", "b2"],
+            write_quorum_size=2,
+            ack_quorum_size=2,
+            password=PASSWORD,
+            properties={
+                TOPIC_PROPERTY: NAME,
+                PRODUCERS_PROPERTY: encode_producer_table(table, 100),
+            },
+        )
+    )
+    writer = world.client(50).driver.start_writer(
+        created, master_key(PASSWORD), lambda _: None, lambda _: None
+    )
+    datas = []
+    for producer_id, base_sequence, count in batches:
+        datas += encode_batch_v1(
+            batch(producer_id, base_sequence, count), producer_id, base_sequence, 9
+        )
+    writer.append_many(datas)
+    world.scheduler.run_until_idle()
+    assert writer.last_add_confirmed == len(datas) - 1
+    return world.wait(writer.close()) if close else writer.metadata
+
+
+def test_a_topic_written_in_entry_format_1_keeps_working() -> None:
+    world = ManagedWorld()
+    table = ProducerTable()
+    first = write_v1_ledger(world, [("p", 0, 3), ("q", 0, 2)], table, close=True)
+    replay_batch(table, "p", 0, 3, 0, 100, 5)
+    replay_batch(table, "q", 0, 2, 3, 100, 5)
+    second = write_v1_ledger(world, [("p", 3, 2)], table, close=False)
+    world.store.records[NAME] = encode_record_v1(
+        RecordV1(
+            name=NAME,
+            version=3,
+            owner_epoch=1,
+            owner="old-release",
+            ledgers=[
+                LedgerInfoV1(first.ledger_id, 0, closed=True, last_entry_id=4, data_bytes=100),
+                LedgerInfoV1(second.ledger_id, 5),
+            ],
+        )
+    )
+    managed = opened(world, "node-new", 3)  # recovers the open format-1 ledger
+    assert managed.end_offset == 7
+    assert world.wait(managed.append(batch("q", 0, 2), "q", 0)) == ProduceOutcome(3, 2, True)
+    assert world.wait(managed.append(batch("p", 3, 2), "p", 3)) == ProduceOutcome(5, 2, True)
+    assert world.wait(managed.append(batch("p", 5, 4), "p", 5)) == ProduceOutcome(7, 4, False)
+    record = stored_record(world)
+    assert [ledger.entry_format for ledger in record.ledgers] == [
+        ENTRY_FORMAT_V1,
+        ENTRY_FORMAT_V1,
+        ENTRY_FORMAT_V2,
+    ]
+    expected = [(n, b"p-%d" % n) for n in range(3)] + [(3, b"q-0"), (4, b"q-1")]
+    expected += [(n, b"p-%d" % (n - 2)) for n in range(5, 11)]
+    assert read_all(world, managed) == expected
+    assert [n for n, _ in world.wait(managed.read(6, 3))] == [6, 7, 8]
+    successor = opened(world, "node-next", 4)  # takes over from the format-2 ledger
+    assert read_all(world, successor) == expected
+    assert world.wait(successor.append(batch("q", 0, 2), "q", 0)).base_offset == 3
 
 
 # --- randomized takeovers -----------------------------------------------------------------
