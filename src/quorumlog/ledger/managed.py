@@ -105,6 +105,9 @@ ValueType = TypeVar("ValueType")
 CLOSED_INDEXES_MAX = 64
 """Closed ledgers whose entry index (what reads learned of it) is kept, least recently
 read dropped first; the open ledger's is always kept."""
+CLOSED_INDEX_POINTS_MAX = 1024
+"""Points a closed ledger's index keeps (thinned evenly beyond twice this): with
+CLOSED_INDEXES_MAX, about 2 MB per partition at most, whatever the batch sizes."""
 PROBES_MAX = 64
 """Probes one read makes at most to find an offset's entry (a ledger of 2**31 entries
 needs 62 by midpoints): more means the entries contradict the record."""
@@ -870,13 +873,14 @@ class ManagedLedger:
         index = self.closed_indexes.get(ledger.ledger_id)
         if index is None:
             index = EntryIndex.closed(ledger.first_offset, ledger.entry_count, ledger.end_offset)
-            self.remember_index(ledger.ledger_id, index)
-        else:
+        elif index.point_count <= 2 * CLOSED_INDEX_POINTS_MAX:
             self.closed_indexes.move_to_end(ledger.ledger_id)
-        return index
+            return index
+        self.remember_index(ledger.ledger_id, index)  # new, or grown by reads: thinned
+        return self.closed_indexes[ledger.ledger_id]
 
     def remember_index(self, ledger_id: int, index: EntryIndex) -> None:
-        self.closed_indexes[ledger_id] = index
+        self.closed_indexes[ledger_id] = index.thinned(CLOSED_INDEX_POINTS_MAX)
         self.closed_indexes.move_to_end(ledger_id)
         while len(self.closed_indexes) > CLOSED_INDEXES_MAX:
             self.closed_indexes.popitem(last=False)

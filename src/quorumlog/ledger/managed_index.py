@@ -8,7 +8,8 @@ at one past its last offset) as known so far:
 - the open ledger's index is whole: the owner adds every entry it appends (`append`), so
   every lookup is exact and costs no read;
 - at a takeover the last ledger is read back whole anyway (to rebuild the producer table),
-  so its index is whole too;
+  so its index starts whole too; a closed ledger's index is thinned to a bounded number of
+  evenly spread points (`thinned`), so memory does not follow the batch sizes;
 - an older closed ledger starts with its two ends only (from the ManagedLedgerRecord:
   first offset, last entry, record count) and learns the entries a read brings back
   (`learn_point`). An offset between two known points is found by probing: read the entry the
@@ -71,6 +72,21 @@ class EntryIndex:
     @property
     def point_count(self) -> int:
         return len(self.entry_ids)
+
+    def thinned(self, points_max: int) -> EntryIndex:
+        """This index with at most `points_max` points, evenly spread, the ends kept: what
+        a closed ledger's index keeps, so memory stays bounded whatever its batch sizes
+        (an offset between two kept points costs a few probes; reads learn again)."""
+        require(points_max >= 2, "an index keeps its two ends")
+        count = len(self.entry_ids)
+        if count <= points_max:
+            return self
+        stride = -(-(count - 1) // (points_max - 1))
+        kept = [*range(0, count - 1, stride), count - 1]
+        index = EntryIndex(self.offsets[0])
+        index.entry_ids = array("q", [self.entry_ids[position] for position in kept])
+        index.offsets = array("q", [self.offsets[position] for position in kept])
+        return index
 
     def append(self, counts: Iterable[int]) -> None:
         """The next entries of the open ledger, holding `counts` records each."""

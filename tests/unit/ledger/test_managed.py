@@ -9,6 +9,7 @@ import random
 import msgspec
 import pytest
 
+import quorumlog.ledger.managed as managed_module
 from quorumlog.codec.wire import Record
 from quorumlog.errors import BadPasswordError, NotPartitionOwnerError
 from quorumlog.ledger.managed import ManagedLedger, ManagedLedgerConfig
@@ -256,13 +257,18 @@ def test_a_closed_managed_ledger_opens_again_without_recovery() -> None:
     assert world.wait(again.append(batch("p", 0, 3), "p", 0)).duplicate
 
 
-def test_a_fetch_from_mid_batch_starts_at_the_offset_asked() -> None:
+@pytest.mark.parametrize("points_max", [1024, 2])
+def test_a_fetch_from_mid_batch_starts_at_the_offset_asked(
+    points_max: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also with closed ledgers' indexes thinned to their ends (2 points): reads probe."""
+    monkeypatch.setattr(managed_module, "CLOSED_INDEX_POINTS_MAX", points_max)
     world = ManagedWorld()
     managed = opened(world, "node-a", 1, rollover_records_max=20)
-    for number in range(6):
-        world.wait(managed.append(batch("p", 10 * number, 10), "p", 10 * number))
+    for number in range(12):
+        world.wait(managed.append(batch("p", 5 * number, 5), "p", 5 * number))
     assert len(stored_record(world).ledgers) == 4  # three closed (20 records each), one open
-    for offset, count in [(3, 4), (17, 6), (25, 100), (59, 5), (41, 1)]:
+    for offset, count in [(3, 4), (17, 6), (25, 100), (59, 5), (41, 1), (12, 30)]:
         records = world.wait(managed.read(offset, count))
         expected = list(range(offset, min(offset + count, 60)))
         assert [(n, record.value) for n, record in records] == [(n, b"p-%d" % n) for n in expected]

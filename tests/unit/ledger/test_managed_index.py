@@ -66,6 +66,32 @@ def test_probing_a_ledger_known_by_its_ends_finds_any_offset_in_logarithmic_prob
         assert entry <= last < len(counts)
 
 
+@settings(max_examples=100, deadline=None)
+@given(counts=counts_strategy, points_max=st.integers(2, 9))
+def test_a_thinned_index_keeps_its_ends_and_evenly_spread_points(
+    counts: list[int], points_max: int
+) -> None:
+    starts = starts_of(7, counts)
+    whole = EntryIndex(7)
+    whole.append(counts)
+    thinned = whole.thinned(points_max)
+    if len(counts) + 1 <= points_max:
+        assert thinned.point_count == len(counts) + 1
+    else:
+        assert 2 <= thinned.point_count <= points_max
+        # Evenly spread: no gap between kept points is much wider than the average.
+        gaps = [b - a for a, b in zip(thinned.entry_ids, thinned.entry_ids[1:], strict=False)]
+        assert max(gaps) <= 2 * len(counts) / (points_max - 1) + 1
+    assert (thinned.first_offset, thinned.entry_count, thinned.end_offset) == (
+        7,
+        len(counts),
+        starts[-1],
+    )
+    for entry_id, offset in zip(thinned.entry_ids, thinned.offsets, strict=True):
+        assert starts[entry_id] == offset
+    assert whole.point_count == len(counts) + 1  # thinning copies
+
+
 def test_uniform_batches_are_found_by_the_first_probe() -> None:
     counts = [100] * 1_000
     starts = starts_of(0, counts)
