@@ -253,19 +253,22 @@ def record_bytes(record: Record) -> int:
     return size
 
 
-def slice_bounds(records: list[Record], records_max: int, bytes_max: int) -> list[int]:
-    """Where each slice of `records` starts (0 first): at most `records_max` records and
-    `bytes_max` bytes (`record_bytes`) each, unless a slice holds one record."""
-    starts = [0]
-    count = size = 0
-    for index, record in enumerate(records):
-        record_size = record_bytes(record)
-        if count and (count == records_max or size + record_size > bytes_max):
-            starts.append(index)
-            count = size = 0
-        count += 1
+def slices_by_bytes(
+    records: list[Record], start: int, stop: int, bytes_max: int
+) -> list[tuple[int, int]]:
+    """records[start:stop] cut into runs of at most `bytes_max` bytes (`record_bytes`),
+    a record alone in a run if it is larger."""
+    runs: list[tuple[int, int]] = []
+    run_start = start
+    size = 0
+    for index in range(start, stop):
+        record_size = record_bytes(records[index])
+        if index > run_start and size + record_size > bytes_max:
+            runs.append((run_start, index))
+            run_start, size = index, 0
         size += record_size
-    return starts
+    runs.append((run_start, stop))
+    return runs
 
 
 def encode_slices(
@@ -279,23 +282,17 @@ def encode_slices(
 ) -> tuple[list[bytes], list[int]]:
     """A batch as format-2 entries: their bytes and the records each holds.
 
-    The whole batch is encoded first: a batch within both bounds (what producers send) is
-    one entry, encoded once, with no per-record work here. Each entry is encoded from a
-    plain tuple in `ManagedSlice`'s field order (an array-like struct and a tuple encode to
-    the same msgpack array, and the tuple costs less to build)."""
+    The batch is cut by count (`records_max`) and each piece encoded at once; only a piece
+    whose bytes exceed `bytes_max` is cut again by its records' sizes. Batches as producers
+    send them (up to 16,384 records and 1 MiB) so cost no work per record here. Each entry
+    is encoded from a plain tuple in `ManagedSlice`'s field order (an array-like struct and
+    a tuple encode to the same msgpack array, and the tuple costs less to build)."""
     batch_count = len(records)
     encode = _entry_encoder.encode
-    if batch_count <= records_max:
-        data = encode(
-            (producer_id, base_sequence, 0, batch_count, first_offset, timestamp_ms, records)
-        )
-        if len(data) <= bytes_max or batch_count == 1:
-            return [_V2_PREFIX + data], [batch_count]
-    starts = slice_bounds(records, records_max, bytes_max)
-    ends = [*starts[1:], batch_count]
-    datas = [
-        _V2_PREFIX
-        + encode(
+
+    def encoded(start: int, stop: int) -> bytes:
+        piece = records if start == 0 and stop == batch_count else records[start:stop]
+        return _V2_PREFIX + encode(
             (
                 producer_id,
                 base_sequence,
@@ -303,12 +300,23 @@ def encode_slices(
                 batch_count,
                 first_offset + start,
                 timestamp_ms,
-                records[start:end],
+                piece,
             )
         )
-        for start, end in zip(starts, ends, strict=True)
-    ]
-    return datas, [end - start for start, end in zip(starts, ends, strict=True)]
+
+    datas: list[bytes] = []
+    counts: list[int] = []
+    for start in range(0, batch_count, records_max):
+        stop = min(start + records_max, batch_count)
+        data = encoded(start, stop)
+        if len(data) <= bytes_max or stop - start == 1:
+            datas.append(data)
+            counts.append(stop - start)
+            continue
+        for run_start, run_stop in slices_by_bytes(records, start, stop, bytes_max):
+            datas.append(encoded(run_start, run_stop))
+            counts.append(run_stop - run_start)
+    return datas, counts
 
 
 def entry_format_refusal(entry_format: int) -> str:
