@@ -266,6 +266,10 @@ class ManagedLedger:
         """Where each entry of the open ledger starts (every one: the owner wrote them)."""
         self.closed_indexes: OrderedDict[int, EntryIndex] = OrderedDict()
         """Closed ledgers' entry indexes, least recently read first."""
+        self.entry_kept: tuple[int, int, ManagedSlice] | None = None
+        """(ledger id, entry id, its records): the last entry a read took only the start
+        of. A consumer reading fewer records than an entry holds asks for the rest next:
+        served from here, each entry is read from the bookies and decoded once."""
 
     # --- views ---------------------------------------------------------------------------
 
@@ -738,6 +742,8 @@ class ManagedLedger:
             for ledger_id in dropped:
                 self.metadata_cache.pop(ledger_id, None)
                 self.closed_indexes.pop(ledger_id, None)
+                if self.entry_kept is not None and self.entry_kept[0] == ledger_id:
+                    self.entry_kept = None
                 self.store.delete_ledger(ledger_id)
             result.set_result(list(dropped))
 
@@ -808,16 +814,19 @@ class ManagedLedger:
 
             self.read_entries(ledger, probe, probe, readable_end, probed, result)
             return
+        kept = self.entry_kept
+        if kept is not None and kept[:2] == (ledger.ledger_id, first_entry):
+            take_records(kept[2], offset, last, found)
+            self.read_from(min(kept[2].end_offset, last + 1), last_offset, found, result)
+            return
         last_entry = max(first_entry, index.last_entry_for(last))
 
         def entries_read(entries: list[LedgerEntryData]) -> None:
             slices = learn_run(ledger, index, entries)
             for managed in slices:
-                begin = max(offset - managed.first_offset, 0)
-                stop = min(last + 1 - managed.first_offset, len(managed.records))
-                records = managed.stamped_records(begin, stop)
-                first = managed.first_offset
-                found.extend(zip(range(first + begin, first + stop), records, strict=True))
+                take_records(managed, offset, last, found)
+            if slices[-1].end_offset > last + 1:
+                self.entry_kept = (ledger.ledger_id, entries[-1].entry_id, slices[-1])
             next_offset = min(slices[-1].end_offset, last + 1)
             self.read_from(next_offset, last_offset, found, result)
 
@@ -955,6 +964,17 @@ class ManagedLedger:
         self.open_completion.set_exception(error)
         if self.close_completion is not None:
             self.close_completion.set_exception(error)
+
+
+def take_records(
+    managed: ManagedSlice, offset: int, last: int, found: list[tuple[int, Record]]
+) -> None:
+    """Add the records of `managed` within offset..last to `found`, with their offsets."""
+    first = managed.first_offset
+    begin = max(offset - first, 0)
+    stop = min(last + 1 - first, len(managed.records))
+    records = managed.stamped_records(begin, stop)
+    found.extend(zip(range(first + begin, first + stop), records, strict=True))
 
 
 def learn_run(

@@ -274,6 +274,30 @@ def test_a_fetch_from_mid_batch_starts_at_the_offset_asked(
         assert [(n, record.value) for n, record in records] == [(n, b"p-%d" % n) for n in expected]
 
 
+def test_small_reads_of_a_large_entry_read_it_from_the_bookies_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = ManagedWorld()
+    client = world.client(1)
+    managed = client.managed("node-a", config())
+    world.wait(managed.open())
+    world.wait(managed.append(batch("p", 0, 50), "p", 0))
+    world.wait(managed.append(batch("p", 50, 50), "p", 50))
+    reads: list[tuple[int, int]] = []
+    read = client.driver.read
+
+    def counted(metadata: LedgerMetadata, first: int, last: int, lac: int) -> object:
+        reads.append((first, last))
+        return read(metadata, first, last, lac)
+
+    monkeypatch.setattr(client.driver, "read", counted)
+    found = []
+    for offset in range(0, 100, 7):
+        found += [n for n, _ in world.wait(managed.read(offset, 7))]
+    assert found == list(range(100))
+    assert reads == [(0, 0), (1, 1)]
+
+
 def test_a_new_owner_reads_older_ledgers_it_never_wrote_from_any_offset() -> None:
     """The successor knows the older ledgers by their ends only: it probes for the entry
     that holds an offset, batches of unequal sizes included."""
