@@ -46,8 +46,9 @@ ENTRY_FORMATS_READ = (ENTRY_FORMAT_V1, ENTRY_FORMAT_V2)
 SLICE_RECORDS_MAX = 4096
 """Records one entry holds at most (a larger batch is sliced)."""
 SLICE_BYTES_MAX = 1024 * 1024
-"""Record bytes (as `record_bytes` counts them) one entry holds at most, unless it holds a
-single record; bookies take entries up to 4 MiB."""
+"""Bytes one entry holds at most, about: a piece of a batch whose encoding is larger is cut
+again by its records' sizes (`record_bytes`); a single record is never cut (the writer
+takes entries up to its `entry_bytes_max`, 4 MiB)."""
 _RECORD_MAGIC = b"QLML"
 PRODUCERS_PROPERTY = "managed.producers"
 """Ledger metadata property: the producer table before the ledger's first entry."""
