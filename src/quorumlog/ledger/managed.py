@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import enum
 import random as random_module
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -79,7 +79,7 @@ from quorumlog.ledger.managed_format import (
     encode_slices,
     replay_batch,
 )
-from quorumlog.ledger.managed_index import EntryIndex
+from quorumlog.ledger.managed_index import ClosedIndexes, EntryIndex
 from quorumlog.ledger.managed_store import ManagedLedgerStore
 from quorumlog.ledger.metadata import (
     LedgerMetadata,
@@ -102,12 +102,6 @@ from quorumlog.stream.partition import (
 
 ValueType = TypeVar("ValueType")
 
-CLOSED_INDEXES_MAX = 64
-"""Closed ledgers whose entry index (what reads learned of it) is kept, least recently
-read dropped first; the open ledger's is always kept."""
-CLOSED_INDEX_POINTS_MAX = 1024
-"""Points a closed ledger's index keeps (thinned evenly beyond twice this): with
-CLOSED_INDEXES_MAX, about 2 MB per partition at most, whatever the batch sizes."""
 PROBES_MAX = 64
 """Probes one read makes at most to find an offset's entry (a ledger of 2**31 entries
 needs 62 by midpoints): more means the entries contradict the record."""
@@ -264,8 +258,7 @@ class ManagedLedger:
         """Closed ledgers' metadata, for reads."""
         self.ledger_index = EntryIndex(0)
         """Where each entry of the open ledger starts (every one: the owner wrote them)."""
-        self.closed_indexes: OrderedDict[int, EntryIndex] = OrderedDict()
-        """Closed ledgers' entry indexes, least recently read first."""
+        self.closed_indexes = ClosedIndexes()
         self.entry_kept: tuple[int, int, ManagedSlice] | None = None
         """(ledger id, entry id, its records): the last entry a read took only the start
         of. A consumer reading fewer records than an entry holds asks for the rest next:
@@ -354,7 +347,7 @@ class ManagedLedger:
                 f"ledger {last.ledger_id} ends at offset {index.end_offset}, "
                 f"its record says {last.end_offset}"
             )
-        self.remember_index(last.ledger_id, index)
+        self.closed_indexes.remember(last.ledger_id, index)
         self.next_offset = self.acknowledged_offset = closed.end_offset
         self.start_next_ledger(take_over=True, closed=closed)
 
@@ -651,7 +644,7 @@ class ManagedLedger:
             and index.end_offset == self.acknowledged_offset,
             "a ledger closed short of its acknowledged batches",
         )
-        self.remember_index(metadata.ledger_id, index)
+        self.closed_indexes.remember(metadata.ledger_id, index)
         return ManagedLedgerInfo(
             metadata.ledger_id,
             self.ledger_first_offset,
@@ -741,7 +734,7 @@ class ManagedLedger:
         def stored(record: ManagedLedgerRecord) -> None:
             for ledger_id in dropped:
                 self.metadata_cache.pop(ledger_id, None)
-                self.closed_indexes.pop(ledger_id, None)
+                self.closed_indexes.drop(ledger_id)
                 if self.entry_kept is not None and self.entry_kept[0] == ledger_id:
                     self.entry_kept = None
                 self.store.delete_ledger(ledger_id)
@@ -872,27 +865,11 @@ class ManagedLedger:
         for ledger in record.ledgers:
             if ledger.closed:
                 if ledger.first_offset <= offset < ledger.end_offset:
-                    return ledger, self.closed_index(ledger), ledger.end_offset
+                    return ledger, self.closed_indexes.of(ledger), ledger.end_offset
             elif ledger.first_offset <= offset < self.acknowledged_offset:
                 require(self.ledger_first_offset == ledger.first_offset, "not the open ledger")
                 return ledger, self.ledger_index, self.acknowledged_offset
         return None
-
-    def closed_index(self, ledger: ManagedLedgerInfo) -> EntryIndex:
-        index = self.closed_indexes.get(ledger.ledger_id)
-        if index is None:
-            index = EntryIndex.closed(ledger.first_offset, ledger.entry_count, ledger.end_offset)
-        elif index.point_count <= 2 * CLOSED_INDEX_POINTS_MAX:
-            self.closed_indexes.move_to_end(ledger.ledger_id)
-            return index
-        self.remember_index(ledger.ledger_id, index)  # new, or grown by reads: thinned
-        return self.closed_indexes[ledger.ledger_id]
-
-    def remember_index(self, ledger_id: int, index: EntryIndex) -> None:
-        self.closed_indexes[ledger_id] = index.thinned(CLOSED_INDEX_POINTS_MAX)
-        self.closed_indexes.move_to_end(ledger_id)
-        while len(self.closed_indexes) > CLOSED_INDEXES_MAX:
-            self.closed_indexes.popitem(last=False)
 
     # --- close and failure ---------------------------------------------------------------
 

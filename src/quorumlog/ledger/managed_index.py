@@ -30,10 +30,19 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from quorumlog.errors import LedgerMetadataFormatError
+from quorumlog.ledger.managed_format import ManagedLedgerInfo
 from quorumlog.raft.invariants import require
+
+CLOSED_INDEXES_MAX = 64
+"""Closed ledgers whose entry index (what reads learned of it) is kept, least recently
+read dropped first; the open ledger's is always kept."""
+CLOSED_INDEX_POINTS_MAX = 1024
+"""Points a closed ledger's index keeps (thinned evenly beyond twice this): with
+CLOSED_INDEXES_MAX, about 2 MB per partition at most, whatever the batch sizes."""
 
 
 class EntryIndex:
@@ -168,3 +177,35 @@ class EntryIndex:
         else the interpolation's guess (a read that falls short goes on from where it
         stopped, which it then knows)."""
         return self.probe(offset, by_midpoint=False)
+
+
+class ClosedIndexes:
+    """Closed ledgers' entry indexes, least recently read first: at most
+    CLOSED_INDEXES_MAX of them, each thinned to CLOSED_INDEX_POINTS_MAX points (again once
+    reads have grown it to twice that)."""
+
+    def __init__(self) -> None:
+        self.indexes: OrderedDict[int, EntryIndex] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.indexes)
+
+    def of(self, ledger: ManagedLedgerInfo) -> EntryIndex:
+        """The index of a closed ledger (known by its ends, if nothing more is known)."""
+        index = self.indexes.get(ledger.ledger_id)
+        if index is None:
+            index = EntryIndex.closed(ledger.first_offset, ledger.entry_count, ledger.end_offset)
+        elif index.point_count <= 2 * CLOSED_INDEX_POINTS_MAX:
+            self.indexes.move_to_end(ledger.ledger_id)
+            return index
+        self.remember(ledger.ledger_id, index)  # new, or grown by reads: thinned
+        return self.indexes[ledger.ledger_id]
+
+    def remember(self, ledger_id: int, index: EntryIndex) -> None:
+        self.indexes[ledger_id] = index.thinned(CLOSED_INDEX_POINTS_MAX)
+        self.indexes.move_to_end(ledger_id)
+        while len(self.indexes) > CLOSED_INDEXES_MAX:
+            self.indexes.popitem(last=False)
+
+    def drop(self, ledger_id: int) -> None:
+        self.indexes.pop(ledger_id, None)

@@ -9,7 +9,7 @@ import random
 import msgspec
 import pytest
 
-import quorumlog.ledger.managed as managed_module
+import quorumlog.ledger.managed_index as managed_index_module
 from quorumlog.codec.wire import Record
 from quorumlog.errors import BadPasswordError, NotPartitionOwnerError
 from quorumlog.ledger.managed import ManagedLedger, ManagedLedgerConfig
@@ -262,7 +262,7 @@ def test_a_fetch_from_mid_batch_starts_at_the_offset_asked(
     points_max: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Also with closed ledgers' indexes thinned to their ends (2 points): reads probe."""
-    monkeypatch.setattr(managed_module, "CLOSED_INDEX_POINTS_MAX", points_max)
+    monkeypatch.setattr(managed_index_module, "CLOSED_INDEX_POINTS_MAX", points_max)
     world = ManagedWorld()
     managed = opened(world, "node-a", 1, rollover_records_max=20)
     for number in range(12):
