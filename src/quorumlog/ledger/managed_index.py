@@ -11,9 +11,10 @@ at one past its last offset) as known so far:
   so its index starts whole too; a closed ledger's index is thinned to a bounded number of
   evenly spread points (`thinned`), so memory does not follow the batch sizes;
 - an older closed ledger starts with its two ends only (from the ManagedLedgerRecord:
-  first offset, last entry, record count) and learns the entries a read brings back
-  (`learn_point`). An offset between two known points is found by probing: read the entry the
-  interpolation between them points at, learn it, look again (`probe`). Entries hold
+  first offset, last entry, record count) and learns where each run of entries a read
+  brings back starts and ends (`learn_point`: two points per read, so what readers teach
+  stays small). An offset between two known points is found by probing: read the entry
+  the interpolation between them points at, learn it, look again (`probe`). Entries hold
   batches of similar size, so interpolation mostly lands on the first probe; every other
   probe takes the midpoint instead, so a skewed ledger still costs O(log entries) probes.
   A consumer reading forward asks next for the offset one past its last read entry, which
