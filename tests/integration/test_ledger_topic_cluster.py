@@ -26,7 +26,7 @@ LEDGER_NODE_ARGUMENTS = (
     "200",
     "--ledger-owner-stale-ms",
     "1500",
-    "--ledger-rollover-entries",
+    "--ledger-rollover-records",
     "500",
 )
 

@@ -115,7 +115,7 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
     help="Ledger topics: an unrenewed lease is taken over after this long.",
 )
 @click.option(
-    "--ledger-rollover-entries",
+    "--ledger-rollover-records",
     default=50_000,
     show_default=True,
     type=click.IntRange(1),
@@ -134,6 +134,13 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
     show_default=True,
     type=click.IntRange(1),
     help="Log a slow_fsync event when a log sync takes longer than this.",
+)
+@click.option(
+    "--ledger-rollover-entries",
+    default=None,
+    type=click.IntRange(1),
+    hidden=True,
+    help="The old name of --ledger-rollover-records (it counted records then too).",
 )
 def node_command(
     node_id: str,
@@ -155,7 +162,8 @@ def node_command(
     no_bookie: bool,
     ledger_owner_renew_ms: int,
     ledger_owner_stale_ms: int,
-    ledger_rollover_entries: int,
+    ledger_rollover_records: int,
+    ledger_rollover_entries: int | None,
     http_listen: str,
     log_format: str,
     log_level: str,
@@ -186,7 +194,7 @@ def node_command(
         bookie=not no_bookie,
         ledger_owner_renew_ms=ledger_owner_renew_ms,
         ledger_owner_stale_ms=ledger_owner_stale_ms,
-        ledger_rollover_entries=ledger_rollover_entries,
+        ledger_rollover_records=ledger_rollover_entries or ledger_rollover_records,
         http_listen=http_listen,
         slow_fsync_warn_ms=slow_fsync_warn_ms,
     )

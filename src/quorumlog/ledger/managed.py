@@ -17,14 +17,22 @@ service again and retries if it still owns the partition).
 
 Appends. A batch is decided against the producer table (`admit_batch`, shared with Raft
 partitions: a duplicate gets its original offsets, a gap OutOfOrderSequenceError), then
-each record becomes one entry of the current ledger, so offset = first_offset + entry_id.
-Batches complete in order once every entry of theirs is acknowledged; `end_offset` moves a
-whole batch at a time and is as far as reads go. While a new ledger is being opened
-(at open, at a rollover) appends wait in a queue, undecided, and are decided in arrival
-order once it is ready: the producer table copied into a ledger's metadata then holds
-exactly the batches of the ledgers before it.
+becomes one entry of the current ledger (entry format 2; a batch beyond the slice bounds
+becomes several), and the open ledger's `EntryIndex` (managed_index.py) records where
+each entry starts. Batches complete in order once every entry of theirs is acknowledged;
+`end_offset` moves a whole batch at a time and is as far as reads go. Ledgers written by
+the previous release (entry format 1, a record per entry) are read, and a takeover
+replays one as it replays its own; new ledgers are always format 2.
 
-Rollover by entries, bytes or age: close the current ledger (once its appends are all
+While a new ledger is being opened (at open, at a rollover) appends wait in a queue,
+undecided, and are decided in arrival order once it is ready: the producer table copied
+into a ledger's metadata then holds exactly the batches of the ledgers before it.
+
+Reads map an offset to its entry through the ledger's index (whole for the ledgers this
+owner wrote or replayed, learned by probing for older ones) and return records from the
+offset asked, not from the start of its batch, as Raft partitions do.
+
+Rollover by records, bytes or age: close the current ledger (once its appends are all
 acknowledged), create the next one, store the list. Retention (`trim`) drops whole closed
 ledgers from the front, stores the list, then deletes them. Every change of the record
 goes through one queue, one compare-and-set at a time, each built from the record the
@@ -48,6 +56,7 @@ from quorumlog.errors import (
     LedgerClosedError,
     LedgerError,
     LedgerFencedError,
+    LedgerMetadataFormatError,
     LedgerPendingFullError,
     ManagedLedgerConflictError,
     NotPartitionOwnerError,
@@ -55,17 +64,22 @@ from quorumlog.errors import (
 )
 from quorumlog.ledger.driver import DriverWriter, LedgerDriver
 from quorumlog.ledger.managed_format import (
+    ENTRY_FORMAT_V2,
     PRODUCERS_PROPERTY,
+    SLICE_BYTES_MAX,
+    SLICE_RECORDS_MAX,
     TOPIC_PROPERTY,
     ManagedLedgerInfo,
     ManagedLedgerRecord,
+    ManagedSlice,
     ProducerTable,
-    decode_entry,
     decode_producer_table,
-    encode_batch,
+    decode_slice,
     encode_producer_table,
+    encode_slices,
     replay_batch,
 )
+from quorumlog.ledger.managed_index import ClosedIndexes, EntryIndex
 from quorumlog.ledger.managed_store import ManagedLedgerStore
 from quorumlog.ledger.metadata import (
     LedgerMetadata,
@@ -88,14 +102,18 @@ from quorumlog.stream.partition import (
 
 ValueType = TypeVar("ValueType")
 
+PROBES_MAX = 64
+"""Probes one read makes at most to find an offset's entry (a ledger of 2**31 entries
+needs 62 by midpoints): more means the entries contradict the record."""
+
 
 class ManagedLedgerConfig(msgspec.Struct, frozen=True, kw_only=True):
     ensemble_size: int = 3
     write_quorum_size: int = 2
     ack_quorum_size: int = 2
     password: bytes = b""
-    rollover_entries_max: int = 50_000
-    """A ledger with this many entries is closed and the next one opened. It also bounds
+    rollover_records_max: int = 50_000
+    """A ledger with this many records is closed and the next one opened. It also bounds
     what a new owner reads back at a takeover (the last ledger, whole)."""
     rollover_bytes_max: int = 256 * 1024 * 1024
     rollover_age_seconds: float = 4 * 3600.0
@@ -113,16 +131,22 @@ class ManagedLedgerConfig(msgspec.Struct, frozen=True, kw_only=True):
     producer_count_max: int = PRODUCER_COUNT_MAX_DEFAULT
     snapshot_producers_max: int = 10_000
     """Producers (most recently active first) copied into a new ledger's metadata."""
+    slice_records_max: int = SLICE_RECORDS_MAX
+    """Records one entry holds at most: a larger batch is written as several entries."""
+    slice_bytes_max: int = SLICE_BYTES_MAX
+    """Record bytes one entry holds at most (unless it holds one record)."""
 
     def validate(self) -> None:
         if not 1 <= self.ack_quorum_size <= self.write_quorum_size <= self.ensemble_size:
             raise ValueError("sizes must satisfy 1 <= ack quorum <= write quorum <= ensemble")
         for name in (
-            "rollover_entries_max",
+            "rollover_records_max",
             "rollover_bytes_max",
             "pending_entries_max",
             "read_records_max",
             "producer_count_max",
+            "slice_records_max",
+            "slice_bytes_max",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
@@ -232,6 +256,13 @@ class ManagedLedger:
         self.close_completion: Completion[None] | None = None
         self.metadata_cache: dict[int, LedgerMetadata] = {}
         """Closed ledgers' metadata, for reads."""
+        self.ledger_index = EntryIndex(0)
+        """Where each entry of the open ledger starts (every one: the owner wrote them)."""
+        self.closed_indexes = ClosedIndexes()
+        self.entry_kept: tuple[int, int, ManagedSlice] | None = None
+        """(ledger id, entry id, its records): the last entry a read took only the start
+        of. A consumer reading fewer records than an entry holds asks for the rest next:
+        served from here, each entry is read from the bookies and decoded once."""
 
     # --- views ---------------------------------------------------------------------------
 
@@ -300,41 +331,63 @@ class ManagedLedger:
         require(bool(record.ledgers), "replayed an empty ledger list")
         last = record.ledgers[-1]
         known_last = last.last_entry_id if last.closed else None
-        last_entry_id = self.replay(last.first_offset, entries, known_last)
+        index = self.replay(last, entries, known_last)
         closed = ManagedLedgerInfo(
             last.ledger_id,
             last.first_offset,
             closed=True,
-            last_entry_id=last_entry_id,
+            last_entry_id=index.entry_count - 1,
             data_bytes=metadata.length,
             closed_ms=last.closed_ms if last.closed else self.scheduler.wall_time_ms(),
+            entry_format=last.entry_format,
+            record_count=index.end_offset - last.first_offset,
         )
+        if last.closed and last.end_offset != index.end_offset:
+            raise LedgerMetadataFormatError(
+                f"ledger {last.ledger_id} ends at offset {index.end_offset}, "
+                f"its record says {last.end_offset}"
+            )
+        self.closed_indexes.remember(last.ledger_id, index)
         self.next_offset = self.acknowledged_offset = closed.end_offset
         self.start_next_ledger(take_over=True, closed=closed)
 
     def replay(
-        self, first_offset: int, entries: list[LedgerEntryData], known_last: int | None
-    ) -> int:
-        """Rebuild the producer table from a ledger's entries; the last entry of its last
-        whole batch (or `known_last`, when the list already says where it ends)."""
+        self, ledger: ManagedLedgerInfo, entries: list[LedgerEntryData], known_last: int | None
+    ) -> EntryIndex:
+        """Rebuild the producer table from a ledger's entries (either format); its index up
+        to the last entry of its last whole batch (or to `known_last`, when the list already
+        says where it ends). LedgerMetadataFormatError if an entry is not where the offsets
+        before it put it."""
         config = self.config
-        last_whole = -1
+        index = EntryIndex(ledger.first_offset)
+        whole_entries = 0
         for entry in entries:
             if known_last is not None and entry.entry_id > known_last:
                 break
-            managed = decode_entry(entry.data)
+            require(entry.entry_id == index.entry_count, "replayed entries out of order")
+            managed = decode_slice(entry.data, ledger.entry_format, index.end_offset)
+            if managed.first_offset != index.end_offset or not managed.records:
+                raise LedgerMetadataFormatError(
+                    f"ledger {ledger.ledger_id} entry {entry.entry_id} starts at offset "
+                    f"{managed.first_offset}, not {index.end_offset}"
+                )
+            index.append((len(managed.records),))
             if managed.ends_batch:
                 replay_batch(
                     self.producers,
                     managed.producer_id,
                     managed.base_sequence,
                     managed.batch_count,
-                    first_offset + entry.entry_id - managed.batch_index,
+                    managed.batch_base_offset,
                     config.producer_count_max,
                     RECENT_BATCHES_PER_PRODUCER,
                 )
-                last_whole = entry.entry_id
-        return last_whole if known_last is None else known_last
+                whole_entries = index.entry_count
+        if known_last is None:
+            index.truncate(whole_entries)  # the tail of a batch found only in part
+        else:
+            require(index.entry_count == known_last + 1, "a closed ledger read back short")
+        return index
 
     # --- the next ledger -----------------------------------------------------------------
 
@@ -392,7 +445,9 @@ class ManagedLedger:
                 ledgers[-1] = closed
                 if closed.entry_count == 0:
                     ledgers.pop()  # an empty ledger holds no offsets: keep the list short
-            ledgers.append(ManagedLedgerInfo(created.ledger_id, first_offset))
+            ledgers.append(
+                ManagedLedgerInfo(created.ledger_id, first_offset, entry_format=ENTRY_FORMAT_V2)
+            )
             epoch = record.owner_epoch + 1 if take_over else record.owner_epoch
             return record.updated(ledgers=ledgers, owner_epoch=epoch, owner=owner)
 
@@ -412,6 +467,7 @@ class ManagedLedger:
             return
         self.ledger_first_offset = first_offset
         self.ledger_data_bytes = 0
+        self.ledger_index = EntryIndex(first_offset)
         writer: DriverWriter | None = None
 
         def acknowledged(last_add_confirmed: int) -> None:
@@ -481,8 +537,16 @@ class ManagedLedger:
             self.answer_duplicate(outcome, queued.completion)
             return
         writer = present(self.writer, "writing without a writer")
-        datas = encode_batch(
-            queued.records, queued.producer_id, queued.base_sequence, self.scheduler.wall_time_ms()
+        require(outcome.base_offset == self.next_offset, "a batch admitted elsewhere")
+        config = self.config
+        datas, counts = encode_slices(
+            queued.records,
+            queued.producer_id,
+            queued.base_sequence,
+            outcome.base_offset,
+            self.scheduler.wall_time_ms(),
+            config.slice_records_max,
+            config.slice_bytes_max,
         )
         try:
             first_entry_id = writer.append_many(datas)
@@ -491,17 +555,17 @@ class ManagedLedger:
             self.fail(error)
             queued.completion.set_exception(self.failure or error)
             return
-        require(
-            self.ledger_first_offset + first_entry_id == outcome.base_offset,
-            "an entry's offset is not first_offset + entry_id",
-        )
+        index = self.ledger_index
+        require(first_entry_id == index.entry_count, "the writer's entry ids left the index")
+        index.append(counts)
         self.next_offset += count
+        require(index.end_offset == self.next_offset, "the index lost a record")
         self.ledger_data_bytes += sum(map(len, datas))
-        last_entry_id = first_entry_id + count - 1
+        last_entry_id = first_entry_id + len(datas) - 1
         self.inflight.append(InflightBatch(last_entry_id, outcome, queued.completion))
         if (
-            last_entry_id + 1 >= self.config.rollover_entries_max
-            or self.ledger_data_bytes >= self.config.rollover_bytes_max
+            self.next_offset - self.ledger_first_offset >= config.rollover_records_max
+            or self.ledger_data_bytes >= config.rollover_bytes_max
         ):
             self.roll_over()
 
@@ -572,10 +636,15 @@ class ManagedLedger:
         self.start_next_ledger(closed=closed)
 
     def closed_info(self, metadata: LedgerMetadata) -> ManagedLedgerInfo:
+        """The ledger just closed, as the list records it; its index joins the closed
+        ones (whole: this owner wrote every entry)."""
+        index = self.ledger_index
         require(
-            self.ledger_first_offset + metadata.last_entry_id + 1 == self.acknowledged_offset,
+            metadata.last_entry_id + 1 == index.entry_count
+            and index.end_offset == self.acknowledged_offset,
             "a ledger closed short of its acknowledged batches",
         )
+        self.closed_indexes.remember(metadata.ledger_id, index)
         return ManagedLedgerInfo(
             metadata.ledger_id,
             self.ledger_first_offset,
@@ -583,6 +652,8 @@ class ManagedLedger:
             last_entry_id=metadata.last_entry_id,
             data_bytes=metadata.length,
             closed_ms=self.scheduler.wall_time_ms(),
+            entry_format=ENTRY_FORMAT_V2,
+            record_count=self.acknowledged_offset - self.ledger_first_offset,
         )
 
     def fail_from_writer(self, error: BaseException) -> None:
@@ -663,6 +734,9 @@ class ManagedLedger:
         def stored(record: ManagedLedgerRecord) -> None:
             for ledger_id in dropped:
                 self.metadata_cache.pop(ledger_id, None)
+                self.closed_indexes.drop(ledger_id)
+                if self.entry_kept is not None and self.entry_kept[0] == ledger_id:
+                    self.entry_kept = None
                 self.store.delete_ledger(ledger_id)
             result.set_result(list(dropped))
 
@@ -697,8 +771,12 @@ class ManagedLedger:
         last_offset: int,
         found: list[tuple[int, Record]],
         result: Completion[list[tuple[int, Record]]],
+        probes: int = 0,
     ) -> None:
-        """Read offset..last_offset one ledger at a time, adding to `found`."""
+        """Read offset..last_offset one run of entries at a time, adding to `found`: the
+        entries from the one holding `offset` to the one the index says (or guesses) holds
+        the last offset wanted; a run that falls short goes on from where it stopped. An
+        entry the index cannot place yet is probed first (`probes` so far)."""
         if offset > last_offset:
             result.set_result(found)
             return
@@ -710,44 +788,87 @@ class ManagedLedger:
                 )
             )
             return
-        ledger_id, first_offset, ledger_last_offset = located
-        last = min(last_offset, ledger_last_offset)
+        ledger, index, readable_end = located
+        last = min(last_offset, readable_end - 1)
+        first_entry = index.entry_of(offset)
+        if first_entry is None:
+            if probes >= PROBES_MAX:
+                result.set_exception(
+                    LedgerMetadataFormatError(
+                        f"ledger {ledger.ledger_id}: offset {offset} not found in {probes} probes"
+                    )
+                )
+                return
+            probe = index.probe(offset, by_midpoint=probes % 2 == 1)
+
+            def probed(entries: list[LedgerEntryData]) -> None:
+                learn_run(ledger, index, entries)
+                self.read_from(offset, last_offset, found, result, probes + 1)
+
+            self.read_entries(ledger, probe, probe, readable_end, probed, result)
+            return
+        kept = self.entry_kept
+        if kept is not None and kept[:2] == (ledger.ledger_id, first_entry):
+            take_records(kept[2], offset, last, found)
+            self.read_from(min(kept[2].end_offset, last + 1), last_offset, found, result)
+            return
+        last_entry = max(first_entry, index.last_entry_for(last))
 
         def entries_read(entries: list[LedgerEntryData]) -> None:
-            for entry in entries:
-                found.append((first_offset + entry.entry_id, decode_entry(entry.data).record()))
-            self.read_from(last + 1, last_offset, found, result)
+            slices = learn_run(ledger, index, entries)
+            for managed in slices:
+                take_records(managed, offset, last, found)
+            if slices[-1].end_offset > last + 1:
+                self.entry_kept = (ledger.ledger_id, entries[-1].entry_id, slices[-1])
+            next_offset = min(slices[-1].end_offset, last + 1)
+            self.read_from(next_offset, last_offset, found, result)
+
+        self.read_entries(ledger, first_entry, last_entry, readable_end, entries_read, result)
+
+    def read_entries(
+        self,
+        ledger: ManagedLedgerInfo,
+        first_entry: int,
+        last_entry: int,
+        readable_end: int,
+        on_entries: Callable[[list[LedgerEntryData]], None],
+        result: Completion[list[tuple[int, Record]]],
+    ) -> None:
+        """Read entries first_entry..last_entry of `ledger` from its bookies."""
 
         def metadata_known(metadata: LedgerMetadata, lac: int) -> None:
-            read = self.driver.read(metadata, offset - first_offset, last - first_offset, lac)
-            chain(read, entries_read, result.set_exception)
+            read = self.driver.read(metadata, first_entry, min(last_entry, lac), lac)
+            chain(read, on_entries, result.set_exception)
 
         writer = self.writer
-        if writer is not None and writer.ledger_id == ledger_id:
-            acknowledged_entry = self.acknowledged_offset - first_offset - 1
+        if writer is not None and writer.ledger_id == ledger.ledger_id:
+            acknowledged_entry = present(
+                self.ledger_index.entry_of(readable_end - 1), "the open ledger's index has a gap"
+            )
             metadata_known(writer.metadata, acknowledged_entry)
-        elif ledger_id in self.metadata_cache:
-            metadata = self.metadata_cache[ledger_id]
-            metadata_known(metadata, metadata.last_entry_id)
+        elif ledger.ledger_id in self.metadata_cache:
+            metadata_known(self.metadata_cache[ledger.ledger_id], ledger.last_entry_id)
         else:
 
             def remember(metadata: LedgerMetadata) -> None:
                 self.metadata_cache[metadata.ledger_id] = metadata
-                metadata_known(metadata, metadata.last_entry_id)
+                metadata_known(metadata, ledger.last_entry_id)
 
-            chain(self.store.read_ledger(ledger_id), remember, result.set_exception)
+            chain(self.store.read_ledger(ledger.ledger_id), remember, result.set_exception)
 
-    def locate(self, offset: int) -> tuple[int, int, int] | None:
-        """(ledger id, its first offset, its last readable offset) holding `offset`."""
+    def locate(self, offset: int) -> tuple[ManagedLedgerInfo, EntryIndex, int] | None:
+        """The ledger holding `offset`, its entry index and one past its last readable
+        offset."""
         record = self.record
         if record is None:
             return None
         for ledger in record.ledgers:
             if ledger.closed:
                 if ledger.first_offset <= offset < ledger.end_offset:
-                    return ledger.ledger_id, ledger.first_offset, ledger.end_offset - 1
+                    return ledger, self.closed_indexes.of(ledger), ledger.end_offset
             elif ledger.first_offset <= offset < self.acknowledged_offset:
-                return ledger.ledger_id, ledger.first_offset, self.acknowledged_offset - 1
+                require(self.ledger_first_offset == ledger.first_offset, "not the open ledger")
+                return ledger, self.ledger_index, self.acknowledged_offset
         return None
 
     # --- close and failure ---------------------------------------------------------------
@@ -820,6 +941,41 @@ class ManagedLedger:
         self.open_completion.set_exception(error)
         if self.close_completion is not None:
             self.close_completion.set_exception(error)
+
+
+def take_records(
+    managed: ManagedSlice, offset: int, last: int, found: list[tuple[int, Record]]
+) -> None:
+    """Add the records of `managed` within offset..last to `found`, with their offsets."""
+    first = managed.first_offset
+    begin = max(offset - first, 0)
+    stop = min(last + 1 - first, len(managed.records))
+    records = managed.stamped_records(begin, stop)
+    found.extend(zip(range(first + begin, first + stop), records, strict=True))
+
+
+def learn_run(
+    ledger: ManagedLedgerInfo, index: EntryIndex, entries: list[LedgerEntryData]
+) -> list[ManagedSlice]:
+    """Decode a run of consecutive entries; teach `index` where the run starts and ends
+    (only those two points: a read adds two at most, so what a reader learns stays small).
+    LedgerMetadataFormatError if an entry is not where the one before it ends."""
+    require(bool(entries), "a read returned no entries")
+    slices: list[ManagedSlice] = []
+    v1_offset = ledger.first_offset + entries[0].entry_id  # entry format 1: a record each
+    for entry in entries:
+        managed = decode_slice(entry.data, ledger.entry_format, v1_offset)
+        if (slices and managed.first_offset != slices[-1].end_offset) or not managed.records:
+            raise LedgerMetadataFormatError(
+                f"ledger {ledger.ledger_id} entry {entry.entry_id} starts at offset "
+                f"{managed.first_offset}, not where the entry before it ends"
+            )
+        slices.append(managed)
+        v1_offset += 1
+    first, last = slices[0], slices[-1]
+    index.learn_point(entries[0].entry_id, first.first_offset)
+    index.learn_point(entries[-1].entry_id + 1, last.end_offset)
+    return slices
 
 
 def present(value: ValueType | None, message: str) -> ValueType:

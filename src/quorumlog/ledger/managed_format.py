@@ -2,14 +2,21 @@
 producer table it hands from one ledger to the next.
 
 - The record (`ManagedLedgerRecord`, key `__managed/<topic>/<partition>`) is the partition's
-  ledger list: for each ledger its id, the offset of its entry 0, and once it is closed its
-  last entry and data bytes. With it the start offset (retention moved it), the owner's
-  epoch and a version that every change raises by one: every change is a compare-and-set.
-- One ledger entry holds one record (`ManagedEntry`), so offset = first_offset + entry_id
-  and a fetch needs no index. The entry names its producer batch (producer id, base
-  sequence, position and count), so a new owner can rebuild the producer table from the
-  entries it recovers, and can tell a batch that recovery found only part of (its writer
-  was cut off before the batch was acknowledged) from a whole one.
+  ledger list: for each ledger its id, the offset of its entry 0, its entry format, and
+  once it is closed its last entry, record count and data bytes. With it the start offset
+  (retention moved it), the owner's epoch and a version that every change raises by one:
+  every change is a compare-and-set. Record format 2 added the entry format and the record
+  count to each ledger; a format-1 record still reads (its ledgers are all entry format 1).
+- Entry format 2 (`ManagedSlice`, what this version writes): one ledger entry holds one
+  producer batch, or a slice of at most `SLICE_RECORDS_MAX` records / about
+  `SLICE_BYTES_MAX` bytes of a larger one, so a batch costs one bookie add, not one per
+  record. The entry names its batch (producer id, base sequence, the slice's position and
+  the batch's count) and its first offset, so a new owner rebuilds the producer table from
+  the entries it recovers, can tell a batch that recovery found only part of (its writer
+  was cut off before all its slices were acknowledged) from a whole one, and a reader maps
+  an offset to its entry (managed_index.py). The bytes start with the format number.
+- Entry format 1 (`ManagedEntry`, the previous release): one record per entry, so offset =
+  first_offset + entry_id. Ledgers written so still read; nothing writes them any more.
 - The producer table as it stood when a ledger was created rides in that ledger's metadata
   (property `PRODUCERS_PROPERTY`): a new owner starts from the last ledger's copy and
   replays only that ledger's entries, so the work of a takeover is bounded by one ledger.
@@ -28,7 +35,20 @@ from quorumlog.errors import LedgerMetadataFormatError
 from quorumlog.stream.partition import ProducerState
 
 MANAGED_PREFIX = "__managed/"
-RECORD_FORMAT_VERSION = 1
+RECORD_FORMAT_VERSION = 2
+"""The record format this version writes."""
+RECORD_FORMATS_READ = (1, 2)
+ENTRY_FORMAT_V1 = 1
+"""One record per ledger entry (`ManagedEntry`): read, never written."""
+ENTRY_FORMAT_V2 = 2
+"""One producer batch (or a slice of one) per ledger entry (`ManagedSlice`): written."""
+ENTRY_FORMATS_READ = (ENTRY_FORMAT_V1, ENTRY_FORMAT_V2)
+SLICE_RECORDS_MAX = 4096
+"""Records one entry holds at most (a larger batch is sliced)."""
+SLICE_BYTES_MAX = 1024 * 1024
+"""Bytes one entry holds at most, about: a piece of a batch whose encoding is larger is cut
+again by its records' sizes (`record_bytes`); a single record is never cut (the writer
+takes entries up to its `entry_bytes_max`, 4 MiB)."""
 _RECORD_MAGIC = b"QLML"
 PRODUCERS_PROPERTY = "managed.producers"
 """Ledger metadata property: the producer table before the ledger's first entry."""
@@ -60,6 +80,10 @@ class ManagedLedgerInfo(msgspec.Struct, frozen=True, array_like=True):
     """Bytes of the ledger's entries (closed ledgers only; retention by bytes counts it)."""
     closed_ms: int = 0
     """Wall clock of the owner that closed the ledger (retention by age counts from it)."""
+    entry_format: int = ENTRY_FORMAT_V1
+    """How the ledger's entries hold records (a record of format 1 has no field: 1)."""
+    record_count: int = 0
+    """Records in entries 0..last_entry_id (closed ledgers of entry format 2)."""
 
     @property
     def entry_count(self) -> int:
@@ -68,7 +92,9 @@ class ManagedLedgerInfo(msgspec.Struct, frozen=True, array_like=True):
     @property
     def end_offset(self) -> int:
         """One past the ledger's last offset (closed ledgers)."""
-        return self.first_offset + self.entry_count
+        if self.entry_format == ENTRY_FORMAT_V1:
+            return self.first_offset + self.entry_count
+        return self.first_offset + (self.record_count if self.closed else 0)
 
 
 class ManagedLedgerRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,6 +134,14 @@ def record_problem(record: ManagedLedgerRecord) -> str | None:
             return f"ledger {ledger.ledger_id} is open but not last"
         if ledger.closed and (ledger.last_entry_id < -1 or ledger.data_bytes < 0):
             return f"ledger {ledger.ledger_id} has a negative size"
+        if ledger.entry_format not in ENTRY_FORMATS_READ:
+            return f"ledger {ledger.ledger_id}: {entry_format_refusal(ledger.entry_format)}"
+        if ledger.entry_format == ENTRY_FORMAT_V2 and ledger.closed:
+            # Every entry holds at least one record.
+            if ledger.record_count < ledger.entry_count:
+                return f"ledger {ledger.ledger_id} has fewer records than entries"
+            if ledger.entry_count == 0 and ledger.record_count != 0:
+                return f"ledger {ledger.ledger_id} has records but no entries"
         offset = ledger.end_offset
     return None
 
@@ -132,10 +166,10 @@ def decode_record(value: str) -> ManagedLedgerRecord:
     header_size = len(_RECORD_MAGIC) + 1
     if len(data) < header_size or data[: len(_RECORD_MAGIC)] != _RECORD_MAGIC:
         raise LedgerMetadataFormatError("not a managed ledger record (bad magic)")
-    if data[len(_RECORD_MAGIC)] != RECORD_FORMAT_VERSION:
+    if data[len(_RECORD_MAGIC)] not in RECORD_FORMATS_READ:
         raise LedgerMetadataFormatError(
             f"managed ledger record format {data[len(_RECORD_MAGIC)]} (this version reads "
-            f"{RECORD_FORMAT_VERSION})"
+            f"{' and '.join(map(str, RECORD_FORMATS_READ))})"
         )
     try:
         record: ManagedLedgerRecord = _record_decoder.decode(data[header_size:])
@@ -149,7 +183,7 @@ def decode_record(value: str) -> ManagedLedgerRecord:
 
 
 class ManagedEntry(msgspec.Struct, frozen=True, array_like=True, gc=False):
-    """One record as a ledger entry holds it."""
+    """Entry format 1: one record as a ledger entry holds it (the previous release's)."""
 
     producer_id: str
     base_sequence: int
@@ -162,51 +196,166 @@ class ManagedEntry(msgspec.Struct, frozen=True, array_like=True, gc=False):
     value: bytes
     headers: list[tuple[str, bytes]] = []
 
+
+class ManagedSlice(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """Entry format 2: a producer batch, or a slice of one, as a ledger entry holds it."""
+
+    producer_id: str
+    base_sequence: int
+    """The base sequence of the whole batch."""
+    batch_index: int
+    """The position in its batch of the slice's first record."""
+    batch_count: int
+    """Records in the whole batch."""
+    first_offset: int
+    """The offset of the slice's first record."""
+    timestamp_ms: int
+    """The owner's clock when it appended the batch: the time of records sent without one."""
+    records: list[Record]
+
     @property
     def ends_batch(self) -> bool:
-        return self.batch_index == self.batch_count - 1
+        return self.batch_index + len(self.records) == self.batch_count
 
-    def record(self) -> Record:
-        return Record(self.value, self.key, self.timestamp_ms, self.headers)
+    @property
+    def batch_base_offset(self) -> int:
+        return self.first_offset - self.batch_index
+
+    @property
+    def end_offset(self) -> int:
+        return self.first_offset + len(self.records)
+
+    def stamped_records(self, begin: int = 0, stop: int | None = None) -> list[Record]:
+        """Records begin..stop - 1, those sent without a timestamp given the owner's."""
+        timestamp_ms = self.timestamp_ms
+        return [
+            record
+            if record.timestamp_ms
+            else Record(record.value, record.key, timestamp_ms, record.headers)
+            for record in self.records[begin:stop]
+        ]
 
 
+_V2_PREFIX = bytes([ENTRY_FORMAT_V2])
 _entry_encoder = msgspec.msgpack.Encoder()
-_entry_decoder = msgspec.msgpack.Decoder(ManagedEntry)
+_v1_entry_decoder = msgspec.msgpack.Decoder(ManagedEntry)
+_slice_decoder = msgspec.msgpack.Decoder(ManagedSlice)
+_RECORD_OVERHEAD_BYTES = 16
+"""What `record_bytes` adds for a record's framing (array header, timestamp, lengths)."""
 
 
-def encode_batch(
-    records: list[Record], producer_id: str, base_sequence: int, timestamp_ms: int
-) -> list[bytes]:
-    """One entry per record; records without a timestamp get `timestamp_ms`.
+def record_bytes(record: Record) -> int:
+    """About what `record` takes in an entry (what slicing counts against its bound)."""
+    size = len(record.value) + _RECORD_OVERHEAD_BYTES
+    if record.key is not None:
+        size += len(record.key)
+    for name, value in record.headers:
+        size += len(name) + len(value)
+    return size
 
-    Each entry is encoded from a plain tuple in `ManagedEntry`'s field order: an array-like
-    struct and a tuple encode to the same msgpack array, and building the tuple costs less
-    than building the struct (this runs once per record produced)."""
+
+def slices_by_bytes(
+    records: list[Record], start: int, stop: int, bytes_max: int
+) -> list[tuple[int, int]]:
+    """records[start:stop] cut into runs of at most `bytes_max` bytes (`record_bytes`),
+    a record alone in a run if it is larger."""
+    runs: list[tuple[int, int]] = []
+    run_start = start
+    size = 0
+    for index in range(start, stop):
+        record_size = record_bytes(records[index])
+        if index > run_start and size + record_size > bytes_max:
+            runs.append((run_start, index))
+            run_start, size = index, 0
+        size += record_size
+    runs.append((run_start, stop))
+    return runs
+
+
+def encode_slices(
+    records: list[Record],
+    producer_id: str,
+    base_sequence: int,
+    first_offset: int,
+    timestamp_ms: int,
+    records_max: int = SLICE_RECORDS_MAX,
+    bytes_max: int = SLICE_BYTES_MAX,
+) -> tuple[list[bytes], list[int]]:
+    """A batch as format-2 entries: their bytes and the records each holds.
+
+    The batch is cut by count (`records_max`) and each piece encoded at once; only a piece
+    whose bytes exceed `bytes_max` is cut again by its records' sizes. Batches as producers
+    send them (up to 16,384 records and 1 MiB) so cost no work per record here. Each entry
+    is encoded from a plain tuple in `ManagedSlice`'s field order (an array-like struct and
+    a tuple encode to the same msgpack array, and the tuple costs less to build)."""
     batch_count = len(records)
     encode = _entry_encoder.encode
-    return [
-        encode(
+
+    def encoded(start: int, stop: int) -> bytes:
+        piece = records if start == 0 and stop == batch_count else records[start:stop]
+        return _V2_PREFIX + encode(
             (
                 producer_id,
                 base_sequence,
-                index,
+                start,
                 batch_count,
-                record.timestamp_ms or timestamp_ms,
-                record.key,
-                record.value,
-                record.headers,
+                first_offset + start,
+                timestamp_ms,
+                piece,
             )
         )
-        for index, record in enumerate(records)
-    ]
+
+    datas: list[bytes] = []
+    counts: list[int] = []
+    for start in range(0, batch_count, records_max):
+        stop = min(start + records_max, batch_count)
+        data = encoded(start, stop)
+        if len(data) <= bytes_max or stop - start == 1:
+            datas.append(data)
+            counts.append(stop - start)
+            continue
+        for run_start, run_stop in slices_by_bytes(records, start, stop, bytes_max):
+            datas.append(encoded(run_start, run_stop))
+            counts.append(run_stop - run_start)
+    return datas, counts
 
 
-def decode_entry(data: bytes) -> ManagedEntry:
-    """LedgerMetadataFormatError for bytes that are not a managed entry."""
+def entry_format_refusal(entry_format: int) -> str:
+    readable = " and ".join(map(str, ENTRY_FORMATS_READ))
+    return f"managed ledger entry format {entry_format} (this version reads {readable})"
+
+
+def decode_slice(data: bytes, entry_format: int, v1_offset: int) -> ManagedSlice:
+    """A ledger entry as a slice of its batch, in either format. `entry_format` is the
+    ledger's (from the record); the entry's own first byte must agree. A format-1 entry
+    holds no offset: it is `v1_offset` (the ledger's first offset + the entry id).
+    LedgerMetadataFormatError for bytes that are not a managed entry of that format."""
+    if not data:
+        raise LedgerMetadataFormatError("an empty managed ledger entry")
+    found = ENTRY_FORMAT_V1 if 0x90 <= data[0] <= 0x9F else data[0]  # v1: a msgpack array
+    if found not in ENTRY_FORMATS_READ:
+        raise LedgerMetadataFormatError(entry_format_refusal(found))
+    if found != entry_format:
+        raise LedgerMetadataFormatError(
+            f"a managed ledger entry of format {found} in a ledger of format {entry_format}"
+        )
     try:
-        return _entry_decoder.decode(data)
+        if found == ENTRY_FORMAT_V2:
+            decoded: ManagedSlice = _slice_decoder.decode(memoryview(data)[1:])
+            return decoded
+        entry: ManagedEntry = _v1_entry_decoder.decode(data)
     except (msgspec.DecodeError, msgspec.ValidationError) as error:
         raise LedgerMetadataFormatError(f"not a managed ledger entry: {error}") from error
+    record = Record(entry.value, entry.key, entry.timestamp_ms, entry.headers)
+    return ManagedSlice(
+        entry.producer_id,
+        entry.base_sequence,
+        entry.batch_index,
+        entry.batch_count,
+        v1_offset,
+        entry.timestamp_ms,
+        [record],
+    )
 
 
 # --- the producer table --------------------------------------------------------------------

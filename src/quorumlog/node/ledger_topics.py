@@ -85,7 +85,7 @@ class LedgerTopicSettings(msgspec.Struct, frozen=True, kw_only=True):
     """How often an owner renews its leases (and every candidate looks at them)."""
     stale_seconds: float = 3.0
     """A lease unchanged this long (on the observer's clock) may be taken over."""
-    rollover_entries_max: int = 50_000
+    rollover_records_max: int = 50_000
     """Records per ledger before the owner rolls over to a new one."""
     metadata_timeout_seconds: float = 10.0
     close_wait_seconds: float = 2.0
@@ -94,8 +94,8 @@ class LedgerTopicSettings(msgspec.Struct, frozen=True, kw_only=True):
     def validate(self) -> None:
         if self.renew_seconds <= 0 or self.stale_seconds <= self.renew_seconds:
             raise ValueError("need 0 < renew_seconds < stale_seconds")
-        if self.rollover_entries_max < 1:
-            raise ValueError("rollover_entries_max must be >= 1")
+        if self.rollover_records_max < 1:
+            raise ValueError("rollover_records_max must be >= 1")
 
 
 @dataclass
@@ -398,7 +398,7 @@ class LedgerTopicService:
             ensemble_size=settings.ensemble,
             write_quorum_size=settings.write_quorum,
             ack_quorum_size=settings.ack_quorum,
-            rollover_entries_max=self.settings.rollover_entries_max,
+            rollover_records_max=self.settings.rollover_records_max,
             retention_bytes=settings.retention_bytes,
             retention_ms=settings.retention_ms,
         )

@@ -123,7 +123,7 @@ class NodeSettings(msgspec.Struct, frozen=True):
     """Ledger topics: how often a partition's owner renews its lease."""
     ledger_owner_stale_ms: int = 3_000
     """Ledger topics: a lease left unrenewed this long is taken over by another replica."""
-    ledger_rollover_entries: int = 50_000
+    ledger_rollover_records: int = 50_000
     """Ledger topics: records per ledger before the owner rolls over to a new ledger."""
     ha_controller: bool = True
     """Host the HA controller group ("ha-controller", members as the "kv" group's)."""

@@ -128,7 +128,7 @@ class StreamService:
             LedgerTopicSettings(
                 renew_seconds=settings.ledger_owner_renew_ms / 1000,
                 stale_seconds=settings.ledger_owner_stale_ms / 1000,
-                rollover_entries_max=settings.ledger_rollover_entries,
+                rollover_records_max=settings.ledger_rollover_records,
             ),
             metadata.data.get,
             node.metadata_endpoints,

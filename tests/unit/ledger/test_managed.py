@@ -9,16 +9,32 @@ import random
 import msgspec
 import pytest
 
+import quorumlog.ledger.managed_index as managed_index_module
 from quorumlog.codec.wire import Record
 from quorumlog.errors import BadPasswordError, NotPartitionOwnerError
 from quorumlog.ledger.managed import ManagedLedger, ManagedLedgerConfig
-from quorumlog.ledger.managed_format import ManagedLedgerRecord
-from quorumlog.ledger.metadata import LedgerState
+from quorumlog.ledger.managed_format import (
+    ENTRY_FORMAT_V1,
+    ENTRY_FORMAT_V2,
+    PRODUCERS_PROPERTY,
+    TOPIC_PROPERTY,
+    ManagedLedgerRecord,
+    ProducerTable,
+    encode_producer_table,
+    replay_batch,
+)
+from quorumlog.ledger.metadata import LedgerMetadata, LedgerState, master_key, new_ledger_metadata
 from quorumlog.runtime.completion import Completion
 from quorumlog.stream.partition import (
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
     ProduceOutcome,
+)
+from tests.unit.ledger.managed_v1 import (
+    LedgerInfoV1,
+    RecordV1,
+    encode_batch_v1,
+    encode_record_v1,
 )
 from tests.unit.ledger.managed_world import NAME, PASSWORD, Client, ManagedWorld
 
@@ -53,7 +69,7 @@ def read_all(world: ManagedWorld, managed: ManagedLedger) -> list[tuple[int, byt
 
 def test_offsets_stay_contiguous_across_rollovers_and_reads_cross_ledgers() -> None:
     world = ManagedWorld()
-    managed = opened(world, "node-a", 1, rollover_entries_max=10)
+    managed = opened(world, "node-a", 1, rollover_records_max=10)
     outcomes = [managed.append(batch("p", 4 * number, 4), "p", 4 * number) for number in range(7)]
     world.settle(outcomes[-1])
     assert [outcome.result().base_offset for outcome in outcomes] == list(range(0, 28, 4))
@@ -97,12 +113,12 @@ def test_idempotent_retries_after_a_takeover_get_the_original_offsets() -> None:
     world = ManagedWorld()
     # Small ledgers: the retried batch lives in an older ledger than the last one, so the
     # new owner knows it from the producer table copied into the last ledger's metadata.
-    first = opened(world, "node-a", 1, rollover_entries_max=4)
+    first = opened(world, "node-a", 1, rollover_records_max=4)
     originals = [first.append(batch("p", 2 * n, 2), "p", 2 * n) for n in range(6)]
     other = first.append(batch("q", 0, 3), "q", 0)
     world.settle(other)
     assert other.result().base_offset == 12
-    second = opened(world, "node-b", 2, rollover_entries_max=4)
+    second = opened(world, "node-b", 2, rollover_records_max=4)
     retried = world.wait(second.append(batch("p", 2, 2), "p", 2))
     assert retried == ProduceOutcome(base_offset=2, count=2, duplicate=True)
     retried_last = world.wait(second.append(batch("p", 10, 2), "p", 10))
@@ -137,35 +153,44 @@ def test_a_retry_of_a_batch_in_flight_is_answered_only_with_the_original() -> No
     assert retry.exception() is original.exception()
 
 
-def test_a_batch_recovered_only_in_part_is_left_out_and_its_retry_written_whole() -> None:
+@pytest.mark.parametrize("slice_records", [1, 2])
+def test_a_batch_recovered_only_in_part_is_left_out_and_its_retry_written_whole(
+    slice_records: int,
+) -> None:
+    """Each batch is three entries of `slice_records` records (1: as entry format 1 held
+    them; 2: a batch sliced across entries in format 2)."""
     world = ManagedWorld()
     first_client = world.client(1)
-    first = first_client.managed("node-a", config())
+    first = first_client.managed("node-a", config(slice_records_max=slice_records))
     world.wait(first.open())
-    world.wait(first.append(batch("p", 0, 3), "p", 0))
+    size = 3 * slice_records
+    world.wait(first.append(batch("p", 0, size), "p", 0))
     writer = first.writer
     assert writer is not None
+    assert writer.last_add_confirmed == 2  # three entries
     ensemble = writer.metadata.last_ensemble
     # Entries 3, 4, 5 go to write sets (e0,e1), (e1,e2), (e2,e0): with e1 and e2 cut off,
     # only entry 3 reaches a bookie (e0): recovery finds it and stops before entry 4.
     first_client.dropping.update(ensemble[1:])
-    pending = first.append(batch("p", 3, 3), "p", 3)
+    pending = first.append(batch("p", size, size), "p", size)
     world.scheduler.run_until_idle()
     assert not pending.done()
     second = opened(world, "node-b", 2)
     recovered = world.metadata.read_ledger(writer.ledger_id)
     assert recovered.last_entry_id == 3  # the ledger holds a third of the batch ...
-    assert second.end_offset == 3  # ... which the managed ledger leaves out
+    assert second.end_offset == size  # ... which the managed ledger leaves out
+    closed = stored_record(world).ledgers[0]
+    assert (closed.last_entry_id, closed.end_offset) == (2, size)
     world.settle(pending)
     assert isinstance(pending.exception(), NotPartitionOwnerError)
-    retried = world.wait(second.append(batch("p", 3, 3), "p", 3))
-    assert (retried.base_offset, retried.duplicate) == (3, False)
-    assert read_all(world, second) == [(n, b"p-%d" % n) for n in range(6)]
+    retried = world.wait(second.append(batch("p", size, size), "p", size))
+    assert (retried.base_offset, retried.duplicate) == (size, False)
+    assert read_all(world, second) == [(n, b"p-%d" % n) for n in range(2 * size)]
 
 
 def test_retention_drops_whole_closed_ledgers_and_advances_the_start() -> None:
     world = ManagedWorld()
-    managed = opened(world, "node-a", 1, rollover_entries_max=5, retention_ms=60_000)
+    managed = opened(world, "node-a", 1, rollover_records_max=5, retention_ms=60_000)
     for number in range(4):
         world.wait(managed.append(batch("p", 5 * number, 5), "p", 5 * number))
     before = stored_record(world)
@@ -187,14 +212,14 @@ def test_retention_drops_whole_closed_ledgers_and_advances_the_start() -> None:
 
 def test_retention_by_bytes_keeps_at_least_the_bytes_asked_for() -> None:
     world = ManagedWorld()
-    managed = opened(world, "node-a", 1, rollover_entries_max=5)
+    managed = opened(world, "node-a", 1, rollover_records_max=5)
     for number in range(6):
         world.wait(managed.append(batch("p", 5 * number, 5), "p", 5 * number))
     record = stored_record(world)
     ledger_bytes = record.ledgers[0].data_bytes
     assert ledger_bytes > 0
     assert world.wait(managed.trim()) == []  # no retention set: everything stays
-    managed.config = config(rollover_entries_max=5, retention_bytes=2 * ledger_bytes)
+    managed.config = config(rollover_records_max=5, retention_bytes=2 * ledger_bytes)
     dropped = world.wait(managed.trim())
     assert len(dropped) == 4  # six closed ledgers, two kept
     assert managed.start_offset == 20
@@ -230,6 +255,139 @@ def test_a_closed_managed_ledger_opens_again_without_recovery() -> None:
     again = opened(world, "node-a", 3)
     assert again.end_offset == 3
     assert world.wait(again.append(batch("p", 0, 3), "p", 0)).duplicate
+
+
+@pytest.mark.parametrize("points_max", [1024, 2])
+def test_a_fetch_from_mid_batch_starts_at_the_offset_asked(
+    points_max: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also with closed ledgers' indexes thinned to their ends (2 points): reads probe."""
+    monkeypatch.setattr(managed_index_module, "CLOSED_INDEX_POINTS_MAX", points_max)
+    world = ManagedWorld()
+    managed = opened(world, "node-a", 1, rollover_records_max=20)
+    for number in range(12):
+        world.wait(managed.append(batch("p", 5 * number, 5), "p", 5 * number))
+    assert len(stored_record(world).ledgers) == 4  # three closed (20 records each), one open
+    for offset, count in [(3, 4), (17, 6), (25, 100), (59, 5), (41, 1), (12, 30)]:
+        records = world.wait(managed.read(offset, count))
+        expected = list(range(offset, min(offset + count, 60)))
+        assert [(n, record.value) for n, record in records] == [(n, b"p-%d" % n) for n in expected]
+
+
+def test_small_reads_of_a_large_entry_read_it_from_the_bookies_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    world = ManagedWorld()
+    client = world.client(1)
+    managed = client.managed("node-a", config())
+    world.wait(managed.open())
+    world.wait(managed.append(batch("p", 0, 50), "p", 0))
+    world.wait(managed.append(batch("p", 50, 50), "p", 50))
+    reads: list[tuple[int, int]] = []
+    read = client.driver.read
+
+    def counted(metadata: LedgerMetadata, first: int, last: int, lac: int) -> object:
+        reads.append((first, last))
+        return read(metadata, first, last, lac)
+
+    monkeypatch.setattr(client.driver, "read", counted)
+    found = []
+    for offset in range(0, 100, 7):
+        found += [n for n, _ in world.wait(managed.read(offset, 7))]
+    assert found == list(range(100))
+    assert reads == [(0, 0), (1, 1)]
+
+
+def test_a_new_owner_reads_older_ledgers_it_never_wrote_from_any_offset() -> None:
+    """The successor knows the older ledgers by their ends only: it probes for the entry
+    that holds an offset, batches of unequal sizes included."""
+    world = ManagedWorld()
+    first = opened(world, "node-a", 1, rollover_records_max=30)
+    sizes = [1, 7, 2, 13, 1, 1, 9, 4, 20, 3, 1, 6, 11, 2, 5]
+    sequence = 0
+    for size in sizes:
+        world.wait(first.append(batch("p", sequence, size), "p", sequence))
+        sequence += size
+    second = opened(world, "node-b", 2)
+    assert len(second.closed_indexes) == 1  # the last ledger, replayed at the takeover
+    for offset in range(sequence):
+        records = world.wait(second.read(offset, 3))
+        expected = list(range(offset, min(offset + 3, sequence)))
+        assert [(n, record.value) for n, record in records] == [(n, b"p-%d" % n) for n in expected]
+    assert read_all(world, second) == [(n, b"p-%d" % n) for n in range(sequence)]
+
+
+# --- a topic the previous release wrote (entry format 1) ---------------------------------
+
+
+def write_v1_ledger(
+    world: ManagedWorld, batches: list[tuple[str, int, int]], table: ProducerTable, close: bool
+) -> LedgerMetadata:
+    """A ledger as the previous release's owner wrote it: one entry per record, its
+    producer table before it in its metadata; closed, or left open (its owner died)."""
+    created = world.metadata.create_ledger(
+        new_ledger_metadata(
+            ensemble=["b0", "b1", "b2"],
+            write_quorum_size=2,
+            ack_quorum_size=2,
+            password=PASSWORD,
+            properties={
+                TOPIC_PROPERTY: NAME,
+                PRODUCERS_PROPERTY: encode_producer_table(table, 100),
+            },
+        )
+    )
+    writer = world.client(50).driver.start_writer(
+        created, master_key(PASSWORD), lambda _: None, lambda _: None
+    )
+    datas = []
+    for producer_id, base_sequence, count in batches:
+        datas += encode_batch_v1(
+            batch(producer_id, base_sequence, count), producer_id, base_sequence, 9
+        )
+    writer.append_many(datas)
+    world.scheduler.run_until_idle()
+    assert writer.last_add_confirmed == len(datas) - 1
+    return world.wait(writer.close()) if close else writer.metadata
+
+
+def test_a_topic_written_in_entry_format_1_keeps_working() -> None:
+    world = ManagedWorld()
+    table = ProducerTable()
+    first = write_v1_ledger(world, [("p", 0, 3), ("q", 0, 2)], table, close=True)
+    replay_batch(table, "p", 0, 3, 0, 100, 5)
+    replay_batch(table, "q", 0, 2, 3, 100, 5)
+    second = write_v1_ledger(world, [("p", 3, 2)], table, close=False)
+    world.store.records[NAME] = encode_record_v1(
+        RecordV1(
+            name=NAME,
+            version=3,
+            owner_epoch=1,
+            owner="old-release",
+            ledgers=[
+                LedgerInfoV1(first.ledger_id, 0, closed=True, last_entry_id=4, data_bytes=100),
+                LedgerInfoV1(second.ledger_id, 5),
+            ],
+        )
+    )
+    managed = opened(world, "node-new", 3)  # recovers the open format-1 ledger
+    assert managed.end_offset == 7
+    assert world.wait(managed.append(batch("q", 0, 2), "q", 0)) == ProduceOutcome(3, 2, True)
+    assert world.wait(managed.append(batch("p", 3, 2), "p", 3)) == ProduceOutcome(5, 2, True)
+    assert world.wait(managed.append(batch("p", 5, 4), "p", 5)) == ProduceOutcome(7, 4, False)
+    record = stored_record(world)
+    assert [ledger.entry_format for ledger in record.ledgers] == [
+        ENTRY_FORMAT_V1,
+        ENTRY_FORMAT_V1,
+        ENTRY_FORMAT_V2,
+    ]
+    expected = [(n, b"p-%d" % n) for n in range(3)] + [(3, b"q-0"), (4, b"q-1")]
+    expected += [(n, b"p-%d" % (n - 2)) for n in range(5, 11)]
+    assert read_all(world, managed) == expected
+    assert [n for n, _ in world.wait(managed.read(6, 3))] == [6, 7, 8]
+    successor = opened(world, "node-next", 4)  # takes over from the format-2 ledger
+    assert read_all(world, successor) == expected
+    assert world.wait(successor.append(batch("q", 0, 2), "q", 0)).base_offset == 3
 
 
 # --- randomized takeovers -----------------------------------------------------------------
@@ -272,7 +430,12 @@ def run_takeovers(seed: int) -> None:
     rng = random.Random(seed)
     world = ManagedWorld()
     producers = [Producer(f"p{number}", rng) for number in range(3)]
-    settings = config(rollover_entries_max=rng.choice([3, 7, 50]))
+    settings = config(
+        rollover_records_max=rng.choice([3, 7, 50]),
+        # Slices of one or two records: batches cut across entries, so recovery finds
+        # parts of batches; 4096: a batch per entry.
+        slice_records_max=rng.choice([1, 2, 4096]),
+    )
     owner_client: Client | None = None
     for round_number in range(rng.randint(3, 6)):
         if owner_client is not None and rng.random() < 0.5:

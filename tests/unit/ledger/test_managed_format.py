@@ -1,31 +1,44 @@
-"""The managed ledger record and entry formats (ledger/managed_format.py) and the
-in-memory store's compare-and-set."""
+"""The managed ledger record and entry formats (ledger/managed_format.py): format 2 as
+written, format 1 as the previous release left it (tests/unit/ledger/managed_v1.py), and
+the in-memory store's compare-and-set."""
 
 from __future__ import annotations
 
 import base64
 from collections import OrderedDict
 
+import hypothesis.strategies as st
 import msgspec
 import pytest
+from hypothesis import given, settings
 
 from quorumlog.codec.wire import Record
 from quorumlog.errors import LedgerMetadataFormatError, ManagedLedgerConflictError
 from quorumlog.ledger.managed_format import (
-    ManagedEntry,
+    ENTRY_FORMAT_V1,
+    ENTRY_FORMAT_V2,
     ManagedLedgerInfo,
     ManagedLedgerRecord,
-    decode_entry,
+    ManagedSlice,
     decode_producer_table,
     decode_record,
-    encode_batch,
+    decode_slice,
     encode_producer_table,
     encode_record,
+    encode_slices,
+    record_bytes,
 )
 from quorumlog.ledger.managed_store import InMemoryManagedLedgerStore
 from quorumlog.ledger.metadata import InMemoryMetadataStore
 from quorumlog.stream.partition import ProducerState
 from quorumlog.testing.manual import ManualScheduler
+from tests.unit.ledger.managed_v1 import (
+    LedgerInfoV1,
+    RecordV1,
+    as_current,
+    encode_batch_v1,
+    encode_record_v1,
+)
 
 
 def two_ledgers() -> ManagedLedgerRecord:
@@ -37,7 +50,8 @@ def two_ledgers() -> ManagedLedgerRecord:
         start_offset=10,
         ledgers=[
             ManagedLedgerInfo(4, 10, closed=True, last_entry_id=9, data_bytes=100),
-            ManagedLedgerInfo(7, 20),
+            ManagedLedgerInfo(5, 20, closed=True, last_entry_id=2, entry_format=2, record_count=30),
+            ManagedLedgerInfo(7, 50, entry_format=2),
         ],
     )
 
@@ -45,6 +59,7 @@ def two_ledgers() -> ManagedLedgerRecord:
 def test_a_record_round_trips_and_a_gap_or_newer_format_is_refused() -> None:
     record = two_ledgers()
     assert decode_record(encode_record(record)) == record
+    assert [ledger.end_offset for ledger in record.ledgers] == [20, 50, 50]
     gap = ManagedLedgerRecord(
         name="t/0",
         start_offset=10,
@@ -56,32 +71,138 @@ def test_a_record_round_trips_and_a_gap_or_newer_format_is_refused() -> None:
     with pytest.raises(LedgerMetadataFormatError, match="starts at 21"):
         decode_record(encode_record(gap))
     data = bytearray(base64.b64decode(encode_record(record)))
-    data[4] = 2
-    with pytest.raises(LedgerMetadataFormatError, match="format 2"):
+    assert data[4] == 2
+    data[4] = 3
+    with pytest.raises(LedgerMetadataFormatError, match=r"format 3 \(this version reads 1 and 2\)"):
         decode_record(base64.b64encode(bytes(data)).decode())
     with pytest.raises(LedgerMetadataFormatError):
         decode_record("not base64!")
 
 
-def test_entries_name_their_batch_and_garbage_is_refused() -> None:
-    records = [Record(b"a"), Record(b"b", key=b"k", timestamp_ms=5)]
-    entries = [decode_entry(data) for data in encode_batch(records, "p", 7, 1000)]
+def test_a_ledger_of_an_unknown_entry_format_or_fewer_records_than_entries_is_refused() -> None:
+    unknown = ManagedLedgerRecord(name="t/0", ledgers=[ManagedLedgerInfo(4, 0, entry_format=9)])
+    with pytest.raises(LedgerMetadataFormatError, match=r"entry format 9 \(this version reads"):
+        decode_record(encode_record(unknown))
+    short = ManagedLedgerRecord(
+        name="t/0",
+        ledgers=[
+            ManagedLedgerInfo(4, 0, closed=True, last_entry_id=5, entry_format=2, record_count=3)
+        ],
+    )
+    with pytest.raises(LedgerMetadataFormatError, match="fewer records than entries"):
+        decode_record(encode_record(short))
+
+
+def test_a_record_of_the_previous_release_reads_as_entry_format_1() -> None:
+    old = RecordV1(
+        name="t/0",
+        version=4,
+        owner_epoch=2,
+        owner="n1",
+        ledgers=[
+            LedgerInfoV1(4, 0, closed=True, last_entry_id=9, data_bytes=100, closed_ms=7),
+            LedgerInfoV1(6, 10),
+        ],
+    )
+    record = decode_record(encode_record_v1(old))
+    assert record == as_current(old)
+    assert [ledger.entry_format for ledger in record.ledgers] == [ENTRY_FORMAT_V1] * 2
+    assert record.ledgers[0].end_offset == 10
+
+
+def test_a_batch_is_one_entry_naming_its_batch_and_offset() -> None:
+    records = [Record(b"a"), Record(b"b", key=b"k", timestamp_ms=5, headers=[("h", b"v")])]
+    datas, counts = encode_slices(records, "p", 7, 40, 1000)
+    assert counts == [2]
+    assert datas == [
+        b"\x02" + msgspec.msgpack.encode(ManagedSlice("p", 7, 0, 2, 40, 1000, records))
+    ]
+    entry = decode_slice(datas[0], ENTRY_FORMAT_V2, -1)
+    assert (entry.first_offset, entry.batch_base_offset, entry.end_offset) == (40, 40, 42)
+    assert entry.ends_batch
+    assert entry.stamped_records() == [Record(b"a", None, 1000), records[1]]
+    assert entry.stamped_records(1) == [records[1]]
+
+
+def test_garbage_an_unknown_entry_format_or_one_of_the_wrong_format_is_refused() -> None:
+    data = encode_slices([Record(b"a")], "p", 0, 0, 1)[0][0]
+    with pytest.raises(LedgerMetadataFormatError, match="not a managed ledger entry"):
+        decode_slice(b"\x02\xff\x00garbage", ENTRY_FORMAT_V2, 0)
+    with pytest.raises(LedgerMetadataFormatError, match="empty"):
+        decode_slice(b"", ENTRY_FORMAT_V2, 0)
+    with pytest.raises(
+        LedgerMetadataFormatError, match=r"entry format 7 \(this version reads 1 and 2\)"
+    ):
+        decode_slice(b"\x07" + data[1:], ENTRY_FORMAT_V2, 0)
+    with pytest.raises(LedgerMetadataFormatError, match="format 2 in a ledger of format 1"):
+        decode_slice(data, ENTRY_FORMAT_V1, 0)
+    v1 = encode_batch_v1([Record(b"a")], "p", 0, 1)[0]
+    with pytest.raises(LedgerMetadataFormatError, match="format 1 in a ledger of format 2"):
+        decode_slice(v1, ENTRY_FORMAT_V2, 0)
+
+
+def test_entries_of_the_previous_release_read_as_one_record_slices() -> None:
+    records = [Record(b"a"), Record(b"b", key=b"k", timestamp_ms=5, headers=[("h", b"v")])]
+    entries = [
+        decode_slice(data, ENTRY_FORMAT_V1, 30 + index)
+        for index, data in enumerate(encode_batch_v1(records, "p", 7, 1000))
+    ]
     assert [(entry.base_sequence, entry.batch_index, entry.ends_batch) for entry in entries] == [
         (7, 0, False),
         (7, 1, True),
     ]
-    assert [entry.record() for entry in entries] == [Record(b"a", None, 1000), records[1]]
-    with pytest.raises(LedgerMetadataFormatError):
-        decode_entry(b"\xff\x00garbage")
-
-
-def test_entries_are_encoded_as_the_entry_struct_is() -> None:
-    """encode_batch builds tuples, not ManagedEntry structs: the bytes must be the same."""
-    records = [Record(b"a"), Record(b"b", key=b"k", timestamp_ms=5, headers=[("h", b"v")])]
-    assert encode_batch(records, "p", 7, 1000) == [
-        msgspec.msgpack.encode(ManagedEntry("p", 7, 0, 2, 1000, None, b"a")),
-        msgspec.msgpack.encode(ManagedEntry("p", 7, 1, 2, 5, b"k", b"b", [("h", b"v")])),
+    assert [entry.first_offset for entry in entries] == [30, 31]
+    assert [entry.batch_base_offset for entry in entries] == [30, 30]
+    assert [entry.stamped_records()[0] for entry in entries] == [
+        Record(b"a", None, 1000),
+        records[1],
     ]
+
+
+record_strategy = st.builds(
+    Record,
+    st.binary(max_size=300),
+    st.none() | st.binary(max_size=20),
+    st.sampled_from([0, 5]),
+    st.lists(st.tuples(st.text(max_size=3), st.binary(max_size=8)), max_size=2),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    records=st.lists(record_strategy, min_size=1, max_size=40),
+    records_max=st.integers(1, 8),
+    bytes_max=st.integers(1, 2_000),
+    first_offset=st.integers(0, 10**9),
+)
+def test_slices_cover_the_batch_in_order_within_their_bounds(
+    records: list[Record], records_max: int, bytes_max: int, first_offset: int
+) -> None:
+    datas, counts = encode_slices(records, "p", 11, first_offset, 99, records_max, bytes_max)
+    slices = [decode_slice(data, ENTRY_FORMAT_V2, -1) for data in datas]
+    assert [len(entry.records) for entry in slices] == counts
+    assert [record for entry in slices for record in entry.records] == records
+    offset = first_offset
+    for position, entry in enumerate(slices):
+        assert (entry.producer_id, entry.base_sequence, entry.batch_count) == (
+            "p",
+            11,
+            len(records),
+        )
+        assert entry.first_offset == offset
+        assert entry.batch_base_offset == first_offset
+        assert entry.ends_batch == (position == len(slices) - 1)
+        assert 1 <= len(entry.records) <= records_max
+        if len(entry.records) > 1:  # fits as encoded, or was cut by its records' sizes
+            data = datas[position]
+            assert len(data) <= bytes_max or sum(map(record_bytes, entry.records)) <= bytes_max
+        offset = entry.end_offset
+    # Within both bounds (with room for the entry's own header): never sliced; beyond the
+    # count only, cut by count alone.
+    if sum(map(record_bytes, records)) + 64 <= bytes_max:
+        assert counts == [
+            min(records_max, len(records) - start) for start in range(0, len(records), records_max)
+        ]
 
 
 def test_the_producer_table_copy_keeps_the_most_recently_active() -> None:

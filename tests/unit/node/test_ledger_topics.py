@@ -47,7 +47,7 @@ def settings_for(tmp_path: Path) -> list[object]:
             bookie_heartbeat_ms=100,
             ledger_owner_renew_ms=100,
             ledger_owner_stale_ms=600,
-            ledger_rollover_entries=ROLLOVER_ENTRIES,
+            ledger_rollover_records=ROLLOVER_ENTRIES,
         )
     )
 
@@ -135,7 +135,7 @@ async def check_topic(nodes: list[Node], stopped: list[Node]) -> None:
     offsets = await asyncio.to_thread(produce_values, endpoints, first, "producer-a")
     assert offsets == list(range(12)), "offsets contiguous across rollovers"
     ledgers = await asyncio.to_thread(ledger_count, endpoints, name)
-    # A ledger rolls over after the batch that reaches 5 entries: 6 records each here.
+    # A ledger rolls over after the batch that reaches 5 records: 6 records each here.
     assert ledgers >= 2, f"{ledgers} ledgers: no rollover happened"
 
     owner = await eventually(lambda: owner_of(endpoints, name), "an owner")
