@@ -39,6 +39,12 @@ from typing import Any
 
 import msgspec
 
+from quorumlog.auth.commands import read_switch
+from quorumlog.auth.credentials import Credentials
+from quorumlog.auth.guard import TOKEN_TTL_SECONDS_DEFAULT, AuthGuard
+from quorumlog.auth.model import NODE_USER
+from quorumlog.auth.service import AuthRequestService
+from quorumlog.auth.state import AuthStateView
 from quorumlog.codec import wire
 from quorumlog.errors import QuorumLogError
 from quorumlog.ha.controller_machine import BROKER_HEARTBEAT_TIMEOUT_MS_DEFAULT, HAControllerMachine
@@ -131,6 +137,8 @@ class NodeSettings(msgspec.Struct, frozen=True):
     it was the master). The same on every node: replicas decide by it."""
     ha_controller_check_ms: int = int(CHECK_INTERVAL_SECONDS_DEFAULT * 1000)
     """HA controller: how often its leader looks for silent masters."""
+    auth_token_ttl_ms: int = int(TOKEN_TTL_SECONDS_DEFAULT * 1000)
+    """Auth: a token unused this long is forgotten (its client authenticates again)."""
 
 
 class Node:
@@ -149,7 +157,10 @@ class Node:
             settings.node_id, self.host_of, self.address_of, lambda: self.addresses
         )
         self.requester = PeerRequester(
-            settings.cluster_id, f"node-{settings.node_id}", resolve=self.resolve
+            settings.cluster_id,
+            f"node-{settings.node_id}",
+            resolve=self.resolve,
+            credentials=self.node_credentials,
         )
         self.peers: AsyncioPeerRequests | None = None
         self.migration_pacer = ByteRatePacer(settings.shard_migration_bytes_per_second)
@@ -159,6 +170,7 @@ class Node:
         self.registrar: BookieRegistrar | None = None
         self.ha_controller: HAControllerService | None = None
         self.ticker: GroupTicker | None = None
+        self.auth_view: AuthStateView | None = None
         self.liveness = PeerLiveness(
             settings.node_id,
             ping=self.endpoint.ping,
@@ -213,6 +225,7 @@ class Node:
             group.host, machine, lambda: self.address_of(group.core.leader_id), KVLimits()
         )
         self.dispatcher.kv = self.kv
+        self.start_auth(machine, group)
         self.dispatcher.streams = self.streams.handle
         self.start_sharded_kv()
         self.host_ha_controller(voters)
@@ -234,6 +247,27 @@ class Node:
         )
         return self.port
 
+    def start_auth(self, machine: KVStateMachine, group: GroupRunner) -> None:
+        """Check every client request against the auth state of the "kv" group."""
+        view = AuthStateView(lambda: machine.data, lambda: machine.auth_generation)
+        loop = asyncio.get_running_loop()
+        guard = AuthGuard(view, loop.time, self.settings.auth_token_ttl_ms / 1000)
+        if self.kv is not None:
+            guard.service = AuthRequestService(
+                self.kv, view, lambda: self.address_of(group.core.leader_id)
+            )
+        self.dispatcher.auth = guard
+        self.auth_view = view
+
+    def node_credentials(self) -> Credentials | None:
+        """What this node's own clients present to other nodes (see `auth.guard`). Called
+        from client threads too: it decodes the switch from the data, touching no cache."""
+        kv = self.kv
+        if kv is None:
+            return None
+        secret = read_switch(kv.machine.data).node_secret
+        return Credentials(user=NODE_USER, password=secret) if secret else None
+
     def start_registration(self) -> None:
         """Heartbeat the bookie's registration through this node and its peers."""
         if self.bookie is None:
@@ -244,6 +278,7 @@ class Node:
             self.metadata_endpoints,
             self.settings.cluster_id,
             RegistrationSettings(heartbeat_seconds=self.settings.bookie_heartbeat_ms / 1000),
+            credentials=self.node_credentials,
         )
         self.registrar.start()
 

@@ -1,0 +1,139 @@
+"""The node's checks: tokens (issue, expiry, invalidation) and the right each request needs."""
+
+from __future__ import annotations
+
+from quorumlog.auth.commands import (
+    AuthCommand,
+    AuthEnable,
+    RoleAdd,
+    RoleGrantPermission,
+    UserAdd,
+    UserChangePassword,
+    UserGrantRole,
+    apply_decoded,
+)
+from quorumlog.auth.guard import AuthGuard
+from quorumlog.auth.model import (
+    NODE_USER,
+    Access,
+    Permission,
+    PermissionKind,
+    hash_password,
+    prefix_range_end,
+)
+from quorumlog.auth.state import AuthStateView
+from quorumlog.codec import wire
+
+
+class World:
+    def __init__(self) -> None:
+        self.data: dict[str, str] = {}
+        self.generation = 0
+        self.now = 0.0
+        self.guard = AuthGuard(
+            AuthStateView(lambda: self.data, lambda: self.generation),
+            lambda: self.now,
+            token_ttl_seconds=10.0,
+        )
+        self.replies: list[wire.Frame] = []
+
+    def run(self, command: AuthCommand) -> None:
+        apply_decoded(self.data, command)
+        self.generation += 1
+
+    def send(self, request: wire.ClientRequest) -> wire.ClientRequest | None:
+        return self.guard.admit(request, self.replies.append)
+
+    def last_code(self) -> wire.ErrorCode | None:
+        reply = self.replies[-1]
+        return reply.code if isinstance(reply, wire.ErrorResponse) else None
+
+    def token(self, user: str, password: str) -> str:
+        self.send(wire.Authenticate(request_id=1, user=user, password=password))
+        reply = self.replies[-1]
+        assert isinstance(reply, wire.AuthenticateResult), reply
+        return reply.token
+
+
+def enabled_world() -> World:
+    world = World()
+    world.run(UserAdd(name="root", password_hash=hash_password("rootpw", 10)))
+    world.run(UserGrantRole(name="root", role="root"))
+    world.run(UserAdd(name="alice", password_hash=hash_password("alicepw", 10)))
+    world.run(RoleAdd(name="app"))
+    app = Permission(PermissionKind.KEY, Access.READWRITE, "app/", prefix_range_end("app/"))
+    world.run(RoleGrantPermission(name="app", permission=app))
+    world.run(UserGrantRole(name="alice", role="app"))
+    world.run(AuthEnable(node_secret="node-secret"))
+    return world
+
+
+def put(key: str, token: str) -> wire.AuthenticatedRequest:
+    write = wire.KVWrite(request_id=7, client_id="c", commands=[wire.KVCommand(1, "put", key, "v")])
+    return wire.AuthenticatedRequest(request_id=7, token=token, request=write)
+
+
+def test_with_auth_off_requests_pass_untouched() -> None:
+    world = World()
+    request = wire.KVRead(request_id=3, keys=["__auth/users"])
+    assert not world.guard.enabled()
+    assert world.send(request) is request
+    assert world.token("nobody", "x") == ""
+
+
+def test_unauthenticated_and_wrong_password_are_refused() -> None:
+    world = enabled_world()
+    assert world.send(wire.KVRead(request_id=3, keys=["app/x"])) is None
+    assert world.last_code() is wire.ErrorCode.AUTHENTICATION_REQUIRED
+    world.send(wire.Authenticate(request_id=1, user="alice", password="wrong"))
+    assert world.last_code() is wire.ErrorCode.AUTHENTICATION_FAILED
+    # The bookie protocol is node-to-node and not checked by role.
+    read = wire.ReadEntries(request_id=4, ledger_id=1, first_entry_id=0, last_entry_id=0)
+    assert world.send(read) is read
+
+
+def test_roles_decide_per_key() -> None:
+    world = enabled_world()
+    token = world.token("alice", "alicepw")
+    assert isinstance(world.send(put("app/x", token)), wire.KVWrite)
+    assert world.send(put("other/x", token)) is None
+    assert world.last_code() is wire.ErrorCode.PERMISSION_DENIED
+    assert world.send(put("__auth/users", world.token("root", "rootpw"))) is None
+    remove = wire.MemberChangeRequest(request_id=8, kind="remove", node_id="n2")
+    assert world.send(wire.AuthenticatedRequest(request_id=8, token=token, request=remove)) is None
+    assert world.last_code() is wire.ErrorCode.PERMISSION_DENIED
+
+
+def test_tokens_expire_unused_and_end_with_a_new_password() -> None:
+    world = enabled_world()
+    token = world.token("alice", "alicepw")
+    world.now = 9.0
+    assert world.send(put("app/x", token)) is not None  # renews the token
+    world.now = 18.0
+    assert world.send(put("app/x", token)) is not None
+    world.now = 28.5
+    assert world.send(put("app/x", token)) is None
+    assert world.last_code() is wire.ErrorCode.AUTH_TOKEN_INVALID
+    token = world.token("alice", "alicepw")
+    world.run(UserChangePassword(name="alice", password_hash=hash_password("new", 10)))
+    assert world.send(put("app/x", token)) is None
+    assert world.last_code() is wire.ErrorCode.AUTH_TOKEN_INVALID
+
+
+def test_nodes_authenticate_with_the_node_secret() -> None:
+    world = enabled_world()
+    world.send(wire.Authenticate(request_id=1, user=NODE_USER, password="guess"))
+    assert world.last_code() is wire.ErrorCode.AUTHENTICATION_FAILED
+    token = world.token(NODE_USER, "node-secret")
+    assert isinstance(world.send(put("__ledgers/1", token)), wire.KVWrite)
+
+
+def test_a_token_from_before_auth_enable_is_not_trusted_after() -> None:
+    world = World()
+    world.run(UserAdd(name="root", password_hash=hash_password("rootpw", 10)))
+    world.run(UserGrantRole(name="root", role="root"))
+    token = world.token("mallory", "anything")
+    assert token == ""  # auth off: nothing checked, nothing issued
+    world.run(AuthEnable(node_secret="s"))
+    assert world.send(put("app/x", "made-up")) is None
+    assert world.last_code() is wire.ErrorCode.AUTH_TOKEN_INVALID
