@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -116,7 +118,7 @@ def test_a_granted_range_grants_every_key_in_it(
 @given(st.lists(st.tuples(keys, st.one_of(st.none(), keys)), max_size=6))
 def test_merged_intervals_are_sorted_and_disjoint(intervals: list[tuple[str, str | None]]) -> None:
     merged = merge_intervals([(a, b) for a, b in intervals if b is None or b > a])
-    for (_, first_end), (second_start, _) in zip(merged, merged[1:], strict=False):
+    for (_, first_end), (second_start, _) in itertools.pairwise(merged):
         assert first_end is not None and first_end < second_start
 
 
