@@ -51,10 +51,13 @@ UNCHECKED_REQUEST_TYPES: tuple[type, ...] = (
     wire.DropLedger,
     wire.HAControllerRequest,
     wire.HABrokerStatusRequest,
+    wire.StatusRequest,
 )
-"""Node-to-node protocols served without a token: the bookie protocol (a ledger's master
-key guards its writes and fencing; LedgerClient's metadata goes through the checked KV)
-and the HA controller's broker protocol. Peer TLS is what keeps strangers off these."""
+"""Served without a token: the bookie protocol (a ledger's master key guards its writes
+and fencing; LedgerClient's metadata goes through the checked KV) and the HA controller's
+broker protocol, both node-to-node (peer TLS is what keeps strangers off them); and a
+group's status (roles, terms, indexes, addresses: no data), which health checks and
+clients finding the leader ask before they authenticate, as etcd serves its status."""
 
 
 class TokenEntry(msgspec.Struct):

@@ -10,8 +10,9 @@
 - Produce: write on the topic; Fetch: read on the topic; partition status: either.
 - Topic creation and deletion: the "topics" admin right. Membership changes, leader
   transfers and shard controller changes (join, leave, move): the "membership" right.
-- Status, topic lists, shard status and shard controller queries: any authenticated user
-  (clients need them to find leaders and partitions).
+- Topic lists, shard status and shard controller queries: any authenticated user
+  (clients need them to find leaders and partitions); a group's status is served even
+  without a token (see `guard.UNCHECKED_REQUEST_TYPES`).
 - The bookie protocol and the HA controller's broker protocol are node-to-node and are not
   checked by role (see `guard.UNCHECKED_REQUEST_TYPES`).
 """
@@ -53,8 +54,9 @@ def internal_key_denial(rights: Rights, key: str, access: Access) -> str | None:
             return None
         return f"no permission on topic {topic!r}"
     if key.startswith(OFFSETS_PREFIX):
+        # "<group>/<topic>/<partition>": a group name has no "/".
         group_and_topic, _, _ = key[len(OFFSETS_PREFIX) :].rpartition("/")
-        _, _, topic = group_and_topic.rpartition("/")
+        _, _, topic = group_and_topic.partition("/")
         if rights.permits(PermissionKind.TOPIC, topic, Access.READ):
             return None
         return f"no read permission on topic {topic!r} (group offsets)"

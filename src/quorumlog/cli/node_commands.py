@@ -121,6 +121,13 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
     type=click.IntRange(1),
     help="Ledger topics: records per ledger before rolling over to a new one.",
 )
+@click.option(
+    "--auth-token-ttl-ms",
+    default=300_000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Auth: a client token unused this long is forgotten (the client authenticates again).",
+)
 def node_command(
     node_id: str,
     listen: str,
@@ -142,6 +149,7 @@ def node_command(
     ledger_owner_renew_ms: int,
     ledger_owner_stale_ms: int,
     ledger_rollover_entries: int,
+    auth_token_ttl_ms: int,
 ) -> None:
     """Run one node in the foreground; logs to stderr; SIGTERM stops it cleanly."""
     from quorumlog.node.server import NodeFailedError, NodeSettings, run_node
@@ -173,6 +181,7 @@ def node_command(
         ledger_owner_renew_ms=ledger_owner_renew_ms,
         ledger_owner_stale_ms=ledger_owner_stale_ms,
         ledger_rollover_entries=ledger_rollover_entries,
+        auth_token_ttl_ms=auth_token_ttl_ms,
     )
 
     async def main() -> None:
