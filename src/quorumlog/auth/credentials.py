@@ -65,8 +65,28 @@ def token_from(frame: Frame, endpoint: str) -> str:
     raise ClientError(f"{endpoint} answered Authenticate with {type(frame).__name__}")
 
 
-def is_invalid_token(frame: Frame) -> bool:
-    return isinstance(frame, ErrorResponse) and frame.code is ErrorCode.AUTH_TOKEN_INVALID
+def screen_answer(frame: Frame, authenticated: bool) -> tuple[Frame, bool]:
+    """An answer as the request's attempt should see it, and whether the connection that
+    carried it must be replaced (a new one asks the credentials again and authenticates).
+
+    AUTH_TOKEN_INVALID: replace it. AUTHENTICATION_REQUIRED: replace it too (a node's own
+    client may have had no credentials yet when it connected); and if this connection
+    did authenticate (auth was off then, so it got no token), the answer becomes
+    AUTH_TOKEN_INVALID, which the attempt retries on the new connection."""
+    if not isinstance(frame, ErrorResponse):
+        return frame, False
+    if frame.code is ErrorCode.AUTH_TOKEN_INVALID:
+        return frame, True
+    if frame.code is ErrorCode.AUTHENTICATION_REQUIRED:
+        if authenticated:
+            retry = ErrorResponse(
+                request_id=frame.request_id,
+                code=ErrorCode.AUTH_TOKEN_INVALID,
+                message="auth was turned on after this connection authenticated",
+            )
+            return retry, True
+        return frame, True
+    return frame, False
 
 
 __all__ = [
@@ -74,7 +94,7 @@ __all__ = [
     "CredentialsSource",
     "authenticate_request",
     "credentials_source",
-    "is_invalid_token",
     "parse_user",
+    "screen_answer",
     "token_from",
 ]

@@ -30,7 +30,7 @@ from quorumlog.auth.credentials import (
     CredentialsSource,
     authenticate_request,
     credentials_source,
-    is_invalid_token,
+    screen_answer,
     token_from,
 )
 from quorumlog.codec import wire
@@ -125,6 +125,8 @@ class StreamConnection:
         """The auth token this connection's requests carry ("": none)."""
         self.token_invalid = False
         """The node no longer knows the token: open a new connection (authenticating again)."""
+        self.authenticated = False
+        """Credentials were sent (the token may still be "" if auth was off then)."""
 
     @classmethod
     async def open(
@@ -145,6 +147,7 @@ class StreamConnection:
                 if credentials is not None:
                     writer.write(encode_frame(encode(authenticate_request(credentials))))
                     connection.token = token_from(await connection.read_frame(), endpoint)
+                    connection.authenticated = True
             except BaseException:
                 await connection.close()
                 raise
@@ -170,11 +173,11 @@ class StreamConnection:
                 if not data:
                     raise ConnectionLost(f"{self.endpoint} closed the connection")
                 for payload in self.decoder.feed(data):
-                    frame = decode(payload)
+                    frame, replace = screen_answer(decode(payload), self.authenticated)
+                    if replace:
+                        self.token_invalid = True
                     request_id = getattr(frame, "request_id", None)
                     future = self.waiting.pop(request_id, None) if request_id is not None else None
-                    if is_invalid_token(frame):
-                        self.token_invalid = True
                     if future is not None and not future.done():
                         future.set_result(frame)
         except asyncio.CancelledError:

@@ -31,7 +31,7 @@ from quorumlog.auth.credentials import (
     CredentialsSource,
     authenticate_request,
     credentials_source,
-    is_invalid_token,
+    screen_answer,
     token_from,
 )
 from quorumlog.codec import wire
@@ -102,6 +102,8 @@ class BlockingConnection:
         """The auth token this connection's requests carry ("" : none)."""
         self.token_invalid = False
         """The node no longer knows the token: open a new connection (authenticating again)."""
+        self.authenticated = False
+        """Credentials were sent (the token may still be "" if auth was off then)."""
 
     @classmethod
     def open(
@@ -124,6 +126,7 @@ class BlockingConnection:
             if credentials is not None:
                 sock.sendall(encode_frame(encode(authenticate_request(credentials))))
                 connection.token = token_from(connection.receive_frame(deadline), endpoint)
+                connection.authenticated = True
         except BaseException:
             connection.close()
             raise
@@ -158,7 +161,8 @@ class BlockingConnection:
         while True:
             frame = self.receive_frame(deadline)
             if getattr(frame, "request_id", None) == request_id:
-                if is_invalid_token(frame):
+                frame, replace = screen_answer(frame, self.authenticated)
+                if replace:
                     self.token_invalid = True
                 return frame
 

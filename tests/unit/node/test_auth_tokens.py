@@ -25,6 +25,19 @@ async def wait_for_leader(node: Node) -> None:
         await asyncio.sleep(0.005)
 
 
+async def wait_for_heartbeats_after_enable(node: Node) -> None:
+    """The bookie's registration goes on: its client connected before auth was on (with
+    no credentials to give then), and reconnects with the node secret."""
+    registrar = node.registrar
+    assert registrar is not None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + LEADER_WAIT_SECONDS
+    target = registrar.heartbeats + 3
+    while registrar.heartbeats < target or registrar.failing:
+        assert loop.time() < deadline, f"heartbeats stopped ({registrar.failures} failed)"
+        await asyncio.sleep(0.005)
+
+
 def set_up_auth(endpoints: list[str]) -> None:
     """As an operator would, before and after `auth enable` (blocking: run in a thread)."""
     with AuthClient(endpoints) as admin:
@@ -53,13 +66,20 @@ def test_a_forgotten_token_costs_one_new_authentication(tmp_path: Path) -> None:
                 tick_ms=5,
                 election_ticks=2,
                 fsync=False,
+                bookie_heartbeat_ms=20,
             )
         )
         port = await node.start()
         try:
             await wait_for_leader(node)
             endpoints = [f"127.0.0.1:{port}"]
+            # Connected while auth is off (its connection gets no token), used after.
+            early = AsyncKVClient(endpoints, user="alice", password="alicepw")
+            await early.get("app/x")
             await asyncio.to_thread(set_up_auth, endpoints)
+            await early.put("app/early", "1")
+            await early.close()
+            await wait_for_heartbeats_after_enable(node)
             guard = node.dispatcher.auth
             assert guard is not None and guard.enabled()
             assert node.kv is not None
