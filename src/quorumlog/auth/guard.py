@@ -14,8 +14,9 @@ a bookie heartbeats its registration, shard groups pull shards): they authentica
 `NODE_USER` with the node secret that `auth enable` stored in the replicated state, and
 get every right.
 
-With auth off the dispatcher calls nothing here but `enabled()` (one generation compare)
-for requests that are not auth frames: the hot path pays next to nothing.
+With auth off the dispatcher reads `active` (kept current by the KV machine's
+`auth_changed` call) and looks the request's type up in `AUTH_FRAME_TYPES`, and calls
+nothing here: the hot path pays next to nothing.
 """
 
 from __future__ import annotations
@@ -38,12 +39,10 @@ TOKEN_TTL_SECONDS_DEFAULT = 300.0
 TOKENS_MAX_DEFAULT = 100_000
 """Past this many live tokens, the least recently issued is forgotten first."""
 
-AUTH_FRAME_TYPES: tuple[type, ...] = (
-    wire.Authenticate,
-    wire.AuthenticatedRequest,
-    wire.AuthAdmin,
-    wire.AuthQuery,
+AUTH_FRAME_TYPES: frozenset[type] = frozenset(
+    {wire.Authenticate, wire.AuthenticatedRequest, wire.AuthAdmin, wire.AuthQuery}
 )
+"""Frames the guard answers or unwraps whether auth is on or off."""
 UNCHECKED_REQUEST_TYPES: tuple[type, ...] = (
     wire.AddEntries,
     wire.ReadEntries,
@@ -96,6 +95,13 @@ class AuthGuard:
         self.tokens: dict[str, TokenEntry] = {}
         self.service: AuthService | None = None
         self.denied_count = 0
+        self.active = False
+        """Whether auth is on, kept current by `refresh`: the dispatcher's one check."""
+        self.refresh()
+
+    def refresh(self) -> None:
+        """The auth state changed (an auth command applied, a snapshot restored)."""
+        self.active = self.view.enabled()
 
     def enabled(self) -> bool:
         return self.view.enabled()

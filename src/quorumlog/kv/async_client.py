@@ -626,6 +626,9 @@ class AsyncKVClient(SessionHolder):
             error = None if task.cancelled() else task.exception()
             if error is not None or not task.result().usable:
                 del self.connections[endpoint]
+                if error is None:
+                    # Unusable but open (its token is gone): close it, as a failure would.
+                    task.result().fail(ConnectionLost(f"replaced the connection to {endpoint}"))
                 task = None
         if task is None:
             timeout_seconds = max(deadline - asyncio.get_running_loop().time(), 0.001)

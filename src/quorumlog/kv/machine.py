@@ -113,6 +113,8 @@ class KVStateMachine:
         self.auth_generation = 0
         """Counts changes of the auth state (auth commands applied, snapshots restored):
         readers of it (`quorumlog.auth.state`) decode it again when this moves."""
+        self.auth_changed: Callable[[], None] | None = None
+        """Called after each change of the auth state (the node's auth guard listens)."""
 
     # --- reads --------------------------------------------------------------------------
 
@@ -182,7 +184,10 @@ class KVStateMachine:
         if command.op == AUTH_OP:
             # Users, roles and the auth switch (quorumlog.auth): only nodes build these.
             self.auth_generation += 1
-            return apply_auth(self.data, command)
+            result = apply_auth(self.data, command)
+            if self.auth_changed is not None:
+                self.auth_changed()
+            return result
         return execute_write(self.data, command)
 
     # --- snapshots ----------------------------------------------------------------------
@@ -228,6 +233,8 @@ class KVStateMachine:
         self.data = snapshot.data
         self._applied_index = snapshot.applied_index
         self.auth_generation += 1
+        if self.auth_changed is not None:
+            self.auth_changed()
 
 
 __all__ = ["KVSnapshot", "KVStateMachine", "MalformedEntryError"]

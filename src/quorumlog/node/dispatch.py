@@ -91,7 +91,7 @@ class RequestDispatcher:
 
     def on_client_request(self, request: wire.ClientRequest, reply: Replier) -> None:
         auth = self.auth
-        if auth is not None and (auth.enabled() or isinstance(request, AUTH_FRAME_TYPES)):
+        if auth is not None and (auth.active or type(request) in AUTH_FRAME_TYPES):
             admitted = auth.admit(request, reply)
             if admitted is None:
                 return

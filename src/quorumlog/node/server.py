@@ -256,6 +256,8 @@ class Node:
             guard.service = AuthRequestService(
                 self.kv, view, lambda: self.address_of(group.core.leader_id)
             )
+        machine.auth_changed = guard.refresh
+        guard.refresh()  # the state may have come from a snapshot before this listened
         self.dispatcher.auth = guard
         self.auth_view = view
 
