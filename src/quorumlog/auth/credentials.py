@@ -26,6 +26,11 @@ class Credentials(msgspec.Struct, frozen=True):
 CredentialsSource = Callable[[], Credentials | None]
 
 
+class AuthenticationBusyError(ConnectionError):
+    """The node had too many password checks queued: the connection is given up like a
+    failed dial (clients retry it, elsewhere or after a back-off)."""
+
+
 def credentials_source(
     user: str | None, password: str | None, source: CredentialsSource | None = None
 ) -> CredentialsSource | None:
@@ -61,6 +66,8 @@ def token_from(frame: Frame, endpoint: str) -> str:
     if isinstance(frame, AuthenticateResult):
         return frame.token
     if isinstance(frame, ErrorResponse):
+        if frame.code is ErrorCode.PENDING_FULL:
+            raise AuthenticationBusyError(f"{endpoint}: {frame.message}")
         raise AuthenticationRequiredError(f"{endpoint}: {frame.message}", frame.code.value)
     raise ClientError(f"{endpoint} answered Authenticate with {type(frame).__name__}")
 
@@ -90,6 +97,7 @@ def screen_answer(frame: Frame, authenticated: bool) -> tuple[Frame, bool]:
 
 
 __all__ = [
+    "AuthenticationBusyError",
     "Credentials",
     "CredentialsSource",
     "authenticate_request",

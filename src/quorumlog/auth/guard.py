@@ -21,9 +21,11 @@ nothing here: the hot path pays next to nothing.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import secrets
 from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
@@ -38,6 +40,18 @@ TOKEN_TTL_SECONDS_DEFAULT = 300.0
 """A token unused this long is forgotten (etcd's simple-token TTL); each use renews it."""
 TOKENS_MAX_DEFAULT = 100_000
 """Past this many live tokens, the least recently issued is forgotten first."""
+
+HASHES_PENDING_MAX_DEFAULT = 64
+"""Password checks queued at once; past it, Authenticate is answered PENDING_FULL."""
+
+Offload = Callable[[Callable[[], Any], Callable[[Any], None]], None]
+"""`offload(work, done)`: run `work` somewhere, then `done(its result)` on the caller's
+thread."""
+
+
+def run_inline(work: Callable[[], Any], done: Callable[[Any], None]) -> None:
+    done(work())
+
 
 AUTH_FRAME_TYPES: frozenset[type] = frozenset(
     {wire.Authenticate, wire.AuthenticatedRequest, wire.AuthAdmin, wire.AuthQuery}
@@ -87,8 +101,15 @@ class AuthGuard:
         clock: Callable[[], float],
         token_ttl_seconds: float = TOKEN_TTL_SECONDS_DEFAULT,
         tokens_max: int = TOKENS_MAX_DEFAULT,
+        offload: Offload = run_inline,
+        hashes_pending_max: int = HASHES_PENDING_MAX_DEFAULT,
     ) -> None:
         self.view = view
+        self.offload = offload
+        """Runs a password check (tens of milliseconds of hashing) away from the event
+        loop, so heartbeats go on meanwhile; inline where there is no loop to spare."""
+        self.hashes_pending_max = hashes_pending_max
+        self.hashes_pending = 0
         self.clock = clock
         self.token_ttl_seconds = token_ttl_seconds
         self.tokens_max = tokens_max
@@ -112,7 +133,7 @@ class AuthGuard:
         """The request to serve (unwrapped), or None once this answered it."""
         state = self.view.current()
         if isinstance(request, wire.Authenticate):
-            reply(self.authenticate(request, state))
+            self.authenticate(request, state, reply)
             return None
         if isinstance(request, wire.AuthenticatedRequest):
             inner = request.request
@@ -175,8 +196,29 @@ class AuthGuard:
 
     # --- tokens ---------------------------------------------------------------------------
 
-    def authenticate(self, request: wire.Authenticate, state: AuthState) -> wire.Frame:
-        proof = self.check_credentials(request.user, request.password, state)
+    def authenticate(self, request: wire.Authenticate, state: AuthState, reply: Replier) -> None:
+        """Check the password off the loop (a slow hash), then answer with a token."""
+        if self.hashes_pending >= self.hashes_pending_max:
+            reply(
+                error(
+                    request.request_id,
+                    wire.ErrorCode.PENDING_FULL,
+                    f"{self.hashes_pending} authentications in progress: try again shortly",
+                )
+            )
+            return
+        self.hashes_pending += 1
+
+        def checked(proof: str | None) -> None:
+            self.hashes_pending -= 1
+            reply(self.issue(request, proof, self.view.current()))
+
+        self.offload(
+            functools.partial(self.check_credentials, request.user, request.password, state),
+            checked,
+        )
+
+    def issue(self, request: wire.Authenticate, proof: str | None, state: AuthState) -> wire.Frame:
         if proof is None:
             return error(
                 request.request_id,
@@ -242,4 +284,6 @@ __all__ = [
     "UNCHECKED_REQUEST_TYPES",
     "AuthGuard",
     "AuthService",
+    "Offload",
+    "run_inline",
 ]

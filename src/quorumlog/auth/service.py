@@ -13,6 +13,7 @@ A user is shown with its roles, never its hash.
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Callable
 
@@ -26,7 +27,7 @@ from quorumlog.auth.commands import (
     auth_command,
     decode_command,
 )
-from quorumlog.auth.guard import AuthService
+from quorumlog.auth.guard import AuthService, Offload, run_inline
 from quorumlog.auth.matcher import Rights
 from quorumlog.auth.model import PASSWORD_ITERATIONS_DEFAULT, AdminRight, Permission, hash_password
 from quorumlog.auth.state import AuthState, AuthStateView
@@ -63,8 +64,11 @@ class AuthRequestService(AuthService):
         view: AuthStateView,
         leader_address: Callable[[], str | None],
         password_iterations: int = PASSWORD_ITERATIONS_DEFAULT,
+        offload: Offload = run_inline,
     ) -> None:
         self.kv = kv
+        self.offload = offload
+        """Where passwords are hashed (off the event loop on a node; see `AuthGuard`)."""
         self.view = view
         self.leader_address = leader_address
         self.password_iterations = password_iterations
@@ -78,17 +82,25 @@ class AuthRequestService(AuthService):
         except (msgspec.DecodeError, msgspec.ValidationError) as error:
             reply(refusal(request.request_id, wire.ErrorCode.BAD_REQUEST, str(error)))
             return
+        if not self.at_leader(request, reply):
+            return  # before hashing: only the leader's work counts
+
+        def prepared_then(prepared: AuthCommand | str) -> None:
+            if isinstance(prepared, str):
+                reply(refusal(request.request_id, wire.ErrorCode.BAD_REQUEST, prepared))
+            elif self.at_leader(request, reply):
+                self.propose(request, prepared, reply)
+
+        self.offload(functools.partial(self.prepare, command), prepared_then)
+
+    def at_leader(self, request: wire.AuthAdmin, reply: Replier) -> bool:
         group = self.kv.group
-        if not group.is_leader:
-            # Before hashing: only the leader's work counts.
-            self.kv.reject(
-                reply, request.request_id, NotLeaderError(group.node_id, group.leader_id)
-            )
-            return
-        prepared = self.prepare(command)
-        if isinstance(prepared, str):
-            reply(refusal(request.request_id, wire.ErrorCode.BAD_REQUEST, prepared))
-            return
+        if group.is_leader:
+            return True
+        self.kv.reject(reply, request.request_id, NotLeaderError(group.node_id, group.leader_id))
+        return False
+
+    def propose(self, request: wire.AuthAdmin, prepared: AuthCommand, reply: Replier) -> None:
         write = wire.KVWrite(
             request_id=request.request_id,
             client_id=request.client_id,

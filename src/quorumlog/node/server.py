@@ -147,6 +147,7 @@ class Node:
         self.node_id = settings.node_id
         # Each group keeps at most one sync in flight; several groups may sync at once.
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fsync")
+        self.auth_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="auth")
         self.address_book = AddressBook(settings.node_id)
         self.address_book.learn_all(dict(settings.peers), AddressSource.OPERATOR)
         self.endpoint = Endpoint(settings.node_id, settings.cluster_id, settings.peers, self)
@@ -251,15 +252,26 @@ class Node:
         """Check every client request against the auth state of the "kv" group."""
         view = AuthStateView(lambda: machine.data, lambda: machine.auth_generation)
         loop = asyncio.get_running_loop()
-        guard = AuthGuard(view, loop.time, self.settings.auth_token_ttl_ms / 1000)
+        guard = AuthGuard(
+            view, loop.time, self.settings.auth_token_ttl_ms / 1000, offload=self.hash_off_loop
+        )
         if self.kv is not None:
             guard.service = AuthRequestService(
-                self.kv, view, lambda: self.address_of(group.core.leader_id)
+                self.kv,
+                view,
+                lambda: self.address_of(group.core.leader_id),
+                offload=self.hash_off_loop,
             )
         machine.auth_changed = guard.refresh
         guard.refresh()  # the state may have come from a snapshot before this listened
         self.dispatcher.auth = guard
         self.auth_view = view
+
+    def hash_off_loop(self, work: Callable[[], Any], done: Callable[[Any], None]) -> None:
+        """Password hashing (`auth.guard.Offload`) on its own thread: tens of milliseconds
+        each, which on the loop would hold up heartbeats."""
+        future = asyncio.get_running_loop().run_in_executor(self.auth_executor, work)
+        future.add_done_callback(lambda finished: done(finished.result()))
 
     def node_credentials(self) -> Credentials | None:
         """What this node's own clients present to other nodes (see `auth.guard`). Called
@@ -400,6 +412,7 @@ class Node:
         if self.bookie is not None:
             await self.bookie.close()
         self.executor.shutdown(wait=True)
+        self.auth_executor.shutdown(wait=False, cancel_futures=True)
 
     @property
     def addresses(self) -> dict[str, str]:

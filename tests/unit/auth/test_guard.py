@@ -137,3 +137,18 @@ def test_a_token_from_before_auth_enable_is_not_trusted_after() -> None:
     world.run(AuthEnable(node_secret="s"))
     assert world.send(put("app/x", "made-up")) is None
     assert world.last_code() is wire.ErrorCode.AUTH_TOKEN_INVALID
+
+
+def test_password_checks_wait_off_the_loop_and_are_bounded() -> None:
+    world = enabled_world()
+    queued: list[tuple[object, object]] = []
+    world.guard.offload = lambda work, done: queued.append((work, done))
+    world.guard.hashes_pending_max = 2
+    for _ in range(3):
+        world.send(wire.Authenticate(request_id=1, user="alice", password="alicepw"))
+    assert len(queued) == 2 and world.last_code() is wire.ErrorCode.PENDING_FULL
+    work, done = queued[0]
+    done(work())  # type: ignore[operator]
+    reply = world.replies[-1]
+    assert isinstance(reply, wire.AuthenticateResult) and reply.token
+    assert world.guard.hashes_pending == 1
