@@ -152,3 +152,21 @@ def test_password_checks_wait_off_the_loop_and_are_bounded() -> None:
     reply = world.replies[-1]
     assert isinstance(reply, wire.AuthenticateResult) and reply.token
     assert world.guard.hashes_pending == 1
+
+
+def test_a_certificate_common_name_stands_for_the_password() -> None:
+    world = enabled_world()
+    hello = wire.Authenticate(request_id=1, user="alice", password="")
+    world.guard.admit(hello, world.replies.append, peer_common_name="alice")
+    reply = world.replies[-1]
+    assert isinstance(reply, wire.AuthenticateResult) and reply.token
+    assert isinstance(world.send(put("app/x", reply.token)), wire.KVWrite)
+    # Another name than the certificate's, or no certificate: the password is checked.
+    world.guard.admit(
+        wire.Authenticate(request_id=1, user="root", password=""),
+        world.replies.append,
+        peer_common_name="alice",
+    )
+    assert world.last_code() is wire.ErrorCode.AUTHENTICATION_FAILED
+    world.send(hello)
+    assert world.last_code() is wire.ErrorCode.AUTHENTICATION_FAILED
