@@ -7,11 +7,16 @@ decodes the state again only when that count moved, and keeps each user's compil
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
-from quorumlog.auth.commands import read_roles, read_switch, read_users
+import msgspec
+
+from quorumlog.auth.commands import AUTH_PREFIX, read_roles, read_switch, read_users
 from quorumlog.auth.matcher import Rights
 from quorumlog.auth.model import AuthSwitch, Role, User
+
+log = logging.getLogger("quorumlog.auth")
 
 
 class AuthState:
@@ -26,7 +31,16 @@ class AuthState:
 
     @classmethod
     def from_data(cls, data: dict[str, str]) -> AuthState:
-        return cls(read_users(data), read_roles(data), read_switch(data))
+        """The state as stored; if it does not decode (written as plain keys while auth
+        was off, before the KV refused "__" keys), the state with auth off, logged: a
+        node must not stop over bytes a client could write."""
+        try:
+            return cls(read_users(data), read_roles(data), read_switch(data))
+        except (msgspec.DecodeError, msgspec.ValidationError) as error:
+            log.error(
+                "the auth state under %r does not decode (%s): auth stays off", AUTH_PREFIX, error
+            )
+            return cls({}, {}, AuthSwitch(enabled=False))
 
     def rights_of(self, user_name: str) -> Rights | None:
         """What `user_name` may do now; None if there is no such user."""

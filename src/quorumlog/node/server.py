@@ -279,7 +279,10 @@ class Node:
         kv = self.kv
         if kv is None:
             return None
-        secret = read_switch(kv.machine.data).node_secret
+        try:
+            secret = read_switch(kv.machine.data).node_secret
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None  # logged by the auth state's reader
         return Credentials(user=NODE_USER, password=secret) if secret else None
 
     def start_registration(self) -> None:

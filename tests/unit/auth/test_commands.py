@@ -143,3 +143,13 @@ def test_replicas_applying_the_same_commands_end_in_the_same_bytes() -> None:
             == AuthState.from_data(first.machine.data).users
         )
         assert restored.auth_generation > 0
+
+
+def test_garbage_under_the_auth_prefix_stops_nothing() -> None:
+    """Written as a plain key while auth was off (before "__" keys were refused)."""
+    replica = Replica()
+    replica.machine.data["__auth/switch"] = "not json"
+    replica.machine.data["__auth/users"] = "[1]"
+    ok, message = replica.run(AuthEnable(node_secret="s"))
+    assert not ok and message is not None and message.startswith("bad_request")
+    assert not AuthState.from_data(replica.machine.data).enabled
