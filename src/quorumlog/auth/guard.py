@@ -53,6 +53,16 @@ def run_inline(work: Callable[[], Any], done: Callable[[Any], None]) -> None:
     done(work())
 
 
+CallLater = Callable[[float, Callable[[], None]], Any]
+RECHECK_SECONDS_DEFAULT = 0.5
+"""How long a replica behind the metadata leader waits before checking a refused password
+once more (a few heartbeats: time to apply a user added a moment ago)."""
+
+
+def call_now(delay_seconds: float, callback: Callable[[], None]) -> None:
+    callback()
+
+
 AUTH_FRAME_TYPES: frozenset[type] = frozenset(
     {wire.Authenticate, wire.AuthenticatedRequest, wire.AuthAdmin, wire.AuthQuery}
 )
@@ -103,8 +113,14 @@ class AuthGuard:
         tokens_max: int = TOKENS_MAX_DEFAULT,
         offload: Offload = run_inline,
         hashes_pending_max: int = HASHES_PENDING_MAX_DEFAULT,
+        is_authority: Callable[[], bool] = lambda: True,
+        call_later: CallLater = call_now,
     ) -> None:
         self.view = view
+        self.is_authority = is_authority
+        """Whether this node's auth state is the latest (it leads the metadata group)."""
+        self.call_later = call_later
+        self.recheck_seconds = RECHECK_SECONDS_DEFAULT
         self.offload = offload
         """Runs a password check (tens of milliseconds of hashing) away from the event
         loop, so heartbeats go on meanwhile; inline where there is no loop to spare."""
@@ -211,8 +227,14 @@ class AuthGuard:
 
     # --- tokens ---------------------------------------------------------------------------
 
-    def authenticate(self, request: wire.Authenticate, state: AuthState, reply: Replier) -> None:
-        """Check the password off the loop (a slow hash), then answer with a token."""
+    def authenticate(
+        self, request: wire.Authenticate, state: AuthState, reply: Replier, second: bool = False
+    ) -> None:
+        """Check the password off the loop (a slow hash), then answer with a token.
+
+        A replica that is not the metadata leader may not have applied a user added or a
+        password changed a moment ago: there a failed check is made once more after
+        `recheck_seconds` (the replica catches up meanwhile) before it is refused."""
         if self.hashes_pending >= self.hashes_pending_max:
             reply(
                 error(
@@ -226,6 +248,12 @@ class AuthGuard:
 
         def checked(proof: str | None) -> None:
             self.hashes_pending -= 1
+            if proof is None and not second and not self.is_authority():
+                self.call_later(
+                    self.recheck_seconds,
+                    lambda: self.authenticate(request, self.view.current(), reply, second=True),
+                )
+                return
             reply(self.issue(request, proof, self.view.current()))
 
         self.offload(

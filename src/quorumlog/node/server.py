@@ -253,7 +253,12 @@ class Node:
         view = AuthStateView(lambda: machine.data, lambda: machine.auth_generation)
         loop = asyncio.get_running_loop()
         guard = AuthGuard(
-            view, loop.time, self.settings.auth_token_ttl_ms / 1000, offload=self.hash_off_loop
+            view,
+            loop.time,
+            self.settings.auth_token_ttl_ms / 1000,
+            offload=self.hash_off_loop,
+            is_authority=lambda: group.core.is_leader,
+            call_later=loop.call_later,
         )
         if self.kv is not None:
             guard.service = AuthRequestService(

@@ -170,3 +170,19 @@ def test_a_certificate_common_name_stands_for_the_password() -> None:
     assert world.last_code() is wire.ErrorCode.AUTHENTICATION_FAILED
     world.send(hello)
     assert world.last_code() is wire.ErrorCode.AUTHENTICATION_FAILED
+
+
+def test_a_replica_behind_checks_a_refused_password_once_more() -> None:
+    world = enabled_world()
+    later: list[object] = []
+    world.guard.is_authority = lambda: False
+    world.guard.call_later = lambda delay, callback: later.append(callback)
+    world.send(wire.Authenticate(request_id=1, user="erin", password="erinpw"))
+    assert len(later) == 1 and not world.replies  # not refused yet
+    world.run(UserAdd(name="erin", password_hash=hash_password("erinpw", 10)))  # applied now
+    later.pop()()  # type: ignore[operator]
+    reply = world.replies[-1]
+    assert isinstance(reply, wire.AuthenticateResult) and reply.token
+    world.send(wire.Authenticate(request_id=1, user="erin", password="wrong"))
+    later.pop()()  # type: ignore[operator]
+    assert world.last_code() is wire.ErrorCode.AUTHENTICATION_FAILED and not later
