@@ -105,6 +105,9 @@ class AuthService:
 
 
 class AuthGuard:
+    """One node's tokens and checks (see the module docstring); sans-I/O: its clock, the
+    thread that hashes and its timer are given to it."""
+
     def __init__(
         self,
         view: AuthStateView,
