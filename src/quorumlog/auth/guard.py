@@ -31,7 +31,7 @@ import msgspec
 
 from quorumlog.auth.matcher import ALL_RIGHTS, Rights
 from quorumlog.auth.model import NODE_USER, verify_password
-from quorumlog.auth.rules import request_denial
+from quorumlog.auth.rules import UNCHECKED_REQUEST_TYPES, request_denial
 from quorumlog.auth.state import AuthState, AuthStateView
 from quorumlog.codec import wire
 from quorumlog.runtime.transport import Replier
@@ -67,20 +67,6 @@ AUTH_FRAME_TYPES: frozenset[type] = frozenset(
     {wire.Authenticate, wire.AuthenticatedRequest, wire.AuthAdmin, wire.AuthQuery}
 )
 """Frames the guard answers or unwraps whether auth is on or off."""
-UNCHECKED_REQUEST_TYPES: tuple[type, ...] = (
-    wire.AddEntries,
-    wire.ReadEntries,
-    wire.ReadLastAddConfirmed,
-    wire.DropLedger,
-    wire.HAControllerRequest,
-    wire.HABrokerStatusRequest,
-    wire.StatusRequest,
-)
-"""Served without a token: the bookie protocol (a ledger's master key guards its writes
-and fencing; LedgerClient's metadata goes through the checked KV) and the HA controller's
-broker protocol, both node-to-node (peer TLS is what keeps strangers off them); and a
-group's status (roles, terms, indexes, addresses: no data), which health checks and
-clients finding the leader ask before they authenticate, as etcd serves its status."""
 
 
 class TokenEntry(msgspec.Struct):

@@ -12,9 +12,10 @@
   transfers and shard controller changes (join, leave, move): the "membership" right.
 - Topic lists, shard status and shard controller queries: any authenticated user
   (clients need them to find leaders and partitions); a group's status is served even
-  without a token (see `guard.UNCHECKED_REQUEST_TYPES`).
+  without a token (`UNCHECKED_REQUEST_TYPES`).
 - The bookie protocol and the HA controller's broker protocol are node-to-node and are not
-  checked by role (see `guard.UNCHECKED_REQUEST_TYPES`).
+  checked by role (`UNCHECKED_REQUEST_TYPES`).
+- Any other request type is root's only (closed until a rule here names it).
 """
 
 from __future__ import annotations
@@ -28,6 +29,29 @@ from quorumlog.shard.controller_commands import Query, decode_commands
 TOPIC_PREFIX = "__topics/"
 OFFSETS_PREFIX = "__offsets/"
 AUTH_RANGE_END = prefix_range_end(AUTH_PREFIX)
+
+UNCHECKED_REQUEST_TYPES: tuple[type, ...] = (
+    wire.AddEntries,
+    wire.ReadEntries,
+    wire.ReadLastAddConfirmed,
+    wire.DropLedger,
+    wire.HAControllerRequest,
+    wire.HABrokerStatusRequest,
+    wire.StatusRequest,
+)
+"""Served without a token: the bookie protocol (a ledger's master key guards its writes
+and fencing; LedgerClient's metadata goes through the checked KV) and the HA controller's
+broker protocol, both node-to-node (peer TLS is what keeps strangers off them); and a
+group's status (roles, terms, indexes, addresses: no data), which health checks and
+clients finding the leader ask before they authenticate, as etcd serves its status."""
+OPEN_REQUEST_TYPES: tuple[type, ...] = (
+    *UNCHECKED_REQUEST_TYPES,
+    wire.ListTopics,
+    wire.ShardStatusRequest,
+)
+"""What any authenticated user may send (clients need them to find leaders and
+partitions). A request of a type no rule here names is root's only: a new request type
+is closed until a rule says who may send it."""
 
 
 def key_denial(rights: Rights, key: str, access: Access) -> str | None:
@@ -133,7 +157,15 @@ def request_denial(rights: Rights, request: wire.ClientRequest) -> str | None:
     if isinstance(request, wire.ShardGroupRequest):
         # Pulls and deletes between shard groups carry whole shards: nodes only.
         return admin_denial(rights, AdminRight.MEMBERSHIP)
-    return None  # status, topic lists, shard status: anyone authenticated
+    if isinstance(request, OPEN_REQUEST_TYPES):
+        return None
+    return f"no permission rule covers {type(request).__name__}: only root may send it"
 
 
-__all__ = ["key_denial", "request_denial", "scan_denial"]
+__all__ = [
+    "OPEN_REQUEST_TYPES",
+    "UNCHECKED_REQUEST_TYPES",
+    "key_denial",
+    "request_denial",
+    "scan_denial",
+]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from quorumlog.auth.commands import (
     AuthCommand,
     AuthEnable,
@@ -186,3 +188,17 @@ def test_a_replica_behind_checks_a_refused_password_once_more() -> None:
     world.send(wire.Authenticate(request_id=1, user="erin", password="wrong"))
     later.pop()()  # type: ignore[operator]
     assert world.last_code() is wire.ErrorCode.AUTHENTICATION_FAILED and not later
+
+
+def test_a_request_type_no_rule_names_is_roots_only() -> None:
+    from quorumlog.auth.matcher import Rights
+    from quorumlog.auth.rules import request_denial
+
+    class FutureRequest(msgspec.Struct):
+        request_id: int
+
+    alice = Rights([], ["app"])
+    denial = request_denial(alice, FutureRequest(request_id=1))  # type: ignore[arg-type]
+    assert denial is not None and "only root" in denial
+    assert request_denial(Rights([], ["root"]), FutureRequest(request_id=1)) is None  # type: ignore[arg-type]
+    assert request_denial(alice, wire.ListTopics(request_id=1)) is None
