@@ -172,6 +172,23 @@ class SessionExpiredError(ClientError):
     """
 
 
+class AuthenticationRequiredError(RequestRejectedError):
+    """Auth is enabled and the request came without a valid token (no credentials, or an
+    unknown user or wrong password at authentication). Never retried: only new
+    credentials help."""
+
+    def __init__(self, message: str, code: str = "authentication_required") -> None:
+        super().__init__(code, message)
+
+
+class PermissionDeniedError(RequestRejectedError):
+    """The authenticated user's roles do not grant what the request needs (a key, a topic,
+    or an admin right). Never retried: nothing was done."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("permission_denied", message)
+
+
 class LeadershipLostError(RaftError):
     """The leader lost its leadership before the proposal's fate was known: it may still
     commit under the next leader. Retry with the same client sequence (deduplicated)."""

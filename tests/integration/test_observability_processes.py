@@ -110,7 +110,12 @@ def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObservedClust
 def test_a_healthy_cluster_reports_one_leader_and_health(observed: ObservedCluster) -> None:
     leader = wait_until(observed.kv_leader, ELECTION_TIMEOUT_SECONDS, "a KV leader")
     for node_id in observed.survivors():
-        assert observed.metric(node_id, "quorumlog_server_has_leader") == 1
+        # A follower knows the leader from its first message: a moment after the election.
+        wait_until(
+            lambda node_id=node_id: observed.metric(node_id, "quorumlog_server_has_leader") == 1,
+            ELECTION_TIMEOUT_SECONDS,
+            f"{node_id} to know the KV leader",
+        )
         wait_until(
             lambda node_id=node_id: http_get(observed.url(node_id, "/health"))[0] == 200,
             ELECTION_TIMEOUT_SECONDS,

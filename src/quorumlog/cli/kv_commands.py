@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import click
 import msgspec
 
+from quorumlog.cli.credentials import USER_OPTIONS, user_and_password
 from quorumlog.cli.defaults import default_endpoints
 from quorumlog.errors import QuorumLogError
 from quorumlog.kv.client import KVClient
@@ -42,9 +43,17 @@ class ClientSettings(msgspec.Struct, frozen=True):
     endpoints: list[str]
     cluster_id: str
     timeout_seconds: float
+    user: str | None = None
+    password: str | None = None
 
     def client(self) -> KVClient:
-        return KVClient(self.endpoints, timeout=self.timeout_seconds, cluster_id=self.cluster_id)
+        return KVClient(
+            self.endpoints,
+            timeout=self.timeout_seconds,
+            cluster_id=self.cluster_id,
+            user=self.user,
+            password=self.password,
+        )
 
 
 def endpoints_callback(context: click.Context, parameter: click.Parameter, value: str) -> list[str]:
@@ -60,13 +69,15 @@ def client_options(command: Command) -> Command:
     def build(
         endpoints: list[str], cluster_id: str, timeout_seconds: float, **arguments: Any
     ) -> Any:
-        settings = ClientSettings(endpoints, cluster_id, timeout_seconds)
+        user, password = user_and_password(arguments)
+        settings = ClientSettings(endpoints, cluster_id, timeout_seconds, user, password)
         return command(settings=settings, **arguments)
 
     build.__name__ = command.__name__
     build.__doc__ = command.__doc__
     decorated: Any = build
     for option in (
+        *USER_OPTIONS,
         click.option(
             "--timeout",
             "timeout_seconds",

@@ -16,6 +16,7 @@ from typing import Any
 import click
 import msgspec
 
+from quorumlog.cli.credentials import without_password_option
 from quorumlog.cli.kv_commands import ClientSettings, client_options, output_option, print_table
 from quorumlog.errors import LedgerNotFoundError
 from quorumlog.ledger.client import LedgerClient, LedgerEntry, LedgerInfo
@@ -26,7 +27,11 @@ PREVIEW_CHARACTERS = 60
 
 def ledger_client(settings: ClientSettings) -> LedgerClient:
     return LedgerClient(
-        settings.endpoints, timeout=settings.timeout_seconds, cluster_id=settings.cluster_id
+        settings.endpoints,
+        timeout=settings.timeout_seconds,
+        cluster_id=settings.cluster_id,
+        user=settings.user,
+        password=settings.password,
     )
 
 
@@ -36,7 +41,7 @@ def password_option(command: Any) -> Any:
         default="",
         envvar="QUORUMLOG_LEDGER_PASSWORD",
         help="The ledger's password (UTF-8).  [env: QUORUMLOG_LEDGER_PASSWORD]",
-    )(command)
+    )(without_password_option(command))
 
 
 def info_cells(info: LedgerInfo) -> list[str]:

@@ -302,6 +302,16 @@ def register_ha_commands() -> None:
 
 register_ha_commands()
 
+
+def register_auth_commands() -> None:
+    from quorumlog.cli.auth_commands import COMMANDS as AUTH_COMMANDS
+
+    for command in AUTH_COMMANDS:
+        cli.add_command(command)
+
+
+register_auth_commands()
+
 from quorumlog.demo.command import demo_command  # noqa: E402 - after the group it joins
 
 cli.add_command(demo_command)

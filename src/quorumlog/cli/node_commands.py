@@ -142,6 +142,13 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
     hidden=True,
     help="The old name of --ledger-rollover-records (it counted records then too).",
 )
+@click.option(
+    "--auth-token-ttl-ms",
+    default=300_000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Auth: a client token unused this long is forgotten (the client authenticates again).",
+)
 def node_command(
     node_id: str,
     listen: str,
@@ -168,6 +175,7 @@ def node_command(
     log_format: str,
     log_level: str,
     slow_fsync_warn_ms: int,
+    auth_token_ttl_ms: int,
 ) -> None:
     """Run one node in the foreground; logs to stderr; SIGTERM stops it cleanly."""
     from quorumlog.node.server import NodeFailedError, NodeSettings, run_node
@@ -197,6 +205,7 @@ def node_command(
         ledger_rollover_records=ledger_rollover_entries or ledger_rollover_records,
         http_listen=http_listen,
         slow_fsync_warn_ms=slow_fsync_warn_ms,
+        auth_token_ttl_ms=auth_token_ttl_ms,
     )
 
     async def main() -> None:

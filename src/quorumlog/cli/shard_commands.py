@@ -25,13 +25,21 @@ STATUS_COLUMNS = ["shard", "group", "state", "leader"]
 
 def admin_for(settings: ClientSettings) -> ShardAdmin:
     return ShardAdmin(
-        settings.endpoints, timeout=settings.timeout_seconds, cluster_id=settings.cluster_id
+        settings.endpoints,
+        timeout=settings.timeout_seconds,
+        cluster_id=settings.cluster_id,
+        user=settings.user,
+        password=settings.password,
     )
 
 
 def client_for(settings: ClientSettings) -> ShardedKVClient:
     return ShardedKVClient(
-        settings.endpoints, timeout=settings.timeout_seconds, cluster_id=settings.cluster_id
+        settings.endpoints,
+        timeout=settings.timeout_seconds,
+        cluster_id=settings.cluster_id,
+        user=settings.user,
+        password=settings.password,
     )
 
 

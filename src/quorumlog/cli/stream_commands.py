@@ -16,6 +16,7 @@ from typing import IO, TYPE_CHECKING, Any, TypeVar
 import click
 import msgspec
 
+from quorumlog.cli.credentials import USER_OPTIONS, user_and_password
 from quorumlog.cli.defaults import default_endpoints
 from quorumlog.kv.connection import CLUSTER_ID_DEFAULT, parse_endpoints
 
@@ -32,6 +33,8 @@ class StreamSettings(msgspec.Struct, frozen=True):
     endpoints: list[str]
     cluster_id: str
     timeout_seconds: float
+    user: str | None = None
+    password: str | None = None
 
 
 def endpoints_callback(context: click.Context, parameter: click.Parameter, value: str) -> list[str]:
@@ -61,12 +64,14 @@ def client_options(command: Command) -> Command:
             show_default=True,
             help="Seconds to keep trying one request.",
         ),
+        *USER_OPTIONS,
     ]
 
     def wrapped(
         endpoints: list[str], cluster_id: str, timeout_seconds: float, **arguments: Any
     ) -> Any:
-        settings = StreamSettings(endpoints, cluster_id, timeout_seconds)
+        user, password = user_and_password(arguments)
+        settings = StreamSettings(endpoints, cluster_id, timeout_seconds, user, password)
         return command(settings=settings, **arguments)
 
     wrapped.__name__ = command.__name__
@@ -211,7 +216,11 @@ AdminType = TypeVar("AdminType")
 
 def admin_for(settings: StreamSettings, admin_type: Callable[..., AdminType]) -> AdminType:
     return admin_type(
-        settings.endpoints, timeout=settings.timeout_seconds, cluster_id=settings.cluster_id
+        settings.endpoints,
+        timeout=settings.timeout_seconds,
+        cluster_id=settings.cluster_id,
+        user=settings.user,
+        password=settings.password,
     )
 
 
@@ -246,6 +255,8 @@ def produce_command(
         linger_ms=linger_ms,
         timeout=settings.timeout_seconds,
         cluster_id=settings.cluster_id,
+        user=settings.user,
+        password=settings.password,
     ) as producer:
         futures = []
         for line_number, (key, value) in enumerate(split_lines(stdin, separator), start=1):
@@ -326,6 +337,8 @@ def consume_command(
         auto_offset_reset="earliest" if from_beginning else "latest",
         timeout=settings.timeout_seconds,
         cluster_id=settings.cluster_id,
+        user=settings.user,
+        password=settings.password,
     ) as consumer:
         partitions = None if partition is None else [partition]
         if partition is not None and offset is not None:

@@ -80,6 +80,15 @@ class ErrorCode(enum.Enum):
     was refused, nothing written; retry after a back-off. A client older than this member
     cannot decode the answer and treats the connection as broken (its request's outcome
     unknown, retried elsewhere)."""
+    PERMISSION_DENIED = "permission_denied"
+    """Auth: the caller's roles do not grant the request. Never retried."""
+    AUTHENTICATION_REQUIRED = "authentication_required"
+    """Auth is enabled and the request carried no token. Never retried."""
+    AUTHENTICATION_FAILED = "authentication_failed"
+    """Authenticate: unknown user or wrong password. Never retried."""
+    AUTH_TOKEN_INVALID = "auth_token_invalid"
+    """The token is unknown here (another node issued it, or this one restarted), expired,
+    or its user changed: the client authenticates again on this connection and retries."""
 
 
 class KVCommand(msgspec.Struct, frozen=True, array_like=True):
@@ -565,6 +574,59 @@ class PeerPong(msgspec.Struct, frozen=True, tag=True):
     sent_ns: int
 
 
+# --- auth ---------------------------------------------------------------------------------
+#
+# A client with credentials sends `Authenticate` once per connection and wraps every later
+# request in `AuthenticatedRequest` with the token it got. Tokens live in the memory of the
+# node that issued them (see `quorumlog.auth.guard`).
+
+
+class Authenticate(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    user: str
+    password: str
+
+
+class AuthenticateResult(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    token: str
+    """Empty when auth is off and nothing was checked: send requests unwrapped."""
+
+
+class AuthenticatedRequest(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    """The inner request's."""
+    token: str
+    request: ClientRequest
+    """Answered under the request's own request_id (never another AuthenticatedRequest)."""
+
+
+class AuthAdmin(msgspec.Struct, frozen=True, tag=True):
+    """An auth command (`quorumlog.auth.commands`, JSON), numbered in the client's session
+    like a KV write; answered with a KVWriteResult of one result."""
+
+    request_id: int
+    client_id: str
+    sequence: int
+    command: str
+    first_unacknowledged: int = 0
+
+
+class AuthQuery(msgspec.Struct, frozen=True, tag=True):
+    """Read the auth state at the metadata leader: "status", "user_list", "user_get",
+    "role_list" or "role_get" (the last two of `name`)."""
+
+    request_id: int
+    query: str
+    name: str = ""
+
+
+class AuthQueryResult(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    answer: str
+    """JSON of the answer (`quorumlog.auth.service`)."""
+
+
 Frame = (
     Hello
     | Welcome
@@ -611,6 +673,12 @@ Frame = (
     | HABrokerStatusResponse
     | PeerPing
     | PeerPong
+    | Authenticate
+    | AuthenticateResult
+    | AuthenticatedRequest
+    | AuthAdmin
+    | AuthQuery
+    | AuthQueryResult
 )
 
 ClientRequest = (
@@ -635,6 +703,10 @@ ClientRequest = (
     | DropLedger
     | HAControllerRequest
     | HABrokerStatusRequest
+    | Authenticate
+    | AuthenticatedRequest
+    | AuthAdmin
+    | AuthQuery
 )
 
 CLIENT_REQUEST_TYPES: tuple[type, ...] = (
@@ -659,6 +731,10 @@ CLIENT_REQUEST_TYPES: tuple[type, ...] = (
     DropLedger,
     HAControllerRequest,
     HABrokerStatusRequest,
+    Authenticate,
+    AuthenticatedRequest,
+    AuthAdmin,
+    AuthQuery,
 )
 
 _batch_encoder = msgspec.msgpack.Encoder()

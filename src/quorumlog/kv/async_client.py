@@ -25,9 +25,18 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
+from quorumlog.auth.credentials import (
+    Credentials,
+    CredentialsSource,
+    authenticate_request,
+    credentials_source,
+    screen_answer,
+    token_from,
+)
 from quorumlog.codec import wire
 from quorumlog.codec.frame import FrameDecoder, FrameError, encode_frame
 from quorumlog.codec.wire import (
+    AuthenticatedRequest,
     ClientRequest,
     Done,
     Frame,
@@ -112,10 +121,21 @@ class StreamConnection:
         self.waiting: dict[int, asyncio.Future[Frame]] = {}
         self.failure: BaseException | None = None
         self.reader_task: asyncio.Task[None] | None = None
+        self.token = ""
+        """The auth token this connection's requests carry ("": none)."""
+        self.token_invalid = False
+        """The node no longer knows the token: open a new connection (authenticating again)."""
+        self.authenticated = False
+        """Credentials were sent (the token may still be "" if auth was off then)."""
 
     @classmethod
     async def open(
-        cls, endpoint: str, cluster_id: str, client_id: str, timeout_seconds: float
+        cls,
+        endpoint: str,
+        cluster_id: str,
+        client_id: str,
+        timeout_seconds: float,
+        credentials: Credentials | None = None,
     ) -> StreamConnection:
         host, port = parse_endpoint(endpoint)
         async with asyncio.timeout(timeout_seconds):
@@ -124,6 +144,10 @@ class StreamConnection:
             try:
                 writer.write(hello_frame(cluster_id, client_id))
                 connection.node_id = welcome_node_id(await connection.read_frame(), endpoint)
+                if credentials is not None:
+                    writer.write(encode_frame(encode(authenticate_request(credentials))))
+                    connection.token = token_from(await connection.read_frame(), endpoint)
+                    connection.authenticated = True
             except BaseException:
                 await connection.close()
                 raise
@@ -149,7 +173,9 @@ class StreamConnection:
                 if not data:
                     raise ConnectionLost(f"{self.endpoint} closed the connection")
                 for payload in self.decoder.feed(data):
-                    frame = decode(payload)
+                    frame, replace = screen_answer(decode(payload), self.authenticated)
+                    if replace:
+                        self.token_invalid = True
                     request_id = getattr(frame, "request_id", None)
                     future = self.waiting.pop(request_id, None) if request_id is not None else None
                     if future is not None and not future.done():
@@ -171,13 +197,15 @@ class StreamConnection:
 
     @property
     def usable(self) -> bool:
-        return self.failure is None and not self.writer.is_closing()
+        return self.failure is None and not self.writer.is_closing() and not self.token_invalid
 
     async def request(self, frame: ClientRequest, request_id: int, deadline: float) -> Frame:
         if self.failure is not None:
             raise self.failure
         future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self.waiting[request_id] = future
+        if self.token:
+            frame = AuthenticatedRequest(request_id=request_id, token=self.token, request=frame)
         try:
             self.writer.write(encode_frame(encode(frame)))
             await self.writer.drain()
@@ -250,6 +278,9 @@ class AsyncKVClient(SessionHolder):
         batch_commands_max: int = BATCH_COMMANDS_MAX_DEFAULT,
         sequence_window_max: int = SEQUENCE_WINDOW_MAX_DEFAULT,
         group: str = "kv",
+        user: str | None = None,
+        password: str | None = None,
+        credentials: CredentialsSource | None = None,
     ) -> None:
         check_timeout(timeout)
         if batch_commands_max <= 0:
@@ -266,6 +297,8 @@ class AsyncKVClient(SessionHolder):
         """The group every KVWrite and KVRead names: "kv", or "shard-<gid>" of the sharded
         KV (the caller routes each key to the group owning its shard)."""
         self.selector = EndpointSelector(endpoints)
+        self.credentials_source = credentials_source(user, password, credentials)
+        """With auth: who this client is, asked at each new connection (`quorumlog.auth`)."""
         self.connections: dict[str, asyncio.Task[StreamConnection]] = {}
         self.next_request_id = 1
         self.pending_writes: list[PendingCommand] = []
@@ -593,11 +626,20 @@ class AsyncKVClient(SessionHolder):
             error = None if task.cancelled() else task.exception()
             if error is not None or not task.result().usable:
                 del self.connections[endpoint]
+                if error is None:
+                    # Unusable but open (its token is gone): close it, as a failure would.
+                    task.result().fail(ConnectionLost(f"replaced the connection to {endpoint}"))
                 task = None
         if task is None:
             timeout_seconds = max(deadline - asyncio.get_running_loop().time(), 0.001)
             task = asyncio.ensure_future(
-                StreamConnection.open(endpoint, self.cluster_id, self.client_id, timeout_seconds)
+                StreamConnection.open(
+                    endpoint,
+                    self.cluster_id,
+                    self.client_id,
+                    timeout_seconds,
+                    None if self.credentials_source is None else self.credentials_source(),
+                )
             )
             self.connections[endpoint] = task
         return await asyncio.shield(task)

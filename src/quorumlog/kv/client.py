@@ -26,9 +26,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
+from quorumlog.auth.credentials import (
+    Credentials,
+    CredentialsSource,
+    authenticate_request,
+    credentials_source,
+    screen_answer,
+    token_from,
+)
 from quorumlog.codec import wire
 from quorumlog.codec.frame import FrameDecoder, FrameError, encode_frame
 from quorumlog.codec.wire import (
+    AuthenticatedRequest,
     ClientRequest,
     Done,
     Frame,
@@ -89,10 +98,21 @@ class BlockingConnection:
         self.node_id = node_id
         self.decoder = FrameDecoder()
         self.received: list[bytes] = []
+        self.token = ""
+        """The auth token this connection's requests carry ("" : none)."""
+        self.token_invalid = False
+        """The node no longer knows the token: open a new connection (authenticating again)."""
+        self.authenticated = False
+        """Credentials were sent (the token may still be "" if auth was off then)."""
 
     @classmethod
     def open(
-        cls, endpoint: str, cluster_id: str, client_id: str, deadline: float
+        cls,
+        endpoint: str,
+        cluster_id: str,
+        client_id: str,
+        deadline: float,
+        credentials: Credentials | None = None,
     ) -> BlockingConnection:
         host, port = parse_endpoint(endpoint)
         sock = socket.create_connection(
@@ -103,12 +123,24 @@ class BlockingConnection:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.sendall(hello_frame(cluster_id, client_id))
             connection.node_id = welcome_node_id(connection.receive_frame(deadline), endpoint)
+            if credentials is not None:
+                sock.sendall(encode_frame(encode(authenticate_request(credentials))))
+                connection.token = token_from(connection.receive_frame(deadline), endpoint)
+                connection.authenticated = True
         except BaseException:
             connection.close()
             raise
         return connection
 
+    @property
+    def usable(self) -> bool:
+        return not self.token_invalid
+
     def send(self, frame: ClientRequest) -> None:
+        if self.token:
+            frame = AuthenticatedRequest(
+                request_id=frame.request_id, token=self.token, request=frame
+            )
         self.sock.sendall(encode_frame(encode(frame)))
 
     def receive_frame(self, deadline: float) -> Frame:
@@ -129,6 +161,9 @@ class BlockingConnection:
         while True:
             frame = self.receive_frame(deadline)
             if getattr(frame, "request_id", None) == request_id:
+                frame, replace = screen_answer(frame, self.authenticated)
+                if replace:
+                    self.token_invalid = True
                 return frame
 
     def close(self) -> None:
@@ -264,6 +299,9 @@ class KVClient(KVOperations, AttemptSender, Closing):
         cluster_id: str = CLUSTER_ID_DEFAULT,
         client_id: str | None = None,
         attempt_timeout_seconds: float | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        credentials: CredentialsSource | None = None,
     ) -> None:
         check_timeout(timeout)
         self.timeout = timeout
@@ -271,6 +309,8 @@ class KVClient(KVOperations, AttemptSender, Closing):
         self.cluster_id = cluster_id
         self.session = ClientSession(client_id or new_client_id(), hold_seconds=timeout)
         self.selector = EndpointSelector(endpoints)
+        self.credentials_source = credentials_source(user, password, credentials)
+        """With auth: who this client is, asked at each new connection (`quorumlog.auth`)."""
         self.connection: BlockingConnection | None = None
         self.next_request_id = 1
         self.lock = threading.RLock()
@@ -421,13 +461,19 @@ class KVClient(KVOperations, AttemptSender, Closing):
 
     def connect(self, endpoint: str, deadline: float) -> BlockingConnection:
         connection = self.connection
-        if connection is not None and connection.endpoint == endpoint:
+        if connection is not None and connection.endpoint == endpoint and connection.usable:
             return connection
-        fresh = BlockingConnection.open(endpoint, self.cluster_id, self.client_id, deadline)
+        fresh = BlockingConnection.open(
+            endpoint, self.cluster_id, self.client_id, deadline, self.credentials()
+        )
         if connection is not None:
             connection.close()
         self.connection = fresh
         return fresh
+
+    def credentials(self) -> Credentials | None:
+        source = self.credentials_source
+        return None if source is None else source()
 
     def drop_connection(self, connection: BlockingConnection) -> None:
         connection.close()

@@ -46,9 +46,11 @@ from quorumlog.codec.wire import (
     encode,
 )
 from quorumlog.errors import (
+    AuthenticationRequiredError,
     ClientError,
     ConnectionRefusedByNodeError,
     NotEnoughReplicasUnavailableError,
+    PermissionDeniedError,
     RequestRejectedError,
     SessionExpiredError,
     UnavailableError,
@@ -486,6 +488,14 @@ class RequestAttempts:
             return None
         if code is ErrorCode.SESSION_EXPIRED:
             raise SessionExpiredError(f"{endpoint}: {frame.message}")
+        if code is ErrorCode.AUTH_TOKEN_INVALID:
+            # The connection that carried it is dropped; the next one authenticates anew.
+            self.failed_once(busy=False)
+            return None
+        if code is ErrorCode.PERMISSION_DENIED:
+            raise PermissionDeniedError(f"{endpoint}: {frame.message}")
+        if code in (ErrorCode.AUTHENTICATION_REQUIRED, ErrorCode.AUTHENTICATION_FAILED):
+            raise AuthenticationRequiredError(f"{endpoint}: {frame.message}", code.value)
         raise RequestRejectedError(code.value, frame.message)
 
     def failed_once(self, busy: bool) -> None:

@@ -23,6 +23,7 @@ from typing import TypeVar
 
 import msgspec
 
+from quorumlog.auth.commands import AUTH_OP, apply_auth
 from quorumlog.codec import wire
 from quorumlog.codec.wire import KVCommand, KVCommandResult
 from quorumlog.errors import QuorumLogError
@@ -109,6 +110,11 @@ class KVStateMachine:
         self.duplicate_count = 0
         self.session_expired_count = 0
         """Commands refused because their client's session was gone."""
+        self.auth_generation = 0
+        """Counts changes of the auth state (auth commands applied, snapshots restored):
+        readers of it (`quorumlog.auth.state`) decode it again when this moves."""
+        self.auth_changed: Callable[[], None] | None = None
+        """Called after each change of the auth state (the node's auth guard listens)."""
 
     # --- reads --------------------------------------------------------------------------
 
@@ -175,6 +181,13 @@ class KVStateMachine:
 
     def execute(self, command: KVCommand) -> KVCommandResult:
         """Carry out one command that is not a duplicate."""
+        if command.op == AUTH_OP:
+            # Users, roles and the auth switch (quorumlog.auth): only nodes build these.
+            self.auth_generation += 1
+            result = apply_auth(self.data, command)
+            if self.auth_changed is not None:
+                self.auth_changed()
+            return result
         return execute_write(self.data, command)
 
     # --- snapshots ----------------------------------------------------------------------
@@ -219,6 +232,9 @@ class KVStateMachine:
         self.sessions = restored
         self.data = snapshot.data
         self._applied_index = snapshot.applied_index
+        self.auth_generation += 1
+        if self.auth_changed is not None:
+            self.auth_changed()
 
 
 __all__ = ["KVSnapshot", "KVStateMachine", "MalformedEntryError"]

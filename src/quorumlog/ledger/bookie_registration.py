@@ -35,6 +35,7 @@ from typing import Any, Protocol, TypeVar
 
 import msgspec
 
+from quorumlog.auth.credentials import CredentialsSource
 from quorumlog.errors import ClientError, QuorumLogError
 from quorumlog.kv.client import KVClient
 from quorumlog.ledger.registry import (
@@ -97,6 +98,7 @@ class BookieRegistrar:
         cluster_id: str,
         settings: RegistrationSettings | None = None,
         clock: Callable[[], float] = time.time,
+        credentials: CredentialsSource | None = None,
     ) -> None:
         self.bookie = bookie
         self.address = address
@@ -104,6 +106,8 @@ class BookieRegistrar:
         self.endpoints = endpoints
         """The metadata group's client addresses (read at every heartbeat: they change)."""
         self.cluster_id = cluster_id
+        self.credentials = credentials
+        """The node's own identity when auth is on (`auth.credentials.node_credentials`)."""
         self.settings = settings or RegistrationSettings()
         self.settings.validate()
         self.clock = clock
@@ -193,7 +197,12 @@ class BookieRegistrar:
 
     def new_client(self, endpoints: list[str], timeout_seconds: float) -> KVClient:
         try:
-            return KVClient(endpoints, timeout=timeout_seconds, cluster_id=self.cluster_id)
+            return KVClient(
+                endpoints,
+                timeout=timeout_seconds,
+                cluster_id=self.cluster_id,
+                credentials=self.credentials,
+            )
         except ValueError as error:
             # Endpoints are data here (learned, or typed by an operator): a failed heartbeat.
             raise ClientError(f"no usable metadata endpoints {endpoints}: {error}") from error

@@ -237,16 +237,23 @@ class LedgerClient:
         metadata_store: MetadataStore | None = None,
         config: LedgerProtocolConfig | None = None,
         random: random_module.Random | None = None,
+        user: str | None = None,
+        password: str | None = None,
     ) -> None:
         """`endpoints`: the nodes of the metadata group (unused when `metadata_store` is
-        given); `timeout`: seconds any one call may take before it gives up."""
+        given); `timeout`: seconds any one call may take before it gives up; `user` and
+        `password`: with auth on, who writes the ledger metadata (it needs readwrite on
+        the `__ledgers/` prefix and read on `__bookies/`). The bookies themselves are not
+        checked by user: a ledger's password (master key) guards its entries."""
         if timeout <= 0:
             raise ValueError("timeout must be > 0")
         self.timeout = timeout
         self.random = random or random_module.Random()
         self.kv: KVClient | None = None
         if metadata_store is None:
-            self.kv = KVClient(endpoints, timeout=timeout, cluster_id=cluster_id)
+            self.kv = KVClient(
+                endpoints, timeout=timeout, cluster_id=cluster_id, user=user, password=password
+            )
             metadata_store = KVMetadataStore(self.kv)
         self.store: MetadataStore = metadata_store
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="ledger-metadata")

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from quorumlog.auth.guard import AUTH_FRAME_TYPES, AuthGuard
 from quorumlog.codec import wire
 from quorumlog.errors import QuorumLogError
 from quorumlog.ledger.bookie import BookieRequest
@@ -85,8 +86,16 @@ class RequestDispatcher:
         self.streams: StreamHandler | None = None
         self.bookie: BookieHandler | None = None
         self.ha_controller: HAControllerService | None = None
+        self.auth: AuthGuard | None = None
+        """Checks tokens and rights (quorumlog.auth); None: nothing is checked."""
 
     def on_client_request(self, request: wire.ClientRequest, reply: Replier) -> None:
+        auth = self.auth
+        if auth is not None and (auth.active or type(request) in AUTH_FRAME_TYPES):
+            admitted = auth.admit(request, reply)
+            if admitted is None:
+                return
+            request = admitted
         if isinstance(request, wire.HAControllerRequest):
             if self.ha_controller is None:
                 self.unknown_group(reply, request.request_id, wire.HA_CONTROLLER_GROUP)

@@ -71,6 +71,11 @@ class KVRequestService:
             code, message = problem
             self.bad_request(reply, request.request_id, code, message)
             return
+        self.enqueue_write(request, reply)
+
+    def enqueue_write(self, request: wire.KVWrite, reply: Replier) -> None:
+        """Propose a checked write with the others of this loop turn (the auth service
+        enters its commands here: their op is not one a client may send)."""
         if not self.group.is_leader:
             self.reject(
                 reply,

@@ -32,6 +32,7 @@ from typing import TypeVar
 
 import msgspec
 
+from quorumlog.auth.credentials import CredentialsSource
 from quorumlog.codec import wire
 from quorumlog.errors import (
     LedgerClosedError,
@@ -156,11 +157,16 @@ class LedgerParts:
         cluster_id: str,
         endpoints: list[str],
         timeout_seconds: float,
+        credentials: CredentialsSource | None = None,
     ) -> None:
         self.loop = asyncio.get_running_loop()
         self.executor = ThreadPoolExecutor(METADATA_THREADS, thread_name_prefix="ledger-topics")
-        self.ledger_kv = KVClient(endpoints, timeout=timeout_seconds, cluster_id=cluster_id)
-        self.lease_kv = KVClient(endpoints, timeout=timeout_seconds, cluster_id=cluster_id)
+        self.ledger_kv = KVClient(
+            endpoints, timeout=timeout_seconds, cluster_id=cluster_id, credentials=credentials
+        )
+        self.lease_kv = KVClient(
+            endpoints, timeout=timeout_seconds, cluster_id=cluster_id, credentials=credentials
+        )
         self.metadata = KVMetadataStore(self.ledger_kv)
         self.directory = BookieDirectory(self.metadata)
         self.links = AsyncioBookieLinks(
@@ -214,9 +220,11 @@ class LedgerTopicService:
         read_local: Callable[[str], str | None],
         metadata_endpoints: Callable[[], list[str]],
         address_of: Callable[[str | None], str | None],
+        credentials: CredentialsSource | None = None,
     ) -> None:
         """`read_local`: a key of this node's copy of the metadata group (possibly behind;
-        leases are only watched through it, every change is a CAS through a client)."""
+        leases are only watched through it, every change is a CAS through a client);
+        `credentials`: the node's own identity when auth is on."""
         settings.validate()
         self.node_id = node_id
         self.cluster_id = cluster_id
@@ -224,6 +232,7 @@ class LedgerTopicService:
         self.read_local = read_local
         self.metadata_endpoints = metadata_endpoints
         self.address_of = address_of
+        self.credentials = credentials
         self.partitions: dict[tuple[str, int], LedgerPartition] = {}
         self.parts: LedgerParts | None = None
         self.task: asyncio.Task[None] | None = None
@@ -292,6 +301,7 @@ class LedgerTopicService:
                 self.cluster_id,
                 self.metadata_endpoints(),
                 self.settings.metadata_timeout_seconds,
+                self.credentials,
             )
         return self.parts
 

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
+from quorumlog.auth.credentials import CredentialsSource
 from quorumlog.codec import wire
 from quorumlog.errors import ClientError, UnavailableError
 from quorumlog.kv.async_client import TRANSPORT_ERRORS, StreamConnection
@@ -205,9 +206,12 @@ class PeerRequester:
         client_name: str,
         attempt_timeout_seconds: float = ATTEMPT_TIMEOUT_SECONDS,
         resolve: Callable[[str], str] = str,
+        credentials: CredentialsSource | None = None,
     ) -> None:
         self.cluster_id = cluster_id
         self.client_name = client_name
+        self.credentials = credentials
+        """The node's own identity when auth is on (`auth.credentials.node_credentials`)."""
         self.attempt_timeout_seconds = attempt_timeout_seconds
         self.selectors = PeerSelectors(resolve)
         self.connections: dict[str, StreamConnection] = {}
@@ -252,6 +256,7 @@ class PeerRequester:
                 self.cluster_id,
                 self.client_name,
                 max(deadline - time.monotonic(), 0.001),
+                None if self.credentials is None else self.credentials(),
             )
             self.connections[address] = fresh
             return fresh

@@ -39,6 +39,12 @@ from typing import Any
 
 import msgspec
 
+from quorumlog.auth.commands import read_switch
+from quorumlog.auth.credentials import Credentials
+from quorumlog.auth.guard import TOKEN_TTL_SECONDS_DEFAULT, AuthGuard
+from quorumlog.auth.model import NODE_USER
+from quorumlog.auth.service import AuthRequestService
+from quorumlog.auth.state import AuthStateView
 from quorumlog.codec import wire
 from quorumlog.errors import QuorumLogError
 from quorumlog.ha.controller_machine import BROKER_HEARTBEAT_TIMEOUT_MS_DEFAULT, HAControllerMachine
@@ -136,6 +142,8 @@ class NodeSettings(msgspec.Struct, frozen=True):
     """HOST:PORT of the HTTP endpoint (/metrics, /health, the dashboard); empty: none."""
     slow_fsync_warn_ms: int = SLOW_FSYNC_WARN_MS_DEFAULT
     """A log sync or hard-state save slower than this is logged as a slow_fsync event."""
+    auth_token_ttl_ms: int = int(TOKEN_TTL_SECONDS_DEFAULT * 1000)
+    """Auth: a token unused this long is forgotten (its client authenticates again)."""
 
 
 class Node:
@@ -144,6 +152,7 @@ class Node:
         self.node_id = settings.node_id
         # Each group keeps at most one sync in flight; several groups may sync at once.
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fsync")
+        self.auth_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="auth")
         self.address_book = AddressBook(settings.node_id)
         self.address_book.learn_all(dict(settings.peers), AddressSource.OPERATOR)
         self.endpoint = Endpoint(settings.node_id, settings.cluster_id, settings.peers, self)
@@ -154,7 +163,10 @@ class Node:
             settings.node_id, self.host_of, self.address_of, lambda: self.addresses
         )
         self.requester = PeerRequester(
-            settings.cluster_id, f"node-{settings.node_id}", resolve=self.resolve
+            settings.cluster_id,
+            f"node-{settings.node_id}",
+            resolve=self.resolve,
+            credentials=self.node_credentials,
         )
         self.peers: AsyncioPeerRequests | None = None
         self.migration_pacer = ByteRatePacer(settings.shard_migration_bytes_per_second)
@@ -164,6 +176,7 @@ class Node:
         self.registrar: BookieRegistrar | None = None
         self.ha_controller: HAControllerService | None = None
         self.ticker: GroupTicker | None = None
+        self.auth_view: AuthStateView | None = None
         self.liveness = PeerLiveness(
             settings.node_id,
             ping=self.endpoint.ping,
@@ -221,6 +234,7 @@ class Node:
             group.host, machine, lambda: self.address_of(group.core.leader_id), KVLimits()
         )
         self.dispatcher.kv = self.kv
+        self.start_auth(machine, group)
         self.dispatcher.streams = self.streams.handle
         self.start_sharded_kv()
         self.host_ha_controller(voters)
@@ -244,6 +258,48 @@ class Node:
         )
         return self.port
 
+    def start_auth(self, machine: KVStateMachine, group: GroupRunner) -> None:
+        """Check every client request against the auth state of the "kv" group."""
+        view = AuthStateView(lambda: machine.data, lambda: machine.auth_generation)
+        loop = asyncio.get_running_loop()
+        guard = AuthGuard(
+            view,
+            loop.time,
+            self.settings.auth_token_ttl_ms / 1000,
+            offload=self.hash_off_loop,
+            is_authority=lambda: group.core.is_leader,
+            call_later=loop.call_later,
+        )
+        if self.kv is not None:
+            guard.service = AuthRequestService(
+                self.kv,
+                view,
+                lambda: self.address_of(group.core.leader_id),
+                offload=self.hash_off_loop,
+            )
+        machine.auth_changed = guard.refresh
+        guard.refresh()  # the state may have come from a snapshot before this listened
+        self.dispatcher.auth = guard
+        self.auth_view = view
+
+    def hash_off_loop(self, work: Callable[[], Any], done: Callable[[Any], None]) -> None:
+        """Password hashing (`auth.guard.Offload`) on its own thread: tens of milliseconds
+        each, which on the loop would hold up heartbeats."""
+        future = asyncio.get_running_loop().run_in_executor(self.auth_executor, work)
+        future.add_done_callback(lambda finished: done(finished.result()))
+
+    def node_credentials(self) -> Credentials | None:
+        """What this node's own clients present to other nodes (see `auth.guard`). Called
+        from client threads too: it decodes the switch from the data, touching no cache."""
+        kv = self.kv
+        if kv is None:
+            return None
+        try:
+            secret = read_switch(kv.machine.data).node_secret
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None  # logged by the auth state's reader
+        return Credentials(user=NODE_USER, password=secret) if secret else None
+
     def start_registration(self) -> None:
         """Heartbeat the bookie's registration through this node and its peers."""
         if self.bookie is None:
@@ -254,6 +310,7 @@ class Node:
             self.metadata_endpoints,
             self.settings.cluster_id,
             RegistrationSettings(heartbeat_seconds=self.settings.bookie_heartbeat_ms / 1000),
+            credentials=self.node_credentials,
         )
         self.registrar.start()
 
@@ -391,6 +448,7 @@ class Node:
         if self.bookie is not None:
             await self.bookie.close()
         self.executor.shutdown(wait=True)
+        self.auth_executor.shutdown(wait=False, cancel_futures=True)
 
     @property
     def addresses(self) -> dict[str, str]:

@@ -133,6 +133,7 @@ class StreamService:
             metadata.data.get,
             node.metadata_endpoints,
             node.address_of,
+            node.node_credentials,
         )
         self.ha_topics = HATopicService(
             node.node_id,

@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from quorumlog.auth.credentials import credentials_source
 from quorumlog.codec.wire import ShardStatusRequest, ShardStatusResponse
 from quorumlog.errors import ClientError, QuorumLogError
 from quorumlog.kv.client import tracked_sequence
@@ -129,6 +130,8 @@ class ShardAdmin(ControllerClient):
         cluster_id: str = CLUSTER_ID_DEFAULT,
         client_id: str | None = None,
         attempt_timeout_seconds: float | None = None,
+        user: str | None = None,
+        password: str | None = None,
     ) -> None:
         super().__init__(
             endpoints,
@@ -136,6 +139,7 @@ class ShardAdmin(ControllerClient):
             cluster_id,
             client_id or f"admin-{uuid.uuid4().hex}",
             attempt_timeout_seconds,
+            credentials_source(user, password),
         )
 
     # --- controller commands ------------------------------------------------------------

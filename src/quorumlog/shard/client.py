@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from quorumlog.auth.credentials import CredentialsSource, credentials_source
 from quorumlog.codec.wire import (
     ClientRequest,
     ControllerRequest,
@@ -357,10 +358,18 @@ class BlockingTransport(AttemptSender):
     """Connections to every node this client talks to, one per endpoint (groups share nodes),
     and the attempt loop of one request within one group."""
 
-    def __init__(self, cluster_id: str, client_id: str, attempt_timeout_seconds: float) -> None:
+    def __init__(
+        self,
+        cluster_id: str,
+        client_id: str,
+        attempt_timeout_seconds: float,
+        credentials: CredentialsSource | None = None,
+    ) -> None:
         self.cluster_id = cluster_id
         self.client_id = client_id
         self.attempt_timeout_seconds = attempt_timeout_seconds
+        self.credentials = credentials
+        """With auth: who this client is, asked at each new connection (`quorumlog.auth`)."""
         self.connections: dict[str, BlockingConnection] = {}
         self.next_request_id = 1
 
@@ -388,9 +397,16 @@ class BlockingTransport(AttemptSender):
 
     def connect(self, endpoint: str, deadline: float) -> BlockingConnection:
         connection = self.connections.get(endpoint)
+        if connection is not None and not connection.usable:
+            self.drop_connection(connection)
+            connection = None
         if connection is None:
             connection = BlockingConnection.open(
-                endpoint, self.cluster_id, self.client_id, deadline
+                endpoint,
+                self.cluster_id,
+                self.client_id,
+                deadline,
+                None if self.credentials is None else self.credentials(),
             )
             self.connections[endpoint] = connection
         return connection
@@ -489,12 +505,16 @@ class ControllerClient(SessionHolder, Closing):
         cluster_id: str,
         client_id: str,
         attempt_timeout_seconds: float | None,
+        credentials: CredentialsSource | None = None,
     ) -> None:
         check_timeout(timeout)
         self.timeout = timeout
         self.session = ClientSession(client_id, hold_seconds=timeout)
         self.transport = BlockingTransport(
-            cluster_id, client_id, attempt_timeout_for(timeout, attempt_timeout_seconds)
+            cluster_id,
+            client_id,
+            attempt_timeout_for(timeout, attempt_timeout_seconds),
+            credentials,
         )
         self.controller = ControllerChannel(endpoints, self.transport, timeout)
         self.lock = threading.RLock()
@@ -527,9 +547,16 @@ class ShardedKVClient(KVOperations, ControllerClient):
         cluster_id: str = CLUSTER_ID_DEFAULT,
         client_id: str | None = None,
         attempt_timeout_seconds: float | None = None,
+        user: str | None = None,
+        password: str | None = None,
     ) -> None:
         super().__init__(
-            endpoints, timeout, cluster_id, client_id or new_client_id(), attempt_timeout_seconds
+            endpoints,
+            timeout,
+            cluster_id,
+            client_id or new_client_id(),
+            attempt_timeout_seconds,
+            credentials_source(user, password),
         )
         self.router = ShardRouter()
 

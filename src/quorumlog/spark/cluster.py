@@ -63,6 +63,8 @@ class ClusterAccess(BlockingClient):
             timeout=connection.timeout_seconds,
             cluster_id=connection.cluster_id,
             thread_name=f"quorumlog-{client_name}",
+            user=connection.user,
+            password=connection.password,
         )
         self.connection = connection
 

@@ -19,9 +19,11 @@ Source options (`spark.read` / `spark.readStream`):
 | maxRecordsPerPartition | at most this many records per Spark partition | 1000000 |
 | fetchRecordsMax / fetchBytesMax | per Fetch request | 10000 / 4 MiB |
 | clusterId, timeoutMs | handshake cluster id; per-request deadline | quorumlog, 30000 |
+| user, password | with auth on: who reads or writes | env QUORUMLOG_USER, _PASSWORD |
 
-Sink options: endpoints, topic (else a `topic` column), clusterId, timeoutMs.
-KV table options: endpoints, startKey, endKey, pageSize, stale, clusterId, timeoutMs.
+Sink options: endpoints, topic (else a `topic` column), clusterId, timeoutMs, user,
+password. KV table options: endpoints, startKey, endKey, pageSize, stale, clusterId,
+timeoutMs, user, password.
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ PAGE_SIZE_DEFAULT = 1_000
 # Options Spark itself adds (or users add for Spark) that are not ours to judge.
 SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
 
-CONNECTION_OPTIONS = ("endpoints", "clusterId", "timeoutMs")
+CONNECTION_OPTIONS = ("endpoints", "clusterId", "timeoutMs", "user", "password")
+USER_ENVIRONMENT_VARIABLE = "QUORUMLOG_USER"
+PASSWORD_ENVIRONMENT_VARIABLE = "QUORUMLOG_PASSWORD"
 SOURCE_OPTIONS = (
     *CONNECTION_OPTIONS,
     "topic",
@@ -70,6 +74,15 @@ class ConnectionOptions(msgspec.Struct, frozen=True):
     endpoints: list[str]
     cluster_id: str = CLUSTER_ID_DEFAULT
     timeout_seconds: float = TIMEOUT_MS_DEFAULT / 1000
+    user: str | None = None
+    password: str | None = None
+
+    def __repr__(self) -> str:
+        # Options reach logs and plans: never print the password.
+        return (
+            f"ConnectionOptions(endpoints={self.endpoints!r}, cluster_id={self.cluster_id!r}, "
+            f"timeout_seconds={self.timeout_seconds!r}, user={self.user!r})"
+        )
 
 
 class SourceOptions(msgspec.Struct, frozen=True):
@@ -164,7 +177,11 @@ def parse_connection(options: Options) -> ConnectionOptions:
         raise OptionError("endpoints", str(error)) from None
     cluster_id = options.text("clusterId") or CLUSTER_ID_DEFAULT
     timeout_ms = options.required_integer("timeoutMs", TIMEOUT_MS_DEFAULT, minimum=1)
-    return ConnectionOptions(endpoints, cluster_id, timeout_ms / 1000)
+    user = options.text("user") or os.environ.get(USER_ENVIRONMENT_VARIABLE) or None
+    password = options.text("password") or os.environ.get(PASSWORD_ENVIRONMENT_VARIABLE)
+    if password is not None and user is None:
+        raise OptionError("password", "a password needs a user (option user)")
+    return ConnectionOptions(endpoints, cluster_id, timeout_ms / 1000, user, password)
 
 
 def parse_topics(options: Options) -> list[str]:

@@ -65,6 +65,8 @@ class Admin(BlockingClient):
         timeout: float = 10.0,
         cluster_id: str = "quorumlog",
         attempt_timeout_seconds: float | None = None,
+        user: str | None = None,
+        password: str | None = None,
     ) -> None:
         super().__init__(
             endpoints,
@@ -72,6 +74,8 @@ class Admin(BlockingClient):
             cluster_id=cluster_id,
             attempt_timeout_seconds=attempt_timeout_seconds,
             thread_name="quorumlog-admin",
+            user=user,
+            password=password,
         )
 
     def create_topic(

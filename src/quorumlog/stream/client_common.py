@@ -205,6 +205,8 @@ class StreamTransport:
         cluster_id: str,
         client_id: str | None,
         attempt_timeout_seconds: float | None,
+        user: str | None = None,
+        password: str | None = None,
     ) -> None:
         check_timeout(timeout)
         self.timeout = timeout
@@ -214,6 +216,8 @@ class StreamTransport:
             cluster_id=cluster_id,
             client_id=client_id,
             attempt_timeout_seconds=attempt_timeout_seconds,
+            user=user,
+            password=password,
         )
         self.topics: dict[str, TopicDescriptor] = {}
         self.selectors: dict[tuple[str, int], tuple[list[str], EndpointSelector]] = {}
@@ -499,6 +503,8 @@ class BlockingClient(Closing):
         client_id: str | None = None,
         attempt_timeout_seconds: float | None = None,
         thread_name: str = "quorumlog-client",
+        user: str | None = None,
+        password: str | None = None,
     ) -> None:
         if isinstance(endpoints, str):
             raise TypeError('endpoints is a list of "host:port" strings, not one string')
@@ -509,7 +515,13 @@ class BlockingClient(Closing):
         try:
             self.transport = self.io.run(
                 self.make_transport(
-                    list(endpoints), timeout, cluster_id, client_id, attempt_timeout_seconds
+                    list(endpoints),
+                    timeout,
+                    cluster_id,
+                    client_id,
+                    attempt_timeout_seconds,
+                    user,
+                    password,
                 )
             )
         except BaseException:
@@ -523,9 +535,13 @@ class BlockingClient(Closing):
         cluster_id: str,
         client_id: str | None,
         attempt_timeout_seconds: float | None,
+        user: str | None = None,
+        password: str | None = None,
     ) -> StreamTransport:
         # Built on the loop, so everything it creates belongs to that loop.
-        return StreamTransport(endpoints, timeout, cluster_id, client_id, attempt_timeout_seconds)
+        return StreamTransport(
+            endpoints, timeout, cluster_id, client_id, attempt_timeout_seconds, user, password
+        )
 
     def run(self, coroutine: Coroutine[Any, Any, ResultType]) -> ResultType:
         if self.closed:

@@ -90,6 +90,8 @@ class Consumer(BlockingClient):
         cluster_id: str = CLUSTER_ID_DEFAULT,
         attempt_timeout_seconds: float | None = None,
         read_from_followers: bool = False,
+        user: str | None = None,
+        password: str | None = None,
     ) -> None:
         """`read_from_followers`: let any replica answer reads (spreads load; a follower may
         trail the leader by a moment). By default the leader answers, as in Kafka, so a
@@ -115,6 +117,8 @@ class Consumer(BlockingClient):
             cluster_id=cluster_id,
             attempt_timeout_seconds=attempt_timeout_seconds,
             thread_name="quorumlog-consumer",
+            user=user,
+            password=password,
         )
 
     # --- reads --------------------------------------------------------------------------

@@ -215,6 +215,8 @@ class Producer(BlockingClient):
         timeout: float = 10.0,
         cluster_id: str = CLUSTER_ID_DEFAULT,
         attempt_timeout_seconds: float | None = None,
+        user: str | None = None,
+        password: str | None = None,
     ) -> None:
         check_producer_settings(
             linger_ms, batch_records_max, batch_bytes_max, buffer_bytes_max, max_block_seconds
@@ -254,6 +256,8 @@ class Producer(BlockingClient):
             client_id=self.producer_id,
             attempt_timeout_seconds=attempt_timeout_seconds,
             thread_name="quorumlog-producer",
+            user=user,
+            password=password,
         )
 
     # --- the caller's side --------------------------------------------------------------

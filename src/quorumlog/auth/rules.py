@@ -1,0 +1,171 @@
+"""Which right each client request needs, checked against a user's `Rights`.
+
+- KV reads, writes and scans (of the "kv" group and of shard groups): read or write on
+  each key, read on the whole scanned range. Internal keys: `__auth/` is never reachable
+  through the KV for anyone but root's reads (auth commands write it); a topic's
+  descriptor (`__topics/<topic>`) is readable with read or write on the topic, written
+  only with the "topics" admin right; a group's offsets (`__offsets/<group>/<topic>/<p>`,
+  consumer-group commits) need read on the topic. Other internal keys (ledgers, bookies,
+  owners) are checked as ordinary keys: grant them to the users of LedgerClient.
+- Produce: write on the topic; Fetch: read on the topic; partition status: either.
+- Topic creation and deletion: the "topics" admin right. Membership changes, leader
+  transfers and shard controller changes (join, leave, move): the "membership" right.
+- Topic lists, shard status and shard controller queries: any authenticated user
+  (clients need them to find leaders and partitions); a group's status is served even
+  without a token (`UNCHECKED_REQUEST_TYPES`).
+- The bookie protocol and the HA controller's broker protocol are node-to-node and are not
+  checked by role (`UNCHECKED_REQUEST_TYPES`).
+- Any other request type is root's only (closed until a rule here names it).
+"""
+
+from __future__ import annotations
+
+from quorumlog.auth.commands import AUTH_PREFIX
+from quorumlog.auth.matcher import Rights
+from quorumlog.auth.model import Access, AdminRight, PermissionKind, prefix_range_end
+from quorumlog.codec import wire
+from quorumlog.shard.controller_commands import Query, decode_commands
+
+TOPIC_PREFIX = "__topics/"
+OFFSETS_PREFIX = "__offsets/"
+AUTH_RANGE_END = prefix_range_end(AUTH_PREFIX)
+
+UNCHECKED_REQUEST_TYPES: tuple[type, ...] = (
+    wire.AddEntries,
+    wire.ReadEntries,
+    wire.ReadLastAddConfirmed,
+    wire.DropLedger,
+    wire.HAControllerRequest,
+    wire.HABrokerStatusRequest,
+    wire.StatusRequest,
+)
+"""Served without a token: the bookie protocol (a ledger's master key guards its writes
+and fencing; LedgerClient's metadata goes through the checked KV) and the HA controller's
+broker protocol, both node-to-node (peer TLS is what keeps strangers off them); and a
+group's status (roles, terms, indexes, addresses: no data), which health checks and
+clients finding the leader ask before they authenticate, as etcd serves its status."""
+OPEN_REQUEST_TYPES: tuple[type, ...] = (
+    *UNCHECKED_REQUEST_TYPES,
+    wire.ListTopics,
+    wire.ShardStatusRequest,
+)
+"""What any authenticated user may send (clients need them to find leaders and
+partitions). A request of a type no rule here names is root's only: a new request type
+is closed until a rule says who may send it."""
+
+
+def key_denial(rights: Rights, key: str, access: Access) -> str | None:
+    """Why `key` may not be read or written; None if it may."""
+    if key.startswith("__"):
+        return internal_key_denial(rights, key, access)
+    if rights.permits(PermissionKind.KEY, key, access):
+        return None
+    return f"no {access.value} permission on key {key!r}"
+
+
+def internal_key_denial(rights: Rights, key: str, access: Access) -> str | None:
+    if key.startswith(AUTH_PREFIX):
+        if access is Access.READ and rights.is_root:
+            return None
+        return f"{key!r} is written only by auth commands, and read only by root"
+    if key.startswith(TOPIC_PREFIX):
+        topic = key[len(TOPIC_PREFIX) :]
+        if access is Access.WRITE:
+            return admin_denial(rights, AdminRight.TOPICS)
+        if rights.permits(PermissionKind.TOPIC, topic, Access.READ) or rights.permits(
+            PermissionKind.TOPIC, topic, Access.WRITE
+        ):
+            return None
+        return f"no permission on topic {topic!r}"
+    if key.startswith(OFFSETS_PREFIX):
+        # "<group>/<topic>/<partition>": a group name has no "/".
+        group_and_topic, _, _ = key[len(OFFSETS_PREFIX) :].rpartition("/")
+        _, _, topic = group_and_topic.partition("/")
+        if rights.permits(PermissionKind.TOPIC, topic, Access.READ):
+            return None
+        return f"no read permission on topic {topic!r} (group offsets)"
+    if rights.permits(PermissionKind.KEY, key, access):
+        return None
+    return f"no {access.value} permission on key {key!r}"
+
+
+def admin_denial(rights: Rights, right: AdminRight) -> str | None:
+    return None if rights.has_admin(right) else f"the {right.value!r} admin right is needed"
+
+
+def scan_denial(rights: Rights, start: str, end: str | None) -> str | None:
+    if rights.is_root:
+        return None
+    # The auth state is never part of what a non-root scan may see.
+    if start < AUTH_RANGE_END and (end is None or end > AUTH_PREFIX):
+        return "a scan may not cover '__auth/' (the auth state)"
+    if rights.permits_range(PermissionKind.KEY, start, end, Access.READ):
+        return None
+    shown = "the end" if end is None else repr(end)
+    return f"no read permission on the whole range [{start!r}, {shown})"
+
+
+def topic_denial(rights: Rights, topic: str, access: Access) -> str | None:
+    if rights.permits(PermissionKind.TOPIC, topic, access):
+        return None
+    return f"no {access.value} permission on topic {topic!r}"
+
+
+def controller_denial(rights: Rights, request: wire.ControllerRequest) -> str | None:
+    try:
+        commands = decode_commands(request.commands)
+    except wire.DECODE_ERRORS:
+        return None  # the controller answers BAD_REQUEST itself
+    if all(isinstance(command, Query) for command in commands):
+        return None
+    return admin_denial(rights, AdminRight.MEMBERSHIP)
+
+
+def request_denial(rights: Rights, request: wire.ClientRequest) -> str | None:
+    """Why `rights` do not allow `request`; None if they do."""
+    if isinstance(request, wire.KVWrite):
+        # Before root's shortcut: not even root writes the auth state through the KV.
+        for command in request.commands:
+            denial = key_denial(rights, command.key, Access.WRITE)
+            if denial is not None:
+                return denial
+        return None
+    if rights.is_root:
+        return None
+    if isinstance(request, wire.KVRead):
+        for key in request.keys:
+            denial = key_denial(rights, key, Access.READ)
+            if denial is not None:
+                return denial
+        return None
+    if isinstance(request, wire.KVScan):
+        return scan_denial(rights, request.start, request.end)
+    if isinstance(request, wire.Produce):
+        return topic_denial(rights, request.topic, Access.WRITE)
+    if isinstance(request, wire.Fetch):
+        return topic_denial(rights, request.topic, Access.READ)
+    if isinstance(request, wire.PartitionStatusRequest):
+        if topic_denial(rights, request.topic, Access.WRITE) is None:
+            return None
+        return topic_denial(rights, request.topic, Access.READ)
+    if isinstance(request, wire.CreateTopic | wire.DeleteTopic):
+        return admin_denial(rights, AdminRight.TOPICS)
+    if isinstance(request, wire.MemberChangeRequest | wire.TransferLeaderRequest):
+        return admin_denial(rights, AdminRight.MEMBERSHIP)
+    if isinstance(request, wire.ControllerRequest):
+        return controller_denial(rights, request)
+    if isinstance(request, wire.ShardGroupRequest):
+        # Pulls and deletes between shard groups carry whole shards: nodes only.
+        return admin_denial(rights, AdminRight.MEMBERSHIP)
+    if isinstance(request, OPEN_REQUEST_TYPES):
+        return None
+    return f"no permission rule covers {type(request).__name__}: only root may send it"
+
+
+__all__ = [
+    "OPEN_REQUEST_TYPES",
+    "UNCHECKED_REQUEST_TYPES",
+    "key_denial",
+    "request_denial",
+    "scan_denial",
+]
