@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
@@ -63,6 +64,8 @@ from quorumlog.kv.connection import (
     welcome_node_id,
     write_results,
 )
+from quorumlog.tls.config import TLSConfig
+from quorumlog.tls.handshake import closed_after_handshake_error, open_stream
 
 ResponseType = TypeVar("ResponseType")
 RECEIVE_BYTES = 256 * 1024
@@ -115,15 +118,27 @@ class StreamConnection:
 
     @classmethod
     async def open(
-        cls, endpoint: str, cluster_id: str, client_id: str, timeout_seconds: float
+        cls,
+        endpoint: str,
+        cluster_id: str,
+        client_id: str,
+        timeout_seconds: float,
+        tls: TLSConfig | None = None,
     ) -> StreamConnection:
+        """Connect (over TLS with `tls`) and shake hands; TLSHandshakeError if TLS failed."""
         host, port = parse_endpoint(endpoint)
         async with asyncio.timeout(timeout_seconds):
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await open_stream(host, port, tls, endpoint)
             connection = cls(endpoint, reader, writer)
             try:
                 writer.write(hello_frame(cluster_id, client_id))
-                connection.node_id = welcome_node_id(await connection.read_frame(), endpoint)
+                try:
+                    frame = await connection.read_frame()
+                except (ConnectionLost, ConnectionResetError, ssl.SSLError) as error:
+                    if tls is None:
+                        raise
+                    raise closed_after_handshake_error(endpoint) from error
+                connection.node_id = welcome_node_id(frame, endpoint)
             except BaseException:
                 await connection.close()
                 raise
@@ -250,7 +265,9 @@ class AsyncKVClient(SessionHolder):
         batch_commands_max: int = BATCH_COMMANDS_MAX_DEFAULT,
         sequence_window_max: int = SEQUENCE_WINDOW_MAX_DEFAULT,
         group: str = "kv",
+        tls: TLSConfig | None = None,
     ) -> None:
+        """`tls`: talk TLS to the nodes (see `TLSConfig`); None: plaintext."""
         check_timeout(timeout)
         if batch_commands_max <= 0:
             raise ValueError(f"batch_commands_max must be positive, got {batch_commands_max}")
@@ -262,6 +279,7 @@ class AsyncKVClient(SessionHolder):
         self.session = ClientSession(client_id or new_client_id(), hold_seconds=timeout)
         self.batch_commands_max = batch_commands_max
         self.sequence_window_max = sequence_window_max
+        self.tls = tls
         self.group = group
         """The group every KVWrite and KVRead names: "kv", or "shard-<gid>" of the sharded
         KV (the caller routes each key to the group owning its shard)."""
@@ -597,7 +615,9 @@ class AsyncKVClient(SessionHolder):
         if task is None:
             timeout_seconds = max(deadline - asyncio.get_running_loop().time(), 0.001)
             task = asyncio.ensure_future(
-                StreamConnection.open(endpoint, self.cluster_id, self.client_id, timeout_seconds)
+                StreamConnection.open(
+                    endpoint, self.cluster_id, self.client_id, timeout_seconds, self.tls
+                )
             )
             self.connections[endpoint] = task
         return await asyncio.shield(task)

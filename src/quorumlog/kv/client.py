@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import socket
+import ssl
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -71,6 +72,8 @@ from quorumlog.kv.requests import (
     read_value,
     write_request,
 )
+from quorumlog.tls.config import TLSConfig
+from quorumlog.tls.handshake import closed_after_handshake_error, open_blocking
 
 ResponseType = TypeVar("ResponseType")
 RECEIVE_BYTES = 256 * 1024
@@ -92,17 +95,29 @@ class BlockingConnection:
 
     @classmethod
     def open(
-        cls, endpoint: str, cluster_id: str, client_id: str, deadline: float
+        cls,
+        endpoint: str,
+        cluster_id: str,
+        client_id: str,
+        deadline: float,
+        tls: TLSConfig | None = None,
     ) -> BlockingConnection:
+        """Connect (over TLS with `tls`) and shake hands; TLSHandshakeError if TLS failed."""
         host, port = parse_endpoint(endpoint)
-        sock = socket.create_connection(
-            (host, port), timeout=max(deadline - time.monotonic(), 0.001)
+        sock = open_blocking(
+            host, port, tls, max(deadline - time.monotonic(), 0.001), endpoint=endpoint
         )
         connection = cls(endpoint, sock, node_id="")
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.sendall(hello_frame(cluster_id, client_id))
-            connection.node_id = welcome_node_id(connection.receive_frame(deadline), endpoint)
+            try:
+                frame = connection.receive_frame(deadline)
+            except (ConnectionLost, ConnectionResetError, ssl.SSLError) as error:
+                if tls is None:
+                    raise
+                raise closed_after_handshake_error(endpoint) from error
+            connection.node_id = welcome_node_id(frame, endpoint)
         except BaseException:
             connection.close()
             raise
@@ -264,11 +279,14 @@ class KVClient(KVOperations, AttemptSender, Closing):
         cluster_id: str = CLUSTER_ID_DEFAULT,
         client_id: str | None = None,
         attempt_timeout_seconds: float | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
+        """`tls`: talk TLS to the nodes (see `TLSConfig`); None: plaintext."""
         check_timeout(timeout)
         self.timeout = timeout
         self.attempt_timeout_seconds = attempt_timeout_for(timeout, attempt_timeout_seconds)
         self.cluster_id = cluster_id
+        self.tls = tls
         self.session = ClientSession(client_id or new_client_id(), hold_seconds=timeout)
         self.selector = EndpointSelector(endpoints)
         self.connection: BlockingConnection | None = None
@@ -423,7 +441,9 @@ class KVClient(KVOperations, AttemptSender, Closing):
         connection = self.connection
         if connection is not None and connection.endpoint == endpoint:
             return connection
-        fresh = BlockingConnection.open(endpoint, self.cluster_id, self.client_id, deadline)
+        fresh = BlockingConnection.open(
+            endpoint, self.cluster_id, self.client_id, deadline, self.tls
+        )
         if connection is not None:
             connection.close()
         self.connection = fresh
