@@ -19,9 +19,11 @@ import click
 import msgspec
 
 from quorumlog.cli.defaults import default_endpoints
+from quorumlog.cli.tls_options import CLIENT_TLS_OPTIONS, client_tls
 from quorumlog.errors import QuorumLogError
 from quorumlog.kv.client import KVClient
 from quorumlog.kv.connection import CLUSTER_ID_DEFAULT, Member, parse_endpoint, parse_endpoints
+from quorumlog.tls.config import TLSConfig
 
 TIMEOUT_SECONDS_DEFAULT = 5.0
 STATUS_COLUMNS = [
@@ -42,9 +44,12 @@ class ClientSettings(msgspec.Struct, frozen=True):
     endpoints: list[str]
     cluster_id: str
     timeout_seconds: float
+    tls: TLSConfig | None = None
 
     def client(self) -> KVClient:
-        return KVClient(self.endpoints, timeout=self.timeout_seconds, cluster_id=self.cluster_id)
+        return KVClient(
+            self.endpoints, timeout=self.timeout_seconds, cluster_id=self.cluster_id, tls=self.tls
+        )
 
 
 def endpoints_callback(context: click.Context, parameter: click.Parameter, value: str) -> list[str]:
@@ -58,9 +63,17 @@ def client_options(command: Command) -> Command:
     """Add --endpoints, --cluster-id and --timeout; the command receives `settings`."""
 
     def build(
-        endpoints: list[str], cluster_id: str, timeout_seconds: float, **arguments: Any
+        endpoints: list[str],
+        cluster_id: str,
+        timeout_seconds: float,
+        cacert: str | None,
+        cert: str | None,
+        key: str | None,
+        skip_hostname_check: bool,
+        **arguments: Any,
     ) -> Any:
-        settings = ClientSettings(endpoints, cluster_id, timeout_seconds)
+        tls = client_tls(cacert, cert, key, skip_hostname_check)
+        settings = ClientSettings(endpoints, cluster_id, timeout_seconds, tls)
         return command(settings=settings, **arguments)
 
     build.__name__ = command.__name__
@@ -90,6 +103,7 @@ def client_options(command: Command) -> Command:
             callback=endpoints_callback,
             help="Comma-separated host:port of the nodes.  [env: QUORUMLOG_ENDPOINTS]",
         ),
+        *CLIENT_TLS_OPTIONS,
     ):
         decorated = option(decorated)
     result: Command = decorated

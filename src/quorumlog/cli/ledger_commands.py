@@ -26,7 +26,10 @@ PREVIEW_CHARACTERS = 60
 
 def ledger_client(settings: ClientSettings) -> LedgerClient:
     return LedgerClient(
-        settings.endpoints, timeout=settings.timeout_seconds, cluster_id=settings.cluster_id
+        settings.endpoints,
+        timeout=settings.timeout_seconds,
+        cluster_id=settings.cluster_id,
+        tls=settings.tls,
     )
 
 

@@ -18,7 +18,9 @@ import click
 
 from quorumlog.cli.defaults import DEV_DIRECTORY_DEFAULT as DEFAULT_DEV_DIR
 from quorumlog.cli.defaults import DEV_STATE_FILE
+from quorumlog.cli.tls_options import node_tls_options
 from quorumlog.errors import QuorumLogError
+from quorumlog.tls.config import NodeTLS
 
 STARTED_HERE: dict[int, subprocess.Popen[bytes]] = {}
 """Node processes this process started (kept, not dropped to the garbage collector, which
@@ -121,6 +123,7 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
     type=click.IntRange(1),
     help="Ledger topics: records per ledger before rolling over to a new one.",
 )
+@node_tls_options
 def node_command(
     node_id: str,
     listen: str,
@@ -142,6 +145,7 @@ def node_command(
     ledger_owner_renew_ms: int,
     ledger_owner_stale_ms: int,
     ledger_rollover_entries: int,
+    node_tls: NodeTLS,
 ) -> None:
     """Run one node in the foreground; logs to stderr; SIGTERM stops it cleanly."""
     from quorumlog.node.server import NodeFailedError, NodeSettings, run_node
@@ -173,6 +177,7 @@ def node_command(
         ledger_owner_renew_ms=ledger_owner_renew_ms,
         ledger_owner_stale_ms=ledger_owner_stale_ms,
         ledger_rollover_entries=ledger_rollover_entries,
+        tls=node_tls,
     )
 
     async def main() -> None:

@@ -25,13 +25,19 @@ STATUS_COLUMNS = ["shard", "group", "state", "leader"]
 
 def admin_for(settings: ClientSettings) -> ShardAdmin:
     return ShardAdmin(
-        settings.endpoints, timeout=settings.timeout_seconds, cluster_id=settings.cluster_id
+        settings.endpoints,
+        timeout=settings.timeout_seconds,
+        cluster_id=settings.cluster_id,
+        tls=settings.tls,
     )
 
 
 def client_for(settings: ClientSettings) -> ShardedKVClient:
     return ShardedKVClient(
-        settings.endpoints, timeout=settings.timeout_seconds, cluster_id=settings.cluster_id
+        settings.endpoints,
+        timeout=settings.timeout_seconds,
+        cluster_id=settings.cluster_id,
+        tls=settings.tls,
     )
 
 

@@ -17,7 +17,9 @@ import click
 import msgspec
 
 from quorumlog.cli.defaults import default_endpoints
+from quorumlog.cli.tls_options import CLIENT_TLS_OPTIONS, client_tls
 from quorumlog.kv.connection import CLUSTER_ID_DEFAULT, parse_endpoints
+from quorumlog.tls.config import TLSConfig
 
 TIMEOUT_SECONDS_DEFAULT = 10.0
 CONSUME_RECORDS_PER_POLL_MAX = 10_000
@@ -32,6 +34,7 @@ class StreamSettings(msgspec.Struct, frozen=True):
     endpoints: list[str]
     cluster_id: str
     timeout_seconds: float
+    tls: TLSConfig | None = None
 
 
 def endpoints_callback(context: click.Context, parameter: click.Parameter, value: str) -> list[str]:
@@ -61,12 +64,21 @@ def client_options(command: Command) -> Command:
             show_default=True,
             help="Seconds to keep trying one request.",
         ),
+        *CLIENT_TLS_OPTIONS,
     ]
 
     def wrapped(
-        endpoints: list[str], cluster_id: str, timeout_seconds: float, **arguments: Any
+        endpoints: list[str],
+        cluster_id: str,
+        timeout_seconds: float,
+        cacert: str | None,
+        cert: str | None,
+        key: str | None,
+        skip_hostname_check: bool,
+        **arguments: Any,
     ) -> Any:
-        settings = StreamSettings(endpoints, cluster_id, timeout_seconds)
+        tls = client_tls(cacert, cert, key, skip_hostname_check)
+        settings = StreamSettings(endpoints, cluster_id, timeout_seconds, tls)
         return command(settings=settings, **arguments)
 
     wrapped.__name__ = command.__name__
@@ -211,7 +223,10 @@ AdminType = TypeVar("AdminType")
 
 def admin_for(settings: StreamSettings, admin_type: Callable[..., AdminType]) -> AdminType:
     return admin_type(
-        settings.endpoints, timeout=settings.timeout_seconds, cluster_id=settings.cluster_id
+        settings.endpoints,
+        timeout=settings.timeout_seconds,
+        cluster_id=settings.cluster_id,
+        tls=settings.tls,
     )
 
 
@@ -246,6 +261,7 @@ def produce_command(
         linger_ms=linger_ms,
         timeout=settings.timeout_seconds,
         cluster_id=settings.cluster_id,
+        tls=settings.tls,
     ) as producer:
         futures = []
         for line_number, (key, value) in enumerate(split_lines(stdin, separator), start=1):
@@ -326,6 +342,7 @@ def consume_command(
         auto_offset_reset="earliest" if from_beginning else "latest",
         timeout=settings.timeout_seconds,
         cluster_id=settings.cluster_id,
+        tls=settings.tls,
     ) as consumer:
         partitions = None if partition is None else [partition]
         if partition is not None and offset is not None:

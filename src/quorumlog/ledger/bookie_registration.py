@@ -44,6 +44,7 @@ from quorumlog.ledger.registry import (
     bookie_key,
     encode_bookie_record,
 )
+from quorumlog.tls.config import TLSConfig
 
 log = logging.getLogger("quorumlog.bookie")
 
@@ -97,8 +98,10 @@ class BookieRegistrar:
         cluster_id: str,
         settings: RegistrationSettings | None = None,
         clock: Callable[[], float] = time.time,
+        tls: TLSConfig | None = None,
     ) -> None:
         self.bookie = bookie
+        self.tls = tls
         self.address = address
         """Where clients reach the bookie, as "host:port" (read at every heartbeat)."""
         self.endpoints = endpoints
@@ -193,7 +196,9 @@ class BookieRegistrar:
 
     def new_client(self, endpoints: list[str], timeout_seconds: float) -> KVClient:
         try:
-            return KVClient(endpoints, timeout=timeout_seconds, cluster_id=self.cluster_id)
+            return KVClient(
+                endpoints, timeout=timeout_seconds, cluster_id=self.cluster_id, tls=self.tls
+            )
         except ValueError as error:
             # Endpoints are data here (learned, or typed by an operator): a failed heartbeat.
             raise ClientError(f"no usable metadata endpoints {endpoints}: {error}") from error

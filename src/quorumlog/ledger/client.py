@@ -77,6 +77,7 @@ from quorumlog.raft.invariants import require
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.group import AsyncioScheduler
 from quorumlog.stream.client_common import ClientLoop
+from quorumlog.tls.config import TLSConfig
 
 log = logging.getLogger("quorumlog.ledger.client")
 
@@ -237,16 +238,19 @@ class LedgerClient:
         metadata_store: MetadataStore | None = None,
         config: LedgerProtocolConfig | None = None,
         random: random_module.Random | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         """`endpoints`: the nodes of the metadata group (unused when `metadata_store` is
-        given); `timeout`: seconds any one call may take before it gives up."""
+        given); `timeout`: seconds any one call may take before it gives up; `tls`: talk
+        TLS to the metadata nodes and to the bookies (they serve clients on the same
+        listeners as the nodes, under the same client settings)."""
         if timeout <= 0:
             raise ValueError("timeout must be > 0")
         self.timeout = timeout
         self.random = random or random_module.Random()
         self.kv: KVClient | None = None
         if metadata_store is None:
-            self.kv = KVClient(endpoints, timeout=timeout, cluster_id=cluster_id)
+            self.kv = KVClient(endpoints, timeout=timeout, cluster_id=cluster_id, tls=tls)
             metadata_store = KVMetadataStore(self.kv)
         self.store: MetadataStore = metadata_store
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="ledger-metadata")
@@ -259,6 +263,7 @@ class LedgerClient:
             self.executor,
             cluster_id=cluster_id,
             client_id=f"ledger-{new_client_id()}",
+            tls=tls,
         )
         self.driver = LedgerDriver(
             AsyncioScheduler(self.loop),

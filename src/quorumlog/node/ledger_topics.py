@@ -70,6 +70,7 @@ from quorumlog.stream.partition import (
     ProduceOutcome,
 )
 from quorumlog.stream.topics import group_id
+from quorumlog.tls.config import TLSConfig
 
 log = logging.getLogger("quorumlog.ledger_topics")
 
@@ -156,11 +157,14 @@ class LedgerParts:
         cluster_id: str,
         endpoints: list[str],
         timeout_seconds: float,
+        tls: TLSConfig | None = None,
     ) -> None:
         self.loop = asyncio.get_running_loop()
         self.executor = ThreadPoolExecutor(METADATA_THREADS, thread_name_prefix="ledger-topics")
-        self.ledger_kv = KVClient(endpoints, timeout=timeout_seconds, cluster_id=cluster_id)
-        self.lease_kv = KVClient(endpoints, timeout=timeout_seconds, cluster_id=cluster_id)
+        self.ledger_kv = KVClient(
+            endpoints, timeout=timeout_seconds, cluster_id=cluster_id, tls=tls
+        )
+        self.lease_kv = KVClient(endpoints, timeout=timeout_seconds, cluster_id=cluster_id, tls=tls)
         self.metadata = KVMetadataStore(self.ledger_kv)
         self.directory = BookieDirectory(self.metadata)
         self.links = AsyncioBookieLinks(
@@ -169,6 +173,7 @@ class LedgerParts:
             self.executor,
             cluster_id=cluster_id,
             client_id=f"node-{node_id}-ledgers",
+            tls=tls,
         )
         self.scheduler = AsyncioScheduler(self.loop)
         self.driver = LedgerDriver(
@@ -214,6 +219,7 @@ class LedgerTopicService:
         read_local: Callable[[str], str | None],
         metadata_endpoints: Callable[[], list[str]],
         address_of: Callable[[str | None], str | None],
+        tls: TLSConfig | None = None,
     ) -> None:
         """`read_local`: a key of this node's copy of the metadata group (possibly behind;
         leases are only watched through it, every change is a CAS through a client)."""
@@ -224,6 +230,7 @@ class LedgerTopicService:
         self.read_local = read_local
         self.metadata_endpoints = metadata_endpoints
         self.address_of = address_of
+        self.tls = tls
         self.partitions: dict[tuple[str, int], LedgerPartition] = {}
         self.parts: LedgerParts | None = None
         self.task: asyncio.Task[None] | None = None
@@ -292,6 +299,7 @@ class LedgerTopicService:
                 self.cluster_id,
                 self.metadata_endpoints(),
                 self.settings.metadata_timeout_seconds,
+                self.tls,
             )
         return self.parts
 

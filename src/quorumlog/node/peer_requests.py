@@ -36,6 +36,7 @@ from quorumlog.kv.async_client import TRANSPORT_ERRORS, StreamConnection
 from quorumlog.kv.connection import EndpointSelector
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.resources import Scheduler
+from quorumlog.tls.config import TLSConfig
 
 ATTEMPT_TIMEOUT_SECONDS = 1.0
 """One attempt at one address: about an election, so a dead leader is soon given up on.
@@ -205,8 +206,10 @@ class PeerRequester:
         client_name: str,
         attempt_timeout_seconds: float = ATTEMPT_TIMEOUT_SECONDS,
         resolve: Callable[[str], str] = str,
+        tls: TLSConfig | None = None,
     ) -> None:
         self.cluster_id = cluster_id
+        self.tls = tls
         self.client_name = client_name
         self.attempt_timeout_seconds = attempt_timeout_seconds
         self.selectors = PeerSelectors(resolve)
@@ -252,6 +255,7 @@ class PeerRequester:
                 self.cluster_id,
                 self.client_name,
                 max(deadline - time.monotonic(), 0.001),
+                self.tls,
             )
             self.connections[address] = fresh
             return fresh

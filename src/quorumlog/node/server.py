@@ -75,6 +75,7 @@ from quorumlog.runtime.liveness import PeerLiveness
 from quorumlog.runtime.ticker import GroupTicker
 from quorumlog.runtime.transport import Endpoint, Replier, format_address, parse_address
 from quorumlog.shard.config import SHARD_COUNT_DEFAULT
+from quorumlog.tls.config import NodeTLS
 
 log = logging.getLogger("quorumlog.node")
 
@@ -131,6 +132,8 @@ class NodeSettings(msgspec.Struct, frozen=True):
     it was the master). The same on every node: replicas decide by it."""
     ha_controller_check_ms: int = int(CHECK_INTERVAL_SECONDS_DEFAULT * 1000)
     """HA controller: how often its leader looks for silent masters."""
+    tls: NodeTLS = NodeTLS()
+    """TLS for peers and clients (etcd's flags; tls/config.py says what each side uses)."""
 
 
 class Node:
@@ -141,7 +144,10 @@ class Node:
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fsync")
         self.address_book = AddressBook(settings.node_id)
         self.address_book.learn_all(dict(settings.peers), AddressSource.OPERATOR)
-        self.endpoint = Endpoint(settings.node_id, settings.cluster_id, settings.peers, self)
+        settings.tls.validate()
+        self.endpoint = Endpoint(
+            settings.node_id, settings.cluster_id, settings.peers, self, tls=settings.tls
+        )
         self.groups: dict[str, GroupRunner] = {}
         self.kv: KVService | None = None
         self.sharded_kv = ShardedKVParts()
@@ -149,7 +155,10 @@ class Node:
             settings.node_id, self.host_of, self.address_of, lambda: self.addresses
         )
         self.requester = PeerRequester(
-            settings.cluster_id, f"node-{settings.node_id}", resolve=self.resolve
+            settings.cluster_id,
+            f"node-{settings.node_id}",
+            resolve=self.resolve,
+            tls=settings.tls.dialing_tls(),
         )
         self.peers: AsyncioPeerRequests | None = None
         self.migration_pacer = ByteRatePacer(settings.shard_migration_bytes_per_second)
@@ -244,6 +253,7 @@ class Node:
             self.metadata_endpoints,
             self.settings.cluster_id,
             RegistrationSettings(heartbeat_seconds=self.settings.bookie_heartbeat_ms / 1000),
+            tls=self.settings.tls.dialing_tls(),
         )
         self.registrar.start()
 

@@ -132,6 +132,7 @@ class StreamService:
             metadata.data.get,
             node.metadata_endpoints,
             node.address_of,
+            tls=settings.tls.dialing_tls(),
         )
         self.ha_topics = HATopicService(
             node.node_id,
@@ -141,6 +142,7 @@ class StreamService:
             settings.fsync,
             node.metadata_endpoints,
             node.address_of,
+            tls=settings.tls,
         )
 
     # --- topic life cycle ---------------------------------------------------------------

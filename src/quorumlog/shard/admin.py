@@ -38,6 +38,7 @@ from quorumlog.shard.client import (
 )
 from quorumlog.shard.config import UNASSIGNED_GID, ShardConfiguration
 from quorumlog.shard.controller_commands import ControllerCommand, Join, Leave, Move
+from quorumlog.tls.config import TLSConfig
 
 STATUS_TIMEOUT_SECONDS_MAX = 2.0
 """How long status waits for one replica: a replica that is down should not hold up the
@@ -129,6 +130,7 @@ class ShardAdmin(ControllerClient):
         cluster_id: str = CLUSTER_ID_DEFAULT,
         client_id: str | None = None,
         attempt_timeout_seconds: float | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         super().__init__(
             endpoints,
@@ -136,6 +138,7 @@ class ShardAdmin(ControllerClient):
             cluster_id,
             client_id or f"admin-{uuid.uuid4().hex}",
             attempt_timeout_seconds,
+            tls,
         )
 
     # --- controller commands ------------------------------------------------------------

@@ -93,6 +93,7 @@ from quorumlog.shard.controller_commands import (
     decode_results,
     encode_commands,
 )
+from quorumlog.tls.config import TLSConfig
 
 ResponseType = TypeVar("ResponseType")
 
@@ -357,9 +358,16 @@ class BlockingTransport(AttemptSender):
     """Connections to every node this client talks to, one per endpoint (groups share nodes),
     and the attempt loop of one request within one group."""
 
-    def __init__(self, cluster_id: str, client_id: str, attempt_timeout_seconds: float) -> None:
+    def __init__(
+        self,
+        cluster_id: str,
+        client_id: str,
+        attempt_timeout_seconds: float,
+        tls: TLSConfig | None = None,
+    ) -> None:
         self.cluster_id = cluster_id
         self.client_id = client_id
+        self.tls = tls
         self.attempt_timeout_seconds = attempt_timeout_seconds
         self.connections: dict[str, BlockingConnection] = {}
         self.next_request_id = 1
@@ -390,7 +398,7 @@ class BlockingTransport(AttemptSender):
         connection = self.connections.get(endpoint)
         if connection is None:
             connection = BlockingConnection.open(
-                endpoint, self.cluster_id, self.client_id, deadline
+                endpoint, self.cluster_id, self.client_id, deadline, self.tls
             )
             self.connections[endpoint] = connection
         return connection
@@ -489,12 +497,13 @@ class ControllerClient(SessionHolder, Closing):
         cluster_id: str,
         client_id: str,
         attempt_timeout_seconds: float | None,
+        tls: TLSConfig | None = None,
     ) -> None:
         check_timeout(timeout)
         self.timeout = timeout
         self.session = ClientSession(client_id, hold_seconds=timeout)
         self.transport = BlockingTransport(
-            cluster_id, client_id, attempt_timeout_for(timeout, attempt_timeout_seconds)
+            cluster_id, client_id, attempt_timeout_for(timeout, attempt_timeout_seconds), tls
         )
         self.controller = ControllerChannel(endpoints, self.transport, timeout)
         self.lock = threading.RLock()
@@ -527,9 +536,16 @@ class ShardedKVClient(KVOperations, ControllerClient):
         cluster_id: str = CLUSTER_ID_DEFAULT,
         client_id: str | None = None,
         attempt_timeout_seconds: float | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
+        """`tls`: talk TLS to the nodes (see `TLSConfig`); None: plaintext."""
         super().__init__(
-            endpoints, timeout, cluster_id, client_id or new_client_id(), attempt_timeout_seconds
+            endpoints,
+            timeout,
+            cluster_id,
+            client_id or new_client_id(),
+            attempt_timeout_seconds,
+            tls,
         )
         self.router = ShardRouter()
 

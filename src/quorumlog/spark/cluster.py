@@ -63,6 +63,7 @@ class ClusterAccess(BlockingClient):
             timeout=connection.timeout_seconds,
             cluster_id=connection.cluster_id,
             thread_name=f"quorumlog-{client_name}",
+            tls=connection.tls,
         )
         self.connection = connection
 

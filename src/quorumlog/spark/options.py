@@ -35,8 +35,10 @@ import msgspec
 from quorumlog.kv.connection import CLUSTER_ID_DEFAULT, parse_endpoints
 from quorumlog.spark.errors import OptionError
 from quorumlog.spark.offsets import OffsetSpec, parse_offset_spec
+from quorumlog.tls.config import TLSConfig
 
 ENDPOINTS_ENVIRONMENT_VARIABLE = "QUORUMLOG_ENDPOINTS"
+TLS_OPTIONS = ("tls.caFile", "tls.certFile", "tls.keyFile")
 TIMEOUT_MS_DEFAULT = 30_000
 MAX_RECORDS_PER_PARTITION_DEFAULT = 1_000_000
 FETCH_RECORDS_MAX_DEFAULT = 10_000
@@ -46,7 +48,7 @@ PAGE_SIZE_DEFAULT = 1_000
 # Options Spark itself adds (or users add for Spark) that are not ours to judge.
 SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
 
-CONNECTION_OPTIONS = ("endpoints", "clusterId", "timeoutMs")
+CONNECTION_OPTIONS = ("endpoints", "clusterId", "timeoutMs", *TLS_OPTIONS)
 SOURCE_OPTIONS = (
     *CONNECTION_OPTIONS,
     "topic",
@@ -70,6 +72,9 @@ class ConnectionOptions(msgspec.Struct, frozen=True):
     endpoints: list[str]
     cluster_id: str = CLUSTER_ID_DEFAULT
     timeout_seconds: float = TIMEOUT_MS_DEFAULT / 1000
+    tls: TLSConfig | None = None
+    """From `tls.caFile`, `tls.certFile`, `tls.keyFile` (None: plaintext). The files must
+    be readable at the same paths on the driver and every executor."""
 
 
 class SourceOptions(msgspec.Struct, frozen=True):
@@ -164,7 +169,21 @@ def parse_connection(options: Options) -> ConnectionOptions:
         raise OptionError("endpoints", str(error)) from None
     cluster_id = options.text("clusterId") or CLUSTER_ID_DEFAULT
     timeout_ms = options.required_integer("timeoutMs", TIMEOUT_MS_DEFAULT, minimum=1)
-    return ConnectionOptions(endpoints, cluster_id, timeout_ms / 1000)
+    return ConnectionOptions(endpoints, cluster_id, timeout_ms / 1000, parse_tls(options))
+
+
+def parse_tls(options: Options) -> TLSConfig | None:
+    """TLS from `tls.caFile`, `tls.certFile` and `tls.keyFile` (None if none is given)."""
+    ca_file, cert_file, key_file = (options.text(name) for name in TLS_OPTIONS)
+    if ca_file is None and cert_file is None and key_file is None:
+        return None
+    if (cert_file is None) != (key_file is None):
+        missing = "tls.keyFile" if key_file is None else "tls.certFile"
+        raise OptionError(missing, "tls.certFile and tls.keyFile go together")
+    for name, path in zip(TLS_OPTIONS, (ca_file, cert_file, key_file), strict=True):
+        if path is not None and not os.path.isfile(path):
+            raise OptionError(name, f"no such file: {path!r}")
+    return TLSConfig(ca_file=ca_file, cert_file=cert_file, key_file=key_file)
 
 
 def parse_topics(options: Options) -> list[str]:

@@ -32,6 +32,7 @@ from quorumlog.stream.client_common import (
 )
 from quorumlog.stream.records import PartitionDescription, TopicDescription
 from quorumlog.stream.topics import PARTITIONS_MAX, STORAGE_LEDGER, TOPIC_NAME, storage_problem
+from quorumlog.tls.config import TLSConfig
 
 
 def check_topic_name(name: str) -> None:
@@ -65,6 +66,7 @@ class Admin(BlockingClient):
         timeout: float = 10.0,
         cluster_id: str = "quorumlog",
         attempt_timeout_seconds: float | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         super().__init__(
             endpoints,
@@ -72,6 +74,7 @@ class Admin(BlockingClient):
             cluster_id=cluster_id,
             attempt_timeout_seconds=attempt_timeout_seconds,
             thread_name="quorumlog-admin",
+            tls=tls,
         )
 
     def create_topic(

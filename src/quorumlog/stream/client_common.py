@@ -57,6 +57,7 @@ from quorumlog.kv.connection import (
 )
 from quorumlog.kv.lifetime import Closing
 from quorumlog.stream.topics import decode_descriptor, topic_key
+from quorumlog.tls.config import TLSConfig
 
 ResponseType = TypeVar("ResponseType")
 ResultType = TypeVar("ResultType")
@@ -205,6 +206,7 @@ class StreamTransport:
         cluster_id: str,
         client_id: str | None,
         attempt_timeout_seconds: float | None,
+        tls: TLSConfig | None = None,
     ) -> None:
         check_timeout(timeout)
         self.timeout = timeout
@@ -214,6 +216,7 @@ class StreamTransport:
             cluster_id=cluster_id,
             client_id=client_id,
             attempt_timeout_seconds=attempt_timeout_seconds,
+            tls=tls,
         )
         self.topics: dict[str, TopicDescriptor] = {}
         self.selectors: dict[tuple[str, int], tuple[list[str], EndpointSelector]] = {}
@@ -499,7 +502,9 @@ class BlockingClient(Closing):
         client_id: str | None = None,
         attempt_timeout_seconds: float | None = None,
         thread_name: str = "quorumlog-client",
+        tls: TLSConfig | None = None,
     ) -> None:
+        """`tls`: talk TLS to the nodes (see `TLSConfig`); None: plaintext."""
         if isinstance(endpoints, str):
             raise TypeError('endpoints is a list of "host:port" strings, not one string')
         check_timeout(timeout)
@@ -509,7 +514,7 @@ class BlockingClient(Closing):
         try:
             self.transport = self.io.run(
                 self.make_transport(
-                    list(endpoints), timeout, cluster_id, client_id, attempt_timeout_seconds
+                    list(endpoints), timeout, cluster_id, client_id, attempt_timeout_seconds, tls
                 )
             )
         except BaseException:
@@ -523,9 +528,12 @@ class BlockingClient(Closing):
         cluster_id: str,
         client_id: str | None,
         attempt_timeout_seconds: float | None,
+        tls: TLSConfig | None = None,
     ) -> StreamTransport:
         # Built on the loop, so everything it creates belongs to that loop.
-        return StreamTransport(endpoints, timeout, cluster_id, client_id, attempt_timeout_seconds)
+        return StreamTransport(
+            endpoints, timeout, cluster_id, client_id, attempt_timeout_seconds, tls
+        )
 
     def run(self, coroutine: Coroutine[Any, Any, ResultType]) -> ResultType:
         if self.closed:

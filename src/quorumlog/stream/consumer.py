@@ -35,6 +35,7 @@ from quorumlog.stream.client_common import (
     leader_status,
 )
 from quorumlog.stream.records import Record
+from quorumlog.tls.config import TLSConfig
 
 FETCH_BYTES_MAX_DEFAULT = 4 * 1024 * 1024
 READ_RECORDS_MAX_DEFAULT = 10_000
@@ -90,6 +91,7 @@ class Consumer(BlockingClient):
         cluster_id: str = CLUSTER_ID_DEFAULT,
         attempt_timeout_seconds: float | None = None,
         read_from_followers: bool = False,
+        tls: TLSConfig | None = None,
     ) -> None:
         """`read_from_followers`: let any replica answer reads (spreads load; a follower may
         trail the leader by a moment). By default the leader answers, as in Kafka, so a
@@ -115,6 +117,7 @@ class Consumer(BlockingClient):
             cluster_id=cluster_id,
             attempt_timeout_seconds=attempt_timeout_seconds,
             thread_name="quorumlog-consumer",
+            tls=tls,
         )
 
     # --- reads --------------------------------------------------------------------------

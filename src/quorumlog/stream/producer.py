@@ -64,6 +64,7 @@ from quorumlog.errors import (
 from quorumlog.kv.connection import CLUSTER_ID_DEFAULT
 from quorumlog.stream.client_common import BlockingClient, partition_for_key
 from quorumlog.stream.records import RecordMetadata
+from quorumlog.tls.config import TLSConfig
 
 LINGER_MS_DEFAULT = 5.0
 BATCH_RECORDS_MAX_DEFAULT = 16_384
@@ -215,6 +216,7 @@ class Producer(BlockingClient):
         timeout: float = 10.0,
         cluster_id: str = CLUSTER_ID_DEFAULT,
         attempt_timeout_seconds: float | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         check_producer_settings(
             linger_ms, batch_records_max, batch_bytes_max, buffer_bytes_max, max_block_seconds
@@ -254,6 +256,7 @@ class Producer(BlockingClient):
             client_id=self.producer_id,
             attempt_timeout_seconds=attempt_timeout_seconds,
             thread_name="quorumlog-producer",
+            tls=tls,
         )
 
     # --- the caller's side --------------------------------------------------------------
