@@ -21,6 +21,7 @@ from quorumlog.cli.defaults import DEV_STATE_FILE
 from quorumlog.cli.tls_options import node_tls_options
 from quorumlog.errors import QuorumLogError
 from quorumlog.tls.config import NodeTLS
+from quorumlog.tls.dev import dev_tls, state_tls, tls_exports
 
 STARTED_HERE: dict[int, subprocess.Popen[bytes]] = {}
 """Node processes this process started (kept, not dropped to the garbage collector, which
@@ -262,6 +263,7 @@ def start_dev_cluster(
     extra_arguments: list[str] | None = None,
     group_count: int = 0,
     bookie_count: int = 0,
+    tls: bool = False,
 ) -> dict[str, object]:
     """Start `nodes` node processes (each hosting a bookie) and `bookie_count` bookie-only
     processes ("bookie-1", ...) under `directory`; returns the state written there.
@@ -272,7 +274,10 @@ def start_dev_cluster(
 
     With `group_count`, every node hosts the shard controller and shard groups 1..G (not
     yet joined: see `join_dev_groups`); the state records the groups' servers by node id,
-    which the cluster resolves to wherever the node listens now."""
+    which the cluster resolves to wherever the node listens now.
+
+    With `tls`, a fresh CA and certificates go to `directory/tls` (tls/dev.py) and every
+    process requires TLS of peers and clients; the state records the client's files."""
     base = Path(directory).resolve()
     base.mkdir(parents=True, exist_ok=True)
     existing = load_dev_state(str(base))
@@ -290,6 +295,8 @@ def start_dev_cluster(
         for bookie_id, port in zip(bookie_ids, ports[nodes:], strict=True)
     }
     endpoints = ",".join(addresses.values())
+    secured = dev_tls(base) if tls else None
+    tls_arguments = secured.node_arguments if secured is not None else []
     pids: dict[str, int] = {}
     for node_id in ids:
         peers = ",".join(f"{p}={a}" for p, a in addresses.items() if p != node_id)
@@ -310,6 +317,7 @@ def start_dev_cluster(
                 cluster_id,
                 *sharded_kv_arguments(ids, group_count),
                 *(extra_arguments or []),
+                *tls_arguments,
             ],
         )
     for bookie_id, address in bookies.items():
@@ -328,6 +336,7 @@ def start_dev_cluster(
                 endpoints,
                 "--cluster-id",
                 cluster_id,
+                *tls_arguments,
             ],
         )
     state: dict[str, object] = {
@@ -338,6 +347,7 @@ def start_dev_cluster(
         "pids": pids,
         "endpoints": endpoints,
         "groups": {str(gid): list(ids) for gid in range(1, group_count + 1)},
+        "tls": secured.client_files if secured is not None else None,
     }
     dev_state_path(str(base)).write_text(json.dumps(state, indent=2))
     return state
@@ -373,7 +383,10 @@ def join_dev_groups(state: dict[str, object]) -> tuple[int, bool]:
     groups: dict[str, list[str]] = state["groups"]  # type: ignore[assignment]
     endpoints = str(state["endpoints"]).split(",")
     with ShardAdmin(
-        endpoints, timeout=JOIN_TIMEOUT_SECONDS, cluster_id=str(state["cluster_id"])
+        endpoints,
+        timeout=JOIN_TIMEOUT_SECONDS,
+        cluster_id=str(state["cluster_id"]),
+        tls=state_tls(state),
     ) as admin:
         latest = admin.query()
         missing = {
@@ -438,7 +451,10 @@ def wait_for_dev_bookies(state: dict[str, object], count: int) -> None:
     endpoints = str(state["endpoints"]).split(",")
     deadline = time.monotonic() + JOIN_TIMEOUT_SECONDS
     with KVClient(
-        endpoints, timeout=JOIN_TIMEOUT_SECONDS, cluster_id=str(state["cluster_id"])
+        endpoints,
+        timeout=JOIN_TIMEOUT_SECONDS,
+        cluster_id=str(state["cluster_id"]),
+        tls=state_tls(state),
     ) as client:
         store = KVMetadataStore(client)
         while len(store.writable_bookies()) < count:
@@ -472,8 +488,14 @@ def wait_for_dev_bookies(state: dict[str, object], count: int) -> None:
     "--dir", "directory", default=DEFAULT_DEV_DIR, show_default=True, envvar="QUORUMLOG_DEV_DIR"
 )
 @click.option("--cluster-id", default="quorumlog", envvar="QUORUMLOG_CLUSTER_ID")
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="Make a throwaway CA and certificates under the directory; peers and clients "
+    "must use TLS with a certificate (prints the exports that point the command at them).",
+)
 def dev_up(
-    nodes: int, group_count: int, bookie_count: int, directory: str, cluster_id: str
+    nodes: int, group_count: int, bookie_count: int, directory: str, cluster_id: str, tls: bool
 ) -> None:
     """Start the cluster in the background and print the endpoints.
 
@@ -481,7 +503,12 @@ def dev_up(
     every node also hosts the shard controller and shard groups 1..G, and the groups are
     joined through the controller, so `quorumlog shard put` works at once."""
     state = start_dev_cluster(
-        directory, nodes, cluster_id, group_count=group_count, bookie_count=bookie_count
+        directory,
+        nodes,
+        cluster_id,
+        group_count=group_count,
+        bookie_count=bookie_count,
+        tls=tls,
     )
     bookies_started = f" and {bookie_count} bookies" if bookie_count else ""
     click.echo(f"started {nodes} nodes{bookies_started}; data and logs under {state['directory']}")
@@ -503,6 +530,8 @@ def dev_up(
         done = "joined" if joined else "already joined:"
         click.echo(f"{done} shard groups 1..{group_count}: configuration {number}")
     click.echo(f"export QUORUMLOG_ENDPOINTS={state['endpoints']}")
+    for line in tls_exports(state):
+        click.echo(line)
 
 
 @dev_group.command("down")
@@ -538,3 +567,5 @@ def dev_status(directory: str) -> None:
     for gid, servers in groups.items():
         click.echo(f"shard group {gid}  {','.join(servers)}")
     click.echo(f"export QUORUMLOG_ENDPOINTS={state['endpoints']}")
+    for line in tls_exports(state):
+        click.echo(line)

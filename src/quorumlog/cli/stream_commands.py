@@ -71,13 +71,13 @@ def client_options(command: Command) -> Command:
         endpoints: list[str],
         cluster_id: str,
         timeout_seconds: float,
-        cacert: str | None,
-        cert: str | None,
-        key: str | None,
+        tls_cacert: str | None,
+        tls_cert: str | None,
+        tls_key: str | None,
         skip_hostname_check: bool,
         **arguments: Any,
     ) -> Any:
-        tls = client_tls(cacert, cert, key, skip_hostname_check)
+        tls = client_tls(tls_cacert, tls_cert, tls_key, skip_hostname_check)
         settings = StreamSettings(endpoints, cluster_id, timeout_seconds, tls)
         return command(settings=settings, **arguments)
 

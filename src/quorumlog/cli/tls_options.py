@@ -18,6 +18,7 @@ READABLE_FILE = click.Path(exists=True, dir_okay=False)
 CLIENT_TLS_OPTIONS = (
     click.option(
         "--cacert",
+        "tls_cacert",
         envvar="QUORUMLOG_CACERT",
         type=READABLE_FILE,
         default=None,
@@ -25,6 +26,7 @@ CLIENT_TLS_OPTIONS = (
     ),
     click.option(
         "--cert",
+        "tls_cert",
         envvar="QUORUMLOG_CERT",
         type=READABLE_FILE,
         default=None,
@@ -32,6 +34,7 @@ CLIENT_TLS_OPTIONS = (
     ),
     click.option(
         "--key",
+        "tls_key",
         envvar="QUORUMLOG_KEY",
         type=READABLE_FILE,
         default=None,
@@ -64,13 +67,14 @@ def client_tls_options(command: Command) -> Command:
 
     @functools.wraps(command)
     def build(
-        cacert: str | None,
-        cert: str | None,
-        key: str | None,
+        tls_cacert: str | None,
+        tls_cert: str | None,
+        tls_key: str | None,
         skip_hostname_check: bool,
         **arguments: Any,
     ) -> Any:
-        return command(tls=client_tls(cacert, cert, key, skip_hostname_check), **arguments)
+        tls = client_tls(tls_cacert, tls_cert, tls_key, skip_hostname_check)
+        return command(tls=tls, **arguments)
 
     decorated: Any = build
     for option in reversed(CLIENT_TLS_OPTIONS):
