@@ -16,8 +16,9 @@ Phases, each printed as one JSON object with a "phase" name:
   from inside the leader's process (PySyncObj has no client protocol; followers would only
   forward to it).
 
-With `--tls`, `quorumlog-tls-throughput` follows `quorumlog-nodes`: the throughput phase
-again on a fresh cluster that requires TLS of peers and clients (bench/kv_tls.py).
+With `--tls`, `quorumlog-tls-throughput` follows `quorumlog-nodes`: throughput rounds
+on a fresh plaintext cluster and a fresh cluster that requires TLS of peers and clients,
+alternated (bench/kv_tls.py); the share compares those rounds.
 
 The last line sums it up: ops_per_s, p50_ms, p99_ms, pysyncobj_ops_per_s,
 ratio_to_pysyncobj, p99_ms_at_1000_ops, node_rss_mb_max (with `--tls` also
@@ -51,7 +52,7 @@ from quorumlog.bench.kv_processes import (
     peak_rss_megabytes,
     run_load_processes,
 )
-from quorumlog.bench.kv_tls import TLSNodeCluster, tls_summary
+from quorumlog.bench.kv_tls import ROUND_ORDER, TLSNodeCluster, tls_summary
 
 CLUSTER_ID = "bench-kv"
 WARM_UP_SECONDS_MAX = 1.0
@@ -119,7 +120,9 @@ def run_kv_benchmark(settings: KVBenchSettings, as_json: bool) -> dict[str, Any]
         "node_rss_mb_max": nodes["node_rss_mb_max"],
     }
     if tls_throughput is not None:
-        summary.update(tls_summary(ops_per_s, tls_throughput["ops_per_s"]))
+        summary.update(
+            tls_summary(tls_throughput["plaintext_ops_per_s"], tls_throughput["tls_ops_per_s"])
+        )
     emit(summary, as_json)
     return summary
 
@@ -178,13 +181,38 @@ def quorumlog_phases(
 def quorumlog_tls_phase(
     directory: Path, settings: KVBenchSettings, as_json: bool
 ) -> dict[str, Any]:
-    cluster = TLSNodeCluster(directory, node_count=3, cluster_id=CLUSTER_ID)
+    """Throughput rounds on a plaintext and a TLS cluster, both up, in the order of
+    `ROUND_ORDER` (see bench/kv_tls.py): the share TLS keeps, measured under the same
+    drift of the machine's other load."""
+    directory.mkdir(parents=True)
+    plaintext = NodeCluster(directory / "plaintext", node_count=3, cluster_id=CLUSTER_ID)
+    secured = TLSNodeCluster(directory / "tls", node_count=3, cluster_id=CLUSTER_ID)
+    (directory / "plaintext").mkdir()
+    rounds: dict[str, list[float]] = {"plaintext": [], "tls": []}
+    cpu_rounds: dict[str, list[float]] = {"plaintext": [], "tls": []}
     try:
-        leader = cluster.start()
-        throughput = quorumlog_throughput(cluster, leader, settings, cluster.load_arguments())
+        leaders = {"plaintext": plaintext.start(), "tls": secured.start()}
+        for name in ROUND_ORDER:
+            cluster = secured if name == "tls" else plaintext
+            load_arguments = secured.load_arguments() if name == "tls" else None
+            figures = quorumlog_throughput(cluster, leaders[name], settings, load_arguments)
+            rounds[name].append(figures["ops_per_s"])
+            cpu_rounds[name].append(figures["cpu_us_per_op_total"])
     finally:
-        cluster.stop()
-    throughput["phase"] = "quorumlog-tls-throughput"
+        secured.stop()
+        plaintext.stop()
+    throughput = {
+        "phase": "quorumlog-tls-throughput",
+        "round_order": list(ROUND_ORDER),
+        "plaintext_rounds_ops_per_s": rounds["plaintext"],
+        "tls_rounds_ops_per_s": rounds["tls"],
+        "plaintext_ops_per_s": round(statistics.mean(rounds["plaintext"]), 1),
+        "tls_ops_per_s": round(statistics.mean(rounds["tls"]), 1),
+        # CPU per put (nodes and load processes) drifts less with the machine's other
+        # load than puts/s does: what TLS costs, as a second view.
+        "plaintext_cpu_us_per_op": round(statistics.mean(cpu_rounds["plaintext"]), 2),
+        "tls_cpu_us_per_op": round(statistics.mean(cpu_rounds["tls"]), 2),
+    }
     emit(throughput, as_json)
     return throughput
 
