@@ -2,7 +2,10 @@
 
 One module-scoped cluster of 3 nodes requires TLS of peers and clients, with a certificate
 each (`--client-cert-auth`, `--peer-client-cert-auth`, `--peer-cert-allowed-cn`), made by
-the certificate maker the command uses (tls/certificates.py). A refused client gets a
+the certificate maker the command uses (tls/certificates.py); it also hosts the sharded
+KV (a controller and two shard groups) and serves ledger and HA topics, whose nodes dial
+each other as clients (shard pulls, bookie links, the HA controller) or as HA peers, all
+under TLS. A refused client gets a
 `TLSHandshakeError` at once (not a timeout), the node logs one line saying why, and the
 cluster goes on serving the good clients. Intruding nodes (a certificate from another CA,
 the wrong common name, no TLS at all) are single extra processes started against it.
@@ -22,6 +25,8 @@ from quorumlog.errors import TLSHandshakeError
 from quorumlog.kv.client import KVClient
 from quorumlog.ledger.client import LedgerClient
 from quorumlog.ledger.metadata_kv import KVMetadataStore
+from quorumlog.shard.admin import ShardAdmin
+from quorumlog.shard.client import ShardedKVClient
 from quorumlog.stream.client_admin import Admin
 from quorumlog.stream.consumer import Consumer
 from quorumlog.stream.producer import Producer
@@ -80,7 +85,11 @@ def cluster(
     with ProcessCluster(
         tmp_path_factory.mktemp("tls-cluster"),
         cluster_id=CLUSTER_ID,
-        extra_arguments=node_tls_arguments(certificates.ca_file, certificates.node),
+        extra_arguments=[
+            *node_tls_arguments(certificates.ca_file, certificates.node),
+            *("--controller", "n1,n2,n3"),
+            *("--shard-group", "1=n1,n2,n3", "--shard-group", "2=n1,n2,n3"),
+        ],
         tls=certificates.client_tls(),
     ) as started:
         started.wait_for_leader(timeout_seconds=WAIT_SECONDS)
@@ -152,6 +161,52 @@ def test_ledger_client_over_tls(cluster: ProcessCluster, certificates: Certifica
         reader = client.open_ledger(handle.ledger_id, password=b"secret")
         entries = reader.read(first, reader.last_add_confirmed)
     assert [entry.data for entry in entries] == [f"entry-{n}".encode() for n in range(50)]
+
+
+@pytest.mark.parametrize("storage", ["ledger", "ha"])
+def test_ledger_and_ha_topics_over_tls(
+    cluster: ProcessCluster, certificates: Certificates, storage: str
+) -> None:
+    tls = certificates.client_tls()
+    topic = f"{storage}-topic"
+    with tls_client(cluster, tls) as kv:
+        store = KVMetadataStore(kv)
+        wait_until(lambda: len(store.writable_bookies()) >= 3, WAIT_SECONDS, "3 bookies")
+    with Admin(cluster.endpoints, cluster_id=CLUSTER_ID, tls=tls) as admin:
+        admin.create_topic(topic, partitions=1, replication=3, storage=storage)
+    with Producer(
+        cluster.endpoints, cluster_id=CLUSTER_ID, linger_ms=0, timeout=WAIT_SECONDS, tls=tls
+    ) as producer:
+        sent = [producer.send(topic, f"{storage}-{n}".encode()) for n in range(10)]
+        producer.flush()
+        assert all(future.result(timeout=WAIT_SECONDS).offset >= 0 for future in sent)
+    with Consumer(cluster.endpoints, cluster_id=CLUSTER_ID, tls=tls) as consumer:
+        values = [record.value for record in consumer.read(topic, 0, 0)]
+    assert values == [f"{storage}-{n}".encode() for n in range(10)]
+
+
+def test_sharded_kv_over_tls_moves_shards_between_groups(
+    cluster: ProcessCluster, certificates: Certificates
+) -> None:
+    """Joining the second group moves shards to it: its leader pulls them from the first
+    group's through the nodes' own TLS clients (node/peer_requests.py)."""
+    tls = certificates.client_tls()
+    servers = ["n1", "n2", "n3"]
+    with ShardAdmin(
+        cluster.endpoints, timeout=WAIT_SECONDS, cluster_id=CLUSTER_ID, tls=tls
+    ) as admin:
+        admin.join({1: servers})
+        with ShardedKVClient(
+            cluster.endpoints, timeout=WAIT_SECONDS, cluster_id=CLUSTER_ID, tls=tls
+        ) as client:
+            for number in range(20):
+                client.put(f"sharded-{number}", str(number))
+            admin.join({2: servers})
+            owners = admin.query().shards
+            assert set(owners) == {1, 2}  # some shards moved to the new group
+            assert [client.get(f"sharded-{number}") for number in range(20)] == [
+                str(number) for number in range(20)
+            ]
 
 
 # --- refused clients -----------------------------------------------------------------------
