@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from quorumlog.stream.client_admin import Admin
     from quorumlog.stream.consumer import Consumer
     from quorumlog.stream.producer import Producer
+    from quorumlog.tls.config import TLSConfig
 
 __all__ = [
     "Admin",
@@ -31,6 +32,7 @@ __all__ = [
     "Producer",
     "ShardAdmin",
     "ShardedKVClient",
+    "TLSConfig",
     "__version__",
 ]
 
@@ -43,6 +45,7 @@ _CLIENT_MODULES = {
     "Producer": "quorumlog.stream.producer",
     "ShardAdmin": "quorumlog.shard.admin",
     "ShardedKVClient": "quorumlog.shard.client",
+    "TLSConfig": "quorumlog.tls.config",
 }
 
 

@@ -205,6 +205,13 @@ class GroupFailedError(RaftError):
         self.reason = reason
 
 
+class TLSHandshakeError(ClientError):
+    """The TLS handshake with a node failed: the node's certificate is not trusted (wrong
+    CA, wrong host name), the node refused ours (missing, or from a CA it does not trust),
+    or one side speaks TLS and the other does not. Not retried: trying again or elsewhere
+    would fail the same way until the certificates or settings change."""
+
+
 # --- controller mode (reference 003): broker-side HA replication ------------------------
 
 

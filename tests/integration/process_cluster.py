@@ -36,8 +36,11 @@ from typing import TypeVar
 
 from quorumlog.codec.frame import FrameDecoder, encode_frame
 from quorumlog.codec.wire import Frame, StatusRequest, StatusResponse, decode, encode
+from quorumlog.errors import TLSHandshakeError
 from quorumlog.kv.client import KVClient
 from quorumlog.kv.connection import hello_frame
+from quorumlog.tls.config import TLSConfig
+from quorumlog.tls.handshake import open_blocking
 
 ConditionValue = TypeVar("ConditionValue")
 
@@ -94,12 +97,17 @@ def wait_until(
 
 
 def request_frame(
-    address: str, request: StatusRequest, cluster_id: str, timeout_seconds: float
+    address: str,
+    request: StatusRequest,
+    cluster_id: str,
+    timeout_seconds: float,
+    tls: TLSConfig | None = None,
 ) -> Frame:
-    """One handshake and one request on a fresh connection; raises OSError/TimeoutError."""
+    """One handshake and one request on a fresh connection (TLS with `tls`); raises
+    OSError/TimeoutError (TLSHandshakeError if TLS fails)."""
     host, _, port = address.rpartition(":")
     deadline = time.monotonic() + timeout_seconds
-    with socket.create_connection((host, int(port)), timeout=timeout_seconds) as sock:
+    with open_blocking(host, int(port), tls, timeout_seconds, address) as sock:
         sock.sendall(hello_frame(cluster_id, "integration-test-status"))
         sock.sendall(encode_frame(encode(request)))
         decoder = FrameDecoder()
@@ -117,12 +125,17 @@ def request_frame(
 
 
 def query_status(
-    address: str, cluster_id: str, timeout_seconds: float = STATUS_TIMEOUT_SECONDS
+    address: str,
+    cluster_id: str,
+    timeout_seconds: float = STATUS_TIMEOUT_SECONDS,
+    tls: TLSConfig | None = None,
 ) -> StatusResponse | None:
     """The node's status, or None if it does not answer in time (down, paused, starting)."""
     try:
-        frame = request_frame(address, StatusRequest(request_id=1), cluster_id, timeout_seconds)
-    except (OSError, TimeoutError, ValueError):
+        frame = request_frame(
+            address, StatusRequest(request_id=1), cluster_id, timeout_seconds, tls
+        )
+    except (OSError, TimeoutError, ValueError, TLSHandshakeError):
         return None
     return frame if isinstance(frame, StatusResponse) else None
 
@@ -166,7 +179,11 @@ class ProcessCluster:
         tick_ms: int = TICK_MS_DEFAULT,
         cluster_id: str = "integration",
         extra_arguments: Iterable[str] = (),
+        tls: TLSConfig | None = None,
     ) -> None:
+        """`tls`: how the cluster's own checks and clients reach nodes started with TLS
+        flags (in `extra_arguments`)."""
+        self.tls = tls
         self.base_directory = base_directory
         self.node_count = node_count
         self.tick_ms = tick_ms
@@ -227,7 +244,7 @@ class ProcessCluster:
                     if self.port_was_taken(node):
                         return False
                     raise AssertionError(f"{node_id} exited at start:\n{self.log_tail(node_id)}")
-                if query_status(node.address, self.cluster_id) is not None:
+                if query_status(node.address, self.cluster_id, tls=self.tls) is not None:
                     waiting.discard(node_id)
             if waiting and time.monotonic() >= deadline:
                 raise AssertionError(f"nodes {sorted(waiting)} did not answer in time")
@@ -348,7 +365,7 @@ class ProcessCluster:
                 self.launch(node)
 
     def answer_or_exit(self, node: NodeProcess) -> str | None:
-        if query_status(node.address, self.cluster_id) is not None:
+        if query_status(node.address, self.cluster_id, tls=self.tls) is not None:
             return "answered"
         if not node.running:
             if node.process is not None:
@@ -369,7 +386,7 @@ class ProcessCluster:
         node = self.nodes[node_id]
         if not node.running or node.paused:
             return None
-        return query_status(node.address, self.cluster_id)
+        return query_status(node.address, self.cluster_id, tls=self.tls)
 
     def statuses(self) -> dict[str, StatusResponse]:
         """The status of every node that answers now."""
@@ -397,7 +414,7 @@ class ProcessCluster:
 
     def client(self, timeout: float = 5.0) -> KVClient:
         """A blocking client of every node, closed with the cluster."""
-        client = KVClient(self.endpoints, timeout=timeout, cluster_id=self.cluster_id)
+        client = KVClient(self.endpoints, timeout=timeout, cluster_id=self.cluster_id, tls=self.tls)
         self.clients.append(client)
         return client
 

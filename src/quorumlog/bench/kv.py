@@ -16,8 +16,13 @@ Phases, each printed as one JSON object with a "phase" name:
   from inside the leader's process (PySyncObj has no client protocol; followers would only
   forward to it).
 
+With `--tls`, `quorumlog-tls-throughput` follows `quorumlog-nodes`: throughput rounds
+on a fresh plaintext cluster and a fresh cluster that requires TLS of peers and clients,
+alternated (bench/kv_tls.py); the share compares those rounds.
+
 The last line sums it up: ops_per_s, p50_ms, p99_ms, pysyncobj_ops_per_s,
-ratio_to_pysyncobj, p99_ms_at_1000_ops, node_rss_mb_max.
+ratio_to_pysyncobj, p99_ms_at_1000_ops, node_rss_mb_max (with `--tls` also
+tls_ops_per_s and tls_share_of_plaintext, which the issue wants at 0.7 or more).
 
 A put counts when it is answered inside the measured window; load processes warm up
 (connect, find the leader) before it. Latencies come from log-scale histograms (0.5 %
@@ -47,6 +52,7 @@ from quorumlog.bench.kv_processes import (
     peak_rss_megabytes,
     run_load_processes,
 )
+from quorumlog.bench.kv_tls import ROUND_ORDER, TLSNodeCluster, tls_summary
 
 CLUSTER_ID = "bench-kv"
 WARM_UP_SECONDS_MAX = 1.0
@@ -67,6 +73,7 @@ class KVBenchSettings:
         pysyncobj_concurrency: int | None = None,
         paced_seconds: float | None = None,
         directory: str | None = None,
+        tls: bool = False,
     ) -> None:
         self.seconds = seconds
         self.clients = clients
@@ -82,6 +89,8 @@ class KVBenchSettings:
         )
         self.directory = directory
         self.warm_up_seconds = min(WARM_UP_SECONDS_MAX, seconds / 2)
+        self.tls = tls
+        """Also run the throughput phase on a cluster that requires TLS."""
 
 
 def run_kv_benchmark(settings: KVBenchSettings, as_json: bool) -> dict[str, Any]:
@@ -90,6 +99,9 @@ def run_kv_benchmark(settings: KVBenchSettings, as_json: bool) -> dict[str, Any]
     try:
         emit(disk_phase(base), as_json)
         throughput, paced, nodes = quorumlog_phases(base / "quorumlog", settings, as_json)
+        tls_throughput = (
+            quorumlog_tls_phase(base / "quorumlog-tls", settings, as_json) if settings.tls else None
+        )
         pysyncobj = pysyncobj_phase(settings)
         emit(pysyncobj, as_json)
     finally:
@@ -107,6 +119,10 @@ def run_kv_benchmark(settings: KVBenchSettings, as_json: bool) -> dict[str, Any]
         "p99_ms_at_1000_ops": paced["p99_ms"],
         "node_rss_mb_max": nodes["node_rss_mb_max"],
     }
+    if tls_throughput is not None:
+        summary.update(
+            tls_summary(tls_throughput["plaintext_ops_per_s"], tls_throughput["tls_ops_per_s"])
+        )
     emit(summary, as_json)
     return summary
 
@@ -162,8 +178,51 @@ def quorumlog_phases(
     return throughput, paced, nodes
 
 
+def quorumlog_tls_phase(
+    directory: Path, settings: KVBenchSettings, as_json: bool
+) -> dict[str, Any]:
+    """Throughput rounds on a plaintext and a TLS cluster, both up, in the order of
+    `ROUND_ORDER` (see bench/kv_tls.py): the share TLS keeps, measured under the same
+    drift of the machine's other load."""
+    directory.mkdir(parents=True)
+    plaintext = NodeCluster(directory / "plaintext", node_count=3, cluster_id=CLUSTER_ID)
+    secured = TLSNodeCluster(directory / "tls", node_count=3, cluster_id=CLUSTER_ID)
+    (directory / "plaintext").mkdir()
+    rounds: dict[str, list[float]] = {"plaintext": [], "tls": []}
+    cpu_rounds: dict[str, list[float]] = {"plaintext": [], "tls": []}
+    try:
+        leaders = {"plaintext": plaintext.start(), "tls": secured.start()}
+        for name in ROUND_ORDER:
+            cluster = secured if name == "tls" else plaintext
+            load_arguments = secured.load_arguments() if name == "tls" else None
+            figures = quorumlog_throughput(cluster, leaders[name], settings, load_arguments)
+            rounds[name].append(figures["ops_per_s"])
+            cpu_rounds[name].append(figures["cpu_us_per_op_total"])
+    finally:
+        secured.stop()
+        plaintext.stop()
+    throughput = {
+        "phase": "quorumlog-tls-throughput",
+        "round_order": list(ROUND_ORDER),
+        "plaintext_rounds_ops_per_s": rounds["plaintext"],
+        "tls_rounds_ops_per_s": rounds["tls"],
+        "plaintext_ops_per_s": round(statistics.mean(rounds["plaintext"]), 1),
+        "tls_ops_per_s": round(statistics.mean(rounds["tls"]), 1),
+        # CPU per put (nodes and load processes) drifts less with the machine's other
+        # load than puts/s does: what TLS costs, as a second view.
+        "plaintext_cpu_us_per_op": round(statistics.mean(cpu_rounds["plaintext"]), 2),
+        "tls_cpu_us_per_op": round(statistics.mean(cpu_rounds["tls"]), 2),
+    }
+    emit(throughput, as_json)
+    return throughput
+
+
 def load_command(
-    endpoints: list[str], seconds: float, client_number: int, **options: float
+    endpoints: list[str],
+    seconds: float,
+    client_number: int,
+    extra_arguments: tuple[str, ...] = (),
+    **options: float,
 ) -> list[str]:
     command = [
         sys.executable,
@@ -182,14 +241,23 @@ def load_command(
     ]
     for name, value in options.items():
         command += [f"--{name.replace('_', '-')}", repr(value)]
-    return command
+    return [*command, *extra_arguments]
 
 
 def quorumlog_throughput(
-    cluster: NodeCluster, leader: str, settings: KVBenchSettings
+    cluster: NodeCluster,
+    leader: str,
+    settings: KVBenchSettings,
+    load_arguments: list[str] | None = None,
 ) -> dict[str, Any]:
     commands = [
-        load_command(cluster.endpoints, settings.seconds, number, concurrency=settings.concurrency)
+        load_command(
+            cluster.endpoints,
+            settings.seconds,
+            number,
+            tuple(load_arguments or ()),
+            concurrency=settings.concurrency,
+        )
         for number in range(settings.clients)
     ]
     load_average = os.getloadavg()[0]

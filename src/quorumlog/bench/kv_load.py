@@ -31,6 +31,7 @@ import msgspec
 
 from quorumlog.errors import ClientError
 from quorumlog.kv.async_client import AsyncKVClient
+from quorumlog.tls.config import TLSConfig
 
 HISTOGRAM_BUCKETS_PER_E = 200
 """Buckets per factor of e in latency: neighbouring bounds differ by 0.5 %."""
@@ -215,6 +216,7 @@ async def run_load(arguments: argparse.Namespace) -> LoadResult:
         timeout=10.0,
         cluster_id=arguments.cluster_id,
         client_id=f"bench-{arguments.client_number}-{time.time_ns()}",
+        tls=load_tls(arguments),
     ) as client:
         # One put first: connects, finds the leader, and fails fast if the cluster is down.
         await client.put("warm-up", value)
@@ -255,7 +257,16 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--value-bytes", type=int, default=VALUE_BYTES_DEFAULT)
     parser.add_argument("--key-space", type=int, default=KEY_SPACE_DEFAULT)
     parser.add_argument("--client-number", type=int, default=0)
+    parser.add_argument("--cacert", default=None, help="talk TLS, trusting this CA")
+    parser.add_argument("--cert", default=None, help="with --cacert: the client certificate")
+    parser.add_argument("--key", default=None, help="with --cacert: its key")
     return parser.parse_args(argv)
+
+
+def load_tls(arguments: argparse.Namespace) -> TLSConfig | None:
+    if arguments.cacert is None:
+        return None
+    return TLSConfig(ca_file=arguments.cacert, cert_file=arguments.cert, key_file=arguments.key)
 
 
 def run_and_print(load: Callable[[], Coroutine[Any, Any, msgspec.Struct]]) -> None:

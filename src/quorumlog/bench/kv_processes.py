@@ -31,7 +31,10 @@ from quorumlog.codec.wire import (
     decode,
     encode,
 )
+from quorumlog.errors import ClientError
 from quorumlog.kv.connection import hello_frame
+from quorumlog.tls.config import TLSConfig
+from quorumlog.tls.handshake import open_blocking
 
 LOOPBACK = "127.0.0.1"
 START_ATTEMPTS_MAX = 3
@@ -64,13 +67,19 @@ def free_ports(count: int) -> list[int]:
 
 
 def request_once(
-    address: str, cluster_id: str, request: ClientRequest, timeout_seconds: float, client_id: str
+    address: str,
+    cluster_id: str,
+    request: ClientRequest,
+    timeout_seconds: float,
+    client_id: str,
+    tls: TLSConfig | None = None,
 ) -> Frame | None:
-    """The node's answer to `request` on a fresh connection; None if it gives none in time."""
+    """The node's answer to `request` on a fresh connection (TLS with `tls`); None if it
+    gives none in time."""
     host, _, port = address.rpartition(":")
     deadline = time.monotonic() + timeout_seconds
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout_seconds) as sock:
+        with open_blocking(host, int(port), tls, timeout_seconds, address) as sock:
             sock.sendall(hello_frame(cluster_id, client_id))
             sock.sendall(encode_frame(encode(request)))
             decoder = FrameDecoder()
@@ -81,15 +90,17 @@ def request_once(
                 if not data:
                     return None
                 payloads.extend(decoder.feed(data))
-    except OSError:
+    except (OSError, ClientError):
         return None
     return decode(payloads[1])
 
 
-def query_status(address: str, cluster_id: str, timeout_seconds: float) -> StatusResponse | None:
+def query_status(
+    address: str, cluster_id: str, timeout_seconds: float, tls: TLSConfig | None = None
+) -> StatusResponse | None:
     """One node's status on a fresh connection, or None if it does not answer in time."""
     frame = request_once(
-        address, cluster_id, StatusRequest(request_id=1), timeout_seconds, "bench-status"
+        address, cluster_id, StatusRequest(request_id=1), timeout_seconds, "bench-status", tls
     )
     return frame if isinstance(frame, StatusResponse) else None
 
@@ -118,6 +129,8 @@ class NodeCluster:
         self.cluster_id = cluster_id
         self.addresses: dict[str, str] = {}
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.tls: TLSConfig | None = None
+        """How to reach the nodes when a subclass makes them require TLS."""
 
     @property
     def endpoints(self) -> list[str]:
@@ -177,7 +190,7 @@ class NodeCluster:
             if any(process.poll() is not None for process in self.processes.values()):
                 return None
             for node_id, address in self.addresses.items():
-                status = query_status(address, self.cluster_id, 0.5)
+                status = query_status(address, self.cluster_id, 0.5, self.tls)
                 if status is not None and status.is_leader:
                     return node_id
             time.sleep(POLL_INTERVAL_SECONDS)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from quorumlog.cli.kv_commands import ClientSettings, client_options, output_option, print_table
+from quorumlog.cli.tls_options import node_tls_options
 from quorumlog.errors import QuorumLogError
 from quorumlog.kv.connection import parse_endpoints
 from quorumlog.ledger.registry import (
@@ -29,6 +30,7 @@ from quorumlog.ledger.registry import (
     decode_bookie_record,
     is_live,
 )
+from quorumlog.tls.config import NodeTLS
 
 if TYPE_CHECKING:
     from quorumlog.node.bookie_process import BookieProcessSettings
@@ -57,6 +59,7 @@ EXIT_CANNOT_RUN = 2
     help="How often the bookie rewrites its registration.",
 )
 @click.pass_context
+@node_tls_options
 def bookie_group(
     context: click.Context,
     bookie_id: str | None,
@@ -66,6 +69,7 @@ def bookie_group(
     cluster_id: str,
     advertise: str,
     heartbeat_ms: int,
+    node_tls: NodeTLS,
 ) -> None:
     """Run a bookie-only process in the foreground (SIGTERM stops it cleanly), or list the
     registered bookies (`quorumlog bookie list`)."""
@@ -91,6 +95,7 @@ def bookie_group(
         cluster_id=cluster_id,
         advertise=advertise,
         heartbeat_ms=heartbeat_ms,
+        tls=node_tls,
     )
     run_bookie_process(settings)
 

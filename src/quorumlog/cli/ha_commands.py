@@ -20,7 +20,10 @@ from quorumlog.ha.controller_model import BrokerGroupInfo
 
 def controller_client(settings: ClientSettings) -> HAControllerClient:
     return HAControllerClient(
-        settings.endpoints, timeout=settings.timeout_seconds, cluster_id=settings.cluster_id
+        settings.endpoints,
+        timeout=settings.timeout_seconds,
+        cluster_id=settings.cluster_id,
+        tls=settings.tls,
     )
 
 

@@ -20,9 +20,11 @@ import msgspec
 
 from quorumlog.cli.credentials import USER_OPTIONS, user_and_password
 from quorumlog.cli.defaults import default_endpoints
+from quorumlog.cli.tls_options import CLIENT_TLS_OPTIONS, client_tls
 from quorumlog.errors import QuorumLogError
 from quorumlog.kv.client import KVClient
 from quorumlog.kv.connection import CLUSTER_ID_DEFAULT, Member, parse_endpoint, parse_endpoints
+from quorumlog.tls.config import TLSConfig
 
 TIMEOUT_SECONDS_DEFAULT = 5.0
 STATUS_COLUMNS = [
@@ -45,6 +47,7 @@ class ClientSettings(msgspec.Struct, frozen=True):
     timeout_seconds: float
     user: str | None = None
     password: str | None = None
+    tls: TLSConfig | None = None
 
     def client(self) -> KVClient:
         return KVClient(
@@ -53,6 +56,7 @@ class ClientSettings(msgspec.Struct, frozen=True):
             cluster_id=self.cluster_id,
             user=self.user,
             password=self.password,
+            tls=self.tls,
         )
 
 
@@ -67,10 +71,18 @@ def client_options(command: Command) -> Command:
     """Add --endpoints, --cluster-id and --timeout; the command receives `settings`."""
 
     def build(
-        endpoints: list[str], cluster_id: str, timeout_seconds: float, **arguments: Any
+        endpoints: list[str],
+        cluster_id: str,
+        timeout_seconds: float,
+        tls_cacert: str | None,
+        tls_cert: str | None,
+        tls_key: str | None,
+        skip_hostname_check: bool,
+        **arguments: Any,
     ) -> Any:
         user, password = user_and_password(arguments)
-        settings = ClientSettings(endpoints, cluster_id, timeout_seconds, user, password)
+        tls = client_tls(tls_cacert, tls_cert, tls_key, skip_hostname_check)
+        settings = ClientSettings(endpoints, cluster_id, timeout_seconds, user, password, tls)
         return command(settings=settings, **arguments)
 
     build.__name__ = command.__name__
@@ -101,6 +113,7 @@ def client_options(command: Command) -> Command:
             callback=endpoints_callback,
             help="Comma-separated host:port of the nodes.  [env: QUORUMLOG_ENDPOINTS]",
         ),
+        *CLIENT_TLS_OPTIONS,
     ):
         decorated = option(decorated)
     result: Command = decorated

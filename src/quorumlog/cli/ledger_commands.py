@@ -32,6 +32,7 @@ def ledger_client(settings: ClientSettings) -> LedgerClient:
         cluster_id=settings.cluster_id,
         user=settings.user,
         password=settings.password,
+        tls=settings.tls,
     )
 
 

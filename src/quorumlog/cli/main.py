@@ -90,14 +90,16 @@ def bench_ha(as_json: bool, quick: bool, directory: str | None) -> None:
 @click.option("--clients", type=click.IntRange(1, 64), default=2, show_default=True)
 @click.option("--concurrency", type=click.IntRange(1, 100_000), default=2000, show_default=True)
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None)
+@click.option("--tls", is_flag=True, help="Also measure a cluster that requires TLS (same run).")
 def bench_kv(
-    as_json: bool, seconds: float, clients: int, concurrency: int, directory: str | None
+    as_json: bool, seconds: float, clients: int, concurrency: int, directory: str | None, tls: bool
 ) -> None:
-    """Committed puts/s and latency on 3 node processes (fsync on), against PySyncObj."""
+    """Committed puts/s and latency on 3 node processes (fsync on), against PySyncObj;
+    with --tls, puts/s with and without TLS in one run."""
     from quorumlog.bench.kv import KVBenchSettings, run_kv_benchmark
 
     settings = KVBenchSettings(
-        seconds=seconds, clients=clients, concurrency=concurrency, directory=directory
+        seconds=seconds, clients=clients, concurrency=concurrency, directory=directory, tls=tls
     )
     run_kv_benchmark(settings, as_json=as_json)
 

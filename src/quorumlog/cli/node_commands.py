@@ -17,8 +17,11 @@ import click
 
 from quorumlog.cli.defaults import DEV_DIRECTORY_DEFAULT as DEFAULT_DEV_DIR
 from quorumlog.cli.defaults import DEV_STATE_FILE
+from quorumlog.cli.tls_options import node_tls_options
 from quorumlog.errors import QuorumLogError
 from quorumlog.obs.log_format import LOG_FORMATS, LOG_LEVELS, configure_logging
+from quorumlog.tls.config import NodeTLS
+from quorumlog.tls.dev import dev_tls, state_tls, tls_exports
 
 STARTED_HERE: dict[int, subprocess.Popen[bytes]] = {}
 """Node processes this process started (kept, not dropped to the garbage collector, which
@@ -149,6 +152,7 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
     type=click.IntRange(1),
     help="Auth: a client token unused this long is forgotten (the client authenticates again).",
 )
+@node_tls_options
 def node_command(
     node_id: str,
     listen: str,
@@ -176,6 +180,7 @@ def node_command(
     log_level: str,
     slow_fsync_warn_ms: int,
     auth_token_ttl_ms: int,
+    node_tls: NodeTLS,
 ) -> None:
     """Run one node in the foreground; logs to stderr; SIGTERM stops it cleanly."""
     from quorumlog.node.server import NodeFailedError, NodeSettings, run_node
@@ -206,6 +211,7 @@ def node_command(
         http_listen=http_listen,
         slow_fsync_warn_ms=slow_fsync_warn_ms,
         auth_token_ttl_ms=auth_token_ttl_ms,
+        tls=node_tls,
     )
 
     async def main() -> None:
@@ -290,6 +296,7 @@ def start_dev_cluster(
     extra_arguments: list[str] | None = None,
     group_count: int = 0,
     bookie_count: int = 0,
+    tls: bool = False,
 ) -> dict[str, object]:
     """Start `nodes` node processes (each hosting a bookie) and `bookie_count` bookie-only
     processes ("bookie-1", ...) under `directory`; returns the state written there.
@@ -300,7 +307,10 @@ def start_dev_cluster(
 
     With `group_count`, every node hosts the shard controller and shard groups 1..G (not
     yet joined: see `join_dev_groups`); the state records the groups' servers by node id,
-    which the cluster resolves to wherever the node listens now."""
+    which the cluster resolves to wherever the node listens now.
+
+    With `tls`, a fresh CA and certificates go to `directory/tls` (tls/dev.py) and every
+    process requires TLS of peers and clients; the state records the client's files."""
     base = Path(directory).resolve()
     base.mkdir(parents=True, exist_ok=True)
     existing = load_dev_state(str(base))
@@ -322,6 +332,8 @@ def start_dev_cluster(
     dashboards = {
         node_id: f"http://127.0.0.1:{port}/" for node_id, port in zip(ids, http_ports, strict=True)
     }
+    secured = dev_tls(base) if tls else None
+    tls_arguments = secured.node_arguments if secured is not None else []
     pids: dict[str, int] = {}
     for node_id in ids:
         peers = ",".join(f"{p}={a}" for p, a in addresses.items() if p != node_id)
@@ -344,6 +356,7 @@ def start_dev_cluster(
                 *(extra_arguments or []),
                 "--http-listen",
                 dashboards[node_id].removeprefix("http://").rstrip("/"),
+                *tls_arguments,
             ],
         )
     for bookie_id, address in bookies.items():
@@ -362,6 +375,7 @@ def start_dev_cluster(
                 endpoints,
                 "--cluster-id",
                 cluster_id,
+                *tls_arguments,
             ],
         )
     state: dict[str, object] = {
@@ -373,6 +387,7 @@ def start_dev_cluster(
         "endpoints": endpoints,
         "groups": {str(gid): list(ids) for gid in range(1, group_count + 1)},
         "dashboards": dashboards,
+        "tls": secured.client_files if secured is not None else None,
     }
     dev_state_path(str(base)).write_text(json.dumps(state, indent=2))
     return state
@@ -408,7 +423,10 @@ def join_dev_groups(state: dict[str, object]) -> tuple[int, bool]:
     groups: dict[str, list[str]] = state["groups"]  # type: ignore[assignment]
     endpoints = str(state["endpoints"]).split(",")
     with ShardAdmin(
-        endpoints, timeout=JOIN_TIMEOUT_SECONDS, cluster_id=str(state["cluster_id"])
+        endpoints,
+        timeout=JOIN_TIMEOUT_SECONDS,
+        cluster_id=str(state["cluster_id"]),
+        tls=state_tls(state),
     ) as admin:
         latest = admin.query()
         missing = {
@@ -473,7 +491,10 @@ def wait_for_dev_bookies(state: dict[str, object], count: int) -> None:
     endpoints = str(state["endpoints"]).split(",")
     deadline = time.monotonic() + JOIN_TIMEOUT_SECONDS
     with KVClient(
-        endpoints, timeout=JOIN_TIMEOUT_SECONDS, cluster_id=str(state["cluster_id"])
+        endpoints,
+        timeout=JOIN_TIMEOUT_SECONDS,
+        cluster_id=str(state["cluster_id"]),
+        tls=state_tls(state),
     ) as client:
         store = KVMetadataStore(client)
         while len(store.writable_bookies()) < count:
@@ -507,8 +528,14 @@ def wait_for_dev_bookies(state: dict[str, object], count: int) -> None:
     "--dir", "directory", default=DEFAULT_DEV_DIR, show_default=True, envvar="QUORUMLOG_DEV_DIR"
 )
 @click.option("--cluster-id", default="quorumlog", envvar="QUORUMLOG_CLUSTER_ID")
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="Make a throwaway CA and certificates under the directory; peers and clients "
+    "must use TLS with a certificate (prints the exports that point the command at them).",
+)
 def dev_up(
-    nodes: int, group_count: int, bookie_count: int, directory: str, cluster_id: str
+    nodes: int, group_count: int, bookie_count: int, directory: str, cluster_id: str, tls: bool
 ) -> None:
     """Start the cluster in the background and print the endpoints.
 
@@ -516,7 +543,12 @@ def dev_up(
     every node also hosts the shard controller and shard groups 1..G, and the groups are
     joined through the controller, so `quorumlog shard put` works at once."""
     state = start_dev_cluster(
-        directory, nodes, cluster_id, group_count=group_count, bookie_count=bookie_count
+        directory,
+        nodes,
+        cluster_id,
+        group_count=group_count,
+        bookie_count=bookie_count,
+        tls=tls,
     )
     bookies_started = f" and {bookie_count} bookies" if bookie_count else ""
     click.echo(f"started {nodes} nodes{bookies_started}; data and logs under {state['directory']}")
@@ -539,6 +571,8 @@ def dev_up(
         click.echo(f"{done} shard groups 1..{group_count}: configuration {number}")
     echo_dashboards(state)
     click.echo(f"export QUORUMLOG_ENDPOINTS={state['endpoints']}")
+    for line in tls_exports(state):
+        click.echo(line)
 
 
 @dev_group.command("down")
@@ -582,3 +616,5 @@ def echo_dashboards(state: dict[str, object]) -> None:
     dashboards: dict[str, str] = state.get("dashboards") or {}  # type: ignore[assignment]
     for node_id, url in dashboards.items():
         click.echo(f"{node_id} dashboard: {url}  (metrics: {url}metrics, health: {url}health)")
+    for line in tls_exports(state):
+        click.echo(line)

@@ -30,6 +30,7 @@ def admin_for(settings: ClientSettings) -> ShardAdmin:
         cluster_id=settings.cluster_id,
         user=settings.user,
         password=settings.password,
+        tls=settings.tls,
     )
 
 
@@ -40,6 +41,7 @@ def client_for(settings: ClientSettings) -> ShardedKVClient:
         cluster_id=settings.cluster_id,
         user=settings.user,
         password=settings.password,
+        tls=settings.tls,
     )
 
 

@@ -18,7 +18,9 @@ import msgspec
 
 from quorumlog.cli.credentials import USER_OPTIONS, user_and_password
 from quorumlog.cli.defaults import default_endpoints
+from quorumlog.cli.tls_options import CLIENT_TLS_OPTIONS, client_tls
 from quorumlog.kv.connection import CLUSTER_ID_DEFAULT, parse_endpoints
+from quorumlog.tls.config import TLSConfig
 
 TIMEOUT_SECONDS_DEFAULT = 10.0
 CONSUME_RECORDS_PER_POLL_MAX = 10_000
@@ -35,6 +37,7 @@ class StreamSettings(msgspec.Struct, frozen=True):
     timeout_seconds: float
     user: str | None = None
     password: str | None = None
+    tls: TLSConfig | None = None
 
 
 def endpoints_callback(context: click.Context, parameter: click.Parameter, value: str) -> list[str]:
@@ -65,13 +68,22 @@ def client_options(command: Command) -> Command:
             help="Seconds to keep trying one request.",
         ),
         *USER_OPTIONS,
+        *CLIENT_TLS_OPTIONS,
     ]
 
     def wrapped(
-        endpoints: list[str], cluster_id: str, timeout_seconds: float, **arguments: Any
+        endpoints: list[str],
+        cluster_id: str,
+        timeout_seconds: float,
+        tls_cacert: str | None,
+        tls_cert: str | None,
+        tls_key: str | None,
+        skip_hostname_check: bool,
+        **arguments: Any,
     ) -> Any:
         user, password = user_and_password(arguments)
-        settings = StreamSettings(endpoints, cluster_id, timeout_seconds, user, password)
+        tls = client_tls(tls_cacert, tls_cert, tls_key, skip_hostname_check)
+        settings = StreamSettings(endpoints, cluster_id, timeout_seconds, user, password, tls)
         return command(settings=settings, **arguments)
 
     wrapped.__name__ = command.__name__
@@ -221,6 +233,7 @@ def admin_for(settings: StreamSettings, admin_type: Callable[..., AdminType]) ->
         cluster_id=settings.cluster_id,
         user=settings.user,
         password=settings.password,
+        tls=settings.tls,
     )
 
 
@@ -257,6 +270,7 @@ def produce_command(
         cluster_id=settings.cluster_id,
         user=settings.user,
         password=settings.password,
+        tls=settings.tls,
     ) as producer:
         futures = []
         for line_number, (key, value) in enumerate(split_lines(stdin, separator), start=1):
@@ -339,6 +353,7 @@ def consume_command(
         cluster_id=settings.cluster_id,
         user=settings.user,
         password=settings.password,
+        tls=settings.tls,
     ) as consumer:
         partitions = None if partition is None else [partition]
         if partition is not None and offset is not None:

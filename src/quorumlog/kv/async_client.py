@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
@@ -72,6 +73,8 @@ from quorumlog.kv.connection import (
     welcome_node_id,
     write_results,
 )
+from quorumlog.tls.config import TLSConfig
+from quorumlog.tls.handshake import closed_after_handshake_error, open_stream
 
 ResponseType = TypeVar("ResponseType")
 RECEIVE_BYTES = 256 * 1024
@@ -136,14 +139,22 @@ class StreamConnection:
         client_id: str,
         timeout_seconds: float,
         credentials: Credentials | None = None,
+        tls: TLSConfig | None = None,
     ) -> StreamConnection:
+        """Connect (over TLS with `tls`) and shake hands; TLSHandshakeError if TLS failed."""
         host, port = parse_endpoint(endpoint)
         async with asyncio.timeout(timeout_seconds):
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await open_stream(host, port, tls, endpoint)
             connection = cls(endpoint, reader, writer)
             try:
                 writer.write(hello_frame(cluster_id, client_id))
-                connection.node_id = welcome_node_id(await connection.read_frame(), endpoint)
+                try:
+                    frame = await connection.read_frame()
+                except (ConnectionLost, ConnectionResetError, ssl.SSLError) as error:
+                    if tls is None:
+                        raise
+                    raise closed_after_handshake_error(endpoint) from error
+                connection.node_id = welcome_node_id(frame, endpoint)
                 if credentials is not None:
                     writer.write(encode_frame(encode(authenticate_request(credentials))))
                     connection.token = token_from(await connection.read_frame(), endpoint)
@@ -281,7 +292,9 @@ class AsyncKVClient(SessionHolder):
         user: str | None = None,
         password: str | None = None,
         credentials: CredentialsSource | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
+        """`tls`: talk TLS to the nodes (see `TLSConfig`); None: plaintext."""
         check_timeout(timeout)
         if batch_commands_max <= 0:
             raise ValueError(f"batch_commands_max must be positive, got {batch_commands_max}")
@@ -293,6 +306,7 @@ class AsyncKVClient(SessionHolder):
         self.session = ClientSession(client_id or new_client_id(), hold_seconds=timeout)
         self.batch_commands_max = batch_commands_max
         self.sequence_window_max = sequence_window_max
+        self.tls = tls
         self.group = group
         """The group every KVWrite and KVRead names: "kv", or "shard-<gid>" of the sharded
         KV (the caller routes each key to the group owning its shard)."""
@@ -639,6 +653,7 @@ class AsyncKVClient(SessionHolder):
                     self.client_id,
                     timeout_seconds,
                     None if self.credentials_source is None else self.credentials_source(),
+                    self.tls,
                 )
             )
             self.connections[endpoint] = task

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import socket
+import ssl
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -80,6 +81,8 @@ from quorumlog.kv.requests import (
     read_value,
     write_request,
 )
+from quorumlog.tls.config import TLSConfig
+from quorumlog.tls.handshake import closed_after_handshake_error, open_blocking
 
 ResponseType = TypeVar("ResponseType")
 RECEIVE_BYTES = 256 * 1024
@@ -113,16 +116,24 @@ class BlockingConnection:
         client_id: str,
         deadline: float,
         credentials: Credentials | None = None,
+        tls: TLSConfig | None = None,
     ) -> BlockingConnection:
+        """Connect (over TLS with `tls`) and shake hands; TLSHandshakeError if TLS failed."""
         host, port = parse_endpoint(endpoint)
-        sock = socket.create_connection(
-            (host, port), timeout=max(deadline - time.monotonic(), 0.001)
+        sock = open_blocking(
+            host, port, tls, max(deadline - time.monotonic(), 0.001), endpoint=endpoint
         )
         connection = cls(endpoint, sock, node_id="")
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.sendall(hello_frame(cluster_id, client_id))
-            connection.node_id = welcome_node_id(connection.receive_frame(deadline), endpoint)
+            try:
+                frame = connection.receive_frame(deadline)
+            except (ConnectionLost, ConnectionResetError, ssl.SSLError) as error:
+                if tls is None:
+                    raise
+                raise closed_after_handshake_error(endpoint) from error
+            connection.node_id = welcome_node_id(frame, endpoint)
             if credentials is not None:
                 sock.sendall(encode_frame(encode(authenticate_request(credentials))))
                 connection.token = token_from(connection.receive_frame(deadline), endpoint)
@@ -302,11 +313,14 @@ class KVClient(KVOperations, AttemptSender, Closing):
         user: str | None = None,
         password: str | None = None,
         credentials: CredentialsSource | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
+        """`tls`: talk TLS to the nodes (see `TLSConfig`); None: plaintext."""
         check_timeout(timeout)
         self.timeout = timeout
         self.attempt_timeout_seconds = attempt_timeout_for(timeout, attempt_timeout_seconds)
         self.cluster_id = cluster_id
+        self.tls = tls
         self.session = ClientSession(client_id or new_client_id(), hold_seconds=timeout)
         self.selector = EndpointSelector(endpoints)
         self.credentials_source = credentials_source(user, password, credentials)
@@ -464,7 +478,7 @@ class KVClient(KVOperations, AttemptSender, Closing):
         if connection is not None and connection.endpoint == endpoint and connection.usable:
             return connection
         fresh = BlockingConnection.open(
-            endpoint, self.cluster_id, self.client_id, deadline, self.credentials()
+            endpoint, self.cluster_id, self.client_id, deadline, self.credentials(), self.tls
         )
         if connection is not None:
             connection.close()

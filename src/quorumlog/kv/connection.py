@@ -56,6 +56,7 @@ from quorumlog.errors import (
     UnavailableError,
     UnknownOutcomeError,
 )
+from quorumlog.tls.handshake import TLS_REQUIRED_REASON, plaintext_to_tls_error
 
 CLUSTER_ID_DEFAULT = "quorumlog"
 ATTEMPT_TIMEOUT_SECONDS_MAX = 1.0
@@ -165,6 +166,8 @@ def welcome_node_id(frame: Frame, endpoint: str) -> str:
     if isinstance(frame, Welcome):
         return frame.node_id
     if isinstance(frame, Refused):
+        if frame.reason == TLS_REQUIRED_REASON:
+            raise plaintext_to_tls_error(endpoint)
         raise ConnectionRefusedByNodeError(f"{endpoint} refused the connection: {frame.reason}")
     raise ClientError(f"{endpoint} answered the handshake with {type(frame).__name__}")
 

@@ -45,6 +45,7 @@ from quorumlog.ledger.registry import (
     bookie_key,
     encode_bookie_record,
 )
+from quorumlog.tls.config import TLSConfig
 
 log = logging.getLogger("quorumlog.bookie")
 
@@ -99,8 +100,10 @@ class BookieRegistrar:
         settings: RegistrationSettings | None = None,
         clock: Callable[[], float] = time.time,
         credentials: CredentialsSource | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         self.bookie = bookie
+        self.tls = tls
         self.address = address
         """Where clients reach the bookie, as "host:port" (read at every heartbeat)."""
         self.endpoints = endpoints
@@ -202,6 +205,7 @@ class BookieRegistrar:
                 timeout=timeout_seconds,
                 cluster_id=self.cluster_id,
                 credentials=self.credentials,
+                tls=self.tls,
             )
         except ValueError as error:
             # Endpoints are data here (learned, or typed by an operator): a failed heartbeat.

@@ -19,6 +19,7 @@ from quorumlog.ledger.bookie import Bookie, BookieRequest, BookieSettings
 from quorumlog.ledger.bookie_storage import BookieStorage, BookieStorageSettings
 from quorumlog.runtime.group import ExecutorBackground
 from quorumlog.runtime.transport import Endpoint, Replier
+from quorumlog.tls.config import NodeTLS
 
 log = logging.getLogger("quorumlog.bookie")
 
@@ -68,10 +69,18 @@ class BookieServer:
     def handle(self, request: BookieRequest, reply: Replier) -> None:
         self.bookie.handle(request, reply)
 
-    async def listen(self, host: str, port: int, cluster_id: str, advertise: str = "") -> int:
-        """Serve the bookie protocol on its own listener; returns the port bound."""
+    async def listen(
+        self,
+        host: str,
+        port: int,
+        cluster_id: str,
+        advertise: str = "",
+        tls: NodeTLS | None = None,
+    ) -> int:
+        """Serve the bookie protocol on its own listener (TLS with `tls`, as a node's);
+        returns the port bound."""
         self.endpoint = Endpoint(
-            f"bookie-{self.bookie_id}", cluster_id, {}, _OnlyBookieFrames(self)
+            f"bookie-{self.bookie_id}", cluster_id, {}, _OnlyBookieFrames(self), tls=tls
         )
         return await self.endpoint.listen(host, port, advertise)
 

@@ -77,6 +77,7 @@ from quorumlog.raft.invariants import require
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.group import AsyncioScheduler
 from quorumlog.stream.client_common import ClientLoop
+from quorumlog.tls.config import TLSConfig
 
 log = logging.getLogger("quorumlog.ledger.client")
 
@@ -239,12 +240,15 @@ class LedgerClient:
         random: random_module.Random | None = None,
         user: str | None = None,
         password: str | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         """`endpoints`: the nodes of the metadata group (unused when `metadata_store` is
         given); `timeout`: seconds any one call may take before it gives up; `user` and
         `password`: with auth on, who writes the ledger metadata (it needs readwrite on
         the `__ledgers/` prefix and read on `__bookies/`). The bookies themselves are not
-        checked by user: a ledger's password (master key) guards its entries."""
+        checked by user: a ledger's password (master key) guards its entries. `tls`: talk
+        TLS to the metadata nodes and to the bookies (they serve clients on the same
+        listeners as the nodes, under the same client settings)."""
         if timeout <= 0:
             raise ValueError("timeout must be > 0")
         self.timeout = timeout
@@ -252,7 +256,12 @@ class LedgerClient:
         self.kv: KVClient | None = None
         if metadata_store is None:
             self.kv = KVClient(
-                endpoints, timeout=timeout, cluster_id=cluster_id, user=user, password=password
+                endpoints,
+                timeout=timeout,
+                cluster_id=cluster_id,
+                user=user,
+                password=password,
+                tls=tls,
             )
             metadata_store = KVMetadataStore(self.kv)
         self.store: MetadataStore = metadata_store
@@ -266,6 +275,7 @@ class LedgerClient:
             self.executor,
             cluster_id=cluster_id,
             client_id=f"ledger-{new_client_id()}",
+            tls=tls,
         )
         self.driver = LedgerDriver(
             AsyncioScheduler(self.loop),

@@ -31,6 +31,8 @@ from quorumlog.codec.frame import FRAME_HEADER, FrameDecoder, FrameError
 from quorumlog.errors import QuorumLogError
 from quorumlog.kv.connection import parse_endpoint
 from quorumlog.ledger.protocol_actions import BookieAnswer, BookieRequest
+from quorumlog.tls.config import TLSConfig
+from quorumlog.tls.handshake import create_connection
 
 log = logging.getLogger("quorumlog.ledger.links")
 
@@ -69,8 +71,12 @@ class AsyncioBookieLinks:
         cluster_id: str,
         client_id: str,
         connect_timeout_seconds: float = CONNECT_TIMEOUT_SECONDS_DEFAULT,
+        tls: TLSConfig | None = None,
     ) -> None:
+        """`tls`: talk TLS to the bookies (they are reached at their node's client port,
+        or a bookie process's own, as clients: the client TLS settings apply)."""
         self.loop = loop
+        self.tls = tls
         self.resolve = resolve
         self.executor = executor
         self.cluster_id = cluster_id
@@ -151,7 +157,7 @@ class BookieLink(asyncio.Protocol):
                 return
             host, port = parse_endpoint(address)
             async with asyncio.timeout(links.connect_timeout_seconds):
-                await links.loop.create_connection(lambda: self, host, port)
+                await create_connection(links.loop, lambda: self, host, port, links.tls)
         except (OSError, TimeoutError, ValueError, QuorumLogError) as error:
             # ValueError: a registered address that is not host:port; QuorumLogError: the
             # registry could not be read. Either way this bookie cannot be reached now.

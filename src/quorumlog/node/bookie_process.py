@@ -19,6 +19,7 @@ from quorumlog.ledger.bookie_server import BookieServer
 from quorumlog.ledger.registry import BOOKIE_HEARTBEAT_SECONDS
 from quorumlog.node.server import NodeFailedError, stop_on_fatal_errors
 from quorumlog.runtime.transport import format_address, parse_address
+from quorumlog.tls.config import NodeTLS
 
 log = logging.getLogger("quorumlog.bookie")
 
@@ -34,6 +35,9 @@ class BookieProcessSettings(msgspec.Struct, frozen=True):
     advertise: str = ""
     """HOST:PORT clients should use to reach this bookie, when not the listen address."""
     heartbeat_ms: int = int(BOOKIE_HEARTBEAT_SECONDS * 1000)
+    tls: NodeTLS = NodeTLS()
+    """TLS of the bookie's listener (clients reach it as they reach a node) and of its
+    registration writes to the metadata nodes (as the node's dialing side)."""
 
 
 class BookieProcess:
@@ -54,7 +58,9 @@ class BookieProcess:
         self.server = BookieServer(
             settings.bookie_id, settings.data_dir, asyncio.get_running_loop()
         )
-        self.port = await self.server.listen(host, port, settings.cluster_id, settings.advertise)
+        self.port = await self.server.listen(
+            host, port, settings.cluster_id, settings.advertise, tls=settings.tls
+        )
         self.address = settings.advertise or format_address(host, self.port)
         metadata = list(settings.metadata)
         self.registrar = BookieRegistrar(
@@ -63,6 +69,7 @@ class BookieProcess:
             lambda: metadata,
             settings.cluster_id,
             RegistrationSettings(heartbeat_seconds=settings.heartbeat_ms / 1000),
+            tls=settings.tls.dialing_tls(),
         )
         self.registrar.start()
         log.info(

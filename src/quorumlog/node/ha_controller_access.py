@@ -26,6 +26,7 @@ from quorumlog.ha.controller_model import (
     RegisterBroker,
 )
 from quorumlog.ledger.client import call_on_loop
+from quorumlog.tls.config import TLSConfig
 
 
 class ThreadedControllerAccess:
@@ -35,12 +36,15 @@ class ThreadedControllerAccess:
         endpoints: list[str],
         cluster_id: str,
         timeout_seconds: float = 2.0,
+        tls: TLSConfig | None = None,
     ) -> None:
         self.loop = loop
         self.heartbeats = HAControllerClient(
-            endpoints, timeout=timeout_seconds, cluster_id=cluster_id
+            endpoints, timeout=timeout_seconds, cluster_id=cluster_id, tls=tls
         )
-        self.writes = HAControllerClient(endpoints, timeout=timeout_seconds, cluster_id=cluster_id)
+        self.writes = HAControllerClient(
+            endpoints, timeout=timeout_seconds, cluster_id=cluster_id, tls=tls
+        )
         self.heartbeat_thread = ThreadPoolExecutor(1, thread_name_prefix="ha-heartbeat")
         self.write_thread = ThreadPoolExecutor(1, thread_name_prefix="ha-controller")
 

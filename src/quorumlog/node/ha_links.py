@@ -25,6 +25,8 @@ from quorumlog.codec.frame import FRAME_HEADER, FrameDecoder, FrameError
 from quorumlog.ha.broker_host import BrokerHost
 from quorumlog.ha.wire import HAFrame, decode_frame, encode_frame
 from quorumlog.kv.connection import parse_endpoint
+from quorumlog.tls.config import NodeTLS, server_context
+from quorumlog.tls.handshake import check_peer_certificate, create_connection
 
 log = logging.getLogger("quorumlog.ha.links")
 
@@ -42,9 +44,13 @@ _hello_decoder = msgspec.msgpack.Decoder(HAConnectionHello)
 class AsyncioHALinks:
     """The node's HA listener and connections, shared by the broker hosts it runs."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, cluster_id: str) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, cluster_id: str, tls: NodeTLS | None = None
+    ) -> None:
+        """`tls`: the node's TLS; brokers are peers, held to the peer rules both ways."""
         self.loop = loop
         self.cluster_id = cluster_id
+        self.tls = tls or NodeTLS()
         self.hosts: dict[str, BrokerHost] = {}
         """Broker group -> its host on this node."""
         self.connections: dict[int, HAConnection] = {}
@@ -53,7 +59,12 @@ class AsyncioHALinks:
 
     async def listen(self, host: str) -> int:
         """Start listening (any free port); returns the port."""
-        self.server = await self.loop.create_server(lambda: HAConnection(self, None), host, 0)
+        self.server = await self.loop.create_server(
+            lambda: HAConnection(self, None),
+            host,
+            0,
+            ssl=server_context(self.tls) if self.tls.enabled else None,
+        )
         port: int = self.server.sockets[0].getsockname()[1]
         return port
 
@@ -119,7 +130,9 @@ class HAConnection(asyncio.Protocol):
         try:
             host, port = parse_endpoint(address)
             async with asyncio.timeout(CONNECT_TIMEOUT_SECONDS):
-                await self.links.loop.create_connection(lambda: self, host, port)
+                await create_connection(
+                    self.links.loop, lambda: self, host, port, self.links.tls.dialing_tls()
+                )
         except (OSError, TimeoutError, ValueError) as error:
             self.fail(f"cannot connect to {address}: {error}")
 
@@ -134,6 +147,11 @@ class HAConnection(asyncio.Protocol):
             return
         self.transport = cast(asyncio.Transport, transport)
         if not self.outgoing:
+            problem = check_peer_certificate(transport, self.links.tls)
+            if problem is not None:
+                log.warning("refusing an HA connection: %s", problem)
+                self.transport.abort()
+                return
             self.links.connections[self.connection_id] = self
             return
         assert self.group is not None

@@ -47,6 +47,7 @@ from quorumlog.runtime.transport import Replier
 from quorumlog.storage.base import SyncPolicy
 from quorumlog.stream.partition import OffsetOutOfRangeError, OutOfOrderSequenceError
 from quorumlog.stream.topics import group_id
+from quorumlog.tls.config import NodeTLS
 
 log = logging.getLogger("quorumlog.ha_topics")
 
@@ -92,8 +93,10 @@ class HATopicService:
         metadata_endpoints: Callable[[], list[str]],
         address_of: Callable[[str | None], str | None],
         config: BrokerHostConfig = HA_TOPIC_CONFIG,
+        tls: NodeTLS | None = None,
     ) -> None:
         self.node_id = node_id
+        self.tls = tls or NodeTLS()
         self.cluster_id = cluster_id
         self.data_dir = Path(data_dir)
         self.listen_host = listen_host
@@ -137,13 +140,16 @@ class HATopicService:
 
     async def listen(self) -> None:
         loop = asyncio.get_running_loop()
-        self.links = AsyncioHALinks(loop, self.cluster_id)
+        self.links = AsyncioHALinks(loop, self.cluster_id, self.tls)
         port = await self.links.listen(self.listen_host)
         self.ha_address = f"{self.listen_host}:{port}"
         self.controller = ThreadedControllerAccess(loop, self.metadata_endpoints(), self.cluster_id)
         indexing = loop.create_task(self.index_slaves_forever())
         self.tasks.add(indexing)
         indexing.add_done_callback(self.tasks.discard)
+        self.controller = ThreadedControllerAccess(
+            loop, self.metadata_endpoints(), self.cluster_id, tls=self.tls.dialing_tls()
+        )
         log.info("node %s: HA replication listens on %s", self.node_id, self.ha_address)
 
     def start_broker(self, descriptor: wire.TopicDescriptor, partition: int) -> None:

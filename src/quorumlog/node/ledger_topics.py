@@ -71,6 +71,7 @@ from quorumlog.stream.partition import (
     ProduceOutcome,
 )
 from quorumlog.stream.topics import group_id
+from quorumlog.tls.config import TLSConfig
 
 log = logging.getLogger("quorumlog.ledger_topics")
 
@@ -158,14 +159,23 @@ class LedgerParts:
         endpoints: list[str],
         timeout_seconds: float,
         credentials: CredentialsSource | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         self.loop = asyncio.get_running_loop()
         self.executor = ThreadPoolExecutor(METADATA_THREADS, thread_name_prefix="ledger-topics")
         self.ledger_kv = KVClient(
-            endpoints, timeout=timeout_seconds, cluster_id=cluster_id, credentials=credentials
+            endpoints,
+            timeout=timeout_seconds,
+            cluster_id=cluster_id,
+            credentials=credentials,
+            tls=tls,
         )
         self.lease_kv = KVClient(
-            endpoints, timeout=timeout_seconds, cluster_id=cluster_id, credentials=credentials
+            endpoints,
+            timeout=timeout_seconds,
+            cluster_id=cluster_id,
+            credentials=credentials,
+            tls=tls,
         )
         self.metadata = KVMetadataStore(self.ledger_kv)
         self.directory = BookieDirectory(self.metadata)
@@ -175,6 +185,7 @@ class LedgerParts:
             self.executor,
             cluster_id=cluster_id,
             client_id=f"node-{node_id}-ledgers",
+            tls=tls,
         )
         self.scheduler = AsyncioScheduler(self.loop)
         self.driver = LedgerDriver(
@@ -221,6 +232,7 @@ class LedgerTopicService:
         metadata_endpoints: Callable[[], list[str]],
         address_of: Callable[[str | None], str | None],
         credentials: CredentialsSource | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         """`read_local`: a key of this node's copy of the metadata group (possibly behind;
         leases are only watched through it, every change is a CAS through a client);
@@ -233,6 +245,7 @@ class LedgerTopicService:
         self.metadata_endpoints = metadata_endpoints
         self.address_of = address_of
         self.credentials = credentials
+        self.tls = tls
         self.partitions: dict[tuple[str, int], LedgerPartition] = {}
         self.parts: LedgerParts | None = None
         self.task: asyncio.Task[None] | None = None
@@ -302,6 +315,7 @@ class LedgerTopicService:
                 self.metadata_endpoints(),
                 self.settings.metadata_timeout_seconds,
                 self.credentials,
+                self.tls,
             )
         return self.parts
 

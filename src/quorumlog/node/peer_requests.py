@@ -37,6 +37,7 @@ from quorumlog.kv.async_client import TRANSPORT_ERRORS, StreamConnection
 from quorumlog.kv.connection import EndpointSelector
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.resources import Scheduler
+from quorumlog.tls.config import TLSConfig
 
 ATTEMPT_TIMEOUT_SECONDS = 1.0
 """One attempt at one address: about an election, so a dead leader is soon given up on.
@@ -207,8 +208,10 @@ class PeerRequester:
         attempt_timeout_seconds: float = ATTEMPT_TIMEOUT_SECONDS,
         resolve: Callable[[str], str] = str,
         credentials: CredentialsSource | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         self.cluster_id = cluster_id
+        self.tls = tls
         self.client_name = client_name
         self.credentials = credentials
         """The node's own identity when auth is on (`auth.credentials.node_credentials`)."""
@@ -257,6 +260,7 @@ class PeerRequester:
                 self.client_name,
                 max(deadline - time.monotonic(), 0.001),
                 None if self.credentials is None else self.credentials(),
+                self.tls,
             )
             self.connections[address] = fresh
             return fresh

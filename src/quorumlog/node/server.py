@@ -82,6 +82,7 @@ from quorumlog.runtime.liveness import PeerLiveness
 from quorumlog.runtime.ticker import GroupTicker
 from quorumlog.runtime.transport import Endpoint, Replier, format_address, parse_address
 from quorumlog.shard.config import SHARD_COUNT_DEFAULT
+from quorumlog.tls.config import NodeTLS
 
 log = logging.getLogger("quorumlog.node")
 
@@ -144,6 +145,8 @@ class NodeSettings(msgspec.Struct, frozen=True):
     """A log sync or hard-state save slower than this is logged as a slow_fsync event."""
     auth_token_ttl_ms: int = int(TOKEN_TTL_SECONDS_DEFAULT * 1000)
     """Auth: a token unused this long is forgotten (its client authenticates again)."""
+    tls: NodeTLS = NodeTLS()
+    """TLS for peers and clients (etcd's flags; tls/config.py says what each side uses)."""
 
 
 class Node:
@@ -155,7 +158,10 @@ class Node:
         self.auth_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="auth")
         self.address_book = AddressBook(settings.node_id)
         self.address_book.learn_all(dict(settings.peers), AddressSource.OPERATOR)
-        self.endpoint = Endpoint(settings.node_id, settings.cluster_id, settings.peers, self)
+        settings.tls.validate()
+        self.endpoint = Endpoint(
+            settings.node_id, settings.cluster_id, settings.peers, self, tls=settings.tls
+        )
         self.groups: dict[str, GroupRunner] = {}
         self.kv: KVService | None = None
         self.sharded_kv = ShardedKVParts()
@@ -167,6 +173,7 @@ class Node:
             f"node-{settings.node_id}",
             resolve=self.resolve,
             credentials=self.node_credentials,
+            tls=settings.tls.dialing_tls(),
         )
         self.peers: AsyncioPeerRequests | None = None
         self.migration_pacer = ByteRatePacer(settings.shard_migration_bytes_per_second)
@@ -311,6 +318,7 @@ class Node:
             self.settings.cluster_id,
             RegistrationSettings(heartbeat_seconds=self.settings.bookie_heartbeat_ms / 1000),
             credentials=self.node_credentials,
+            tls=self.settings.tls.dialing_tls(),
         )
         self.registrar.start()
 

@@ -134,6 +134,7 @@ class StreamService:
             node.metadata_endpoints,
             node.address_of,
             node.node_credentials,
+            tls=settings.tls.dialing_tls(),
         )
         self.ha_topics = HATopicService(
             node.node_id,
@@ -143,6 +144,7 @@ class StreamService:
             settings.fsync,
             node.metadata_endpoints,
             node.address_of,
+            tls=settings.tls,
         )
 
     # --- topic life cycle ---------------------------------------------------------------

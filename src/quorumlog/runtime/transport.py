@@ -17,6 +17,13 @@
   since the last ping (any frame says "alive" as well as a ping does).
 - Anything malformed — garbage bytes, a frame over `frame_bytes_max`, a wrong cluster id,
   an unexpected message — closes that connection with a logged reason; the node goes on.
+- TLS (`tls=NodeTLS(...)`, see tls/config.py): the listener then accepts sockets itself
+  and runs each one's handshake (`admit`), so a failed one is logged with its reason (an
+  asyncio server drops that reason) and only that connection is closed. A connection
+  whose first byte is not a TLS record is a plaintext client: it gets a `Refused` frame
+  saying TLS is required, in plaintext, so it can tell its user. Peers dial with the
+  node's dialing certificate and verify the node they reach; a connection that says it
+  is a peer is held to the peer rules (`check_peer_certificate`) at its Hello.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from collections.abc import Callable
 from typing import Protocol, cast
@@ -34,6 +42,16 @@ from quorumlog.codec.frame import (
     FRAME_HEADER,
     FrameDecoder,
     FrameError,
+    encode_frame,
+)
+from quorumlog.tls.config import NodeTLS, server_context
+from quorumlog.tls.handshake import (
+    TLS_RECORD_TYPES,
+    TLS_REQUIRED_REASON,
+    check_peer_certificate,
+    create_connection,
+    describe_handshake_error,
+    peer_common_name,
 )
 
 log = logging.getLogger("quorumlog.transport")
@@ -54,6 +72,7 @@ HANDSHAKE_TIMEOUT_SECONDS = 5.0
 ROUND_TRIP_EVERY_PINGS = 5
 """Every this many liveness pings to a peer, one is a `PeerPing` whatever else went to it
 (its pong gives a round-trip time): about one a second with default ticks."""
+LISTEN_BACKLOG = 100
 
 
 class Handler(Protocol):
@@ -106,6 +125,11 @@ class Connection(asyncio.Protocol):
         self.closed = asyncio.get_running_loop().create_future()
         self.description = "?"
         self.remote_host: str | None = None
+
+    def certificate_common_name(self) -> str | None:
+        """The CN of the certificate the other end presented over TLS, if any (for
+        authentication by certificate, `--client-cert-auth`)."""
+        return peer_common_name(self.transport) if self.transport is not None else None
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
@@ -200,6 +224,11 @@ class Connection(asyncio.Protocol):
         if frame.protocol_version != wire.PROTOCOL_VERSION:
             self.refuse(f"protocol version {frame.protocol_version} is not supported")
             return False
+        if frame.is_peer and self.transport is not None:
+            problem = check_peer_certificate(self.transport, endpoint.tls)
+            if problem is not None:
+                self.refuse(f"peer {frame.sender!r}: {problem}")
+                return False
         self.ready = True
         self.write(wire.Welcome(node_id=endpoint.node_id))
         if frame.is_peer:
@@ -290,8 +319,18 @@ class Endpoint:
         peer_addresses: dict[str, str],
         handler: Handler,
         frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT,
+        tls: NodeTLS | None = None,
     ) -> None:
         self.node_id = node_id
+        self.tls = tls or NodeTLS()
+        self.dialing_tls = self.tls.dialing_tls()
+        self.tls_refusals = 0
+        """Connections refused at the TLS handshake (or for speaking plaintext)."""
+        self.listening_socket: socket.socket | None = None
+        self.accepting: asyncio.Task[None] | None = None
+        self.admitting: set[asyncio.Task[None]] = set()
+        self.dial_failures: dict[str, str] = {}
+        """Per peer: why the last dial failed at the TLS handshake (logged once a reason)."""
         self.cluster_id = cluster_id
         self.peer_addresses = dict(peer_addresses)
         self.handler = handler
@@ -326,17 +365,77 @@ class Endpoint:
         """Listen on `host:port` (0: any free port); returns the port bound. Peers are told
         `advertise` as our address, else `host` and the port bound."""
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: Connection(self, None), host, port)
-        socket = self.server.sockets[0]
-        bound_port = int(socket.getsockname()[1])
+        if self.tls.enabled:
+            self.listening_socket = listening_socket(host, port)
+            self.accepting = loop.create_task(self.accept_forever(self.listening_socket))
+            bound_port = int(self.listening_socket.getsockname()[1])
+        else:
+            self.server = await loop.create_server(lambda: Connection(self, None), host, port)
+            bound_port = int(self.server.sockets[0].getsockname()[1])
         self.listen_address = advertise or format_address(host, bound_port)
         self.update_peers(self.peer_addresses)
         return bound_port
 
+    @property
+    def listening(self) -> bool:
+        return self.server is not None or self.listening_socket is not None
+
+    async def accept_forever(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                accepted, _ = await loop.sock_accept(listener)
+            except OSError as error:
+                # Out of descriptors, say: this connection is lost, the listener is not.
+                log.warning("accepting a connection failed: %s", error)
+                await asyncio.sleep(RECONNECT_DELAY_SECONDS_MIN)
+                continue
+            task = loop.create_task(self.admit(accepted))
+            self.admitting.add(task)
+            task.add_done_callback(self.admitting.discard)
+
+    async def admit(self, accepted: socket.socket) -> None:
+        """Run one accepted socket's TLS handshake; refuse it, with a logged reason, if
+        it speaks plaintext or the handshake fails (see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        description = describe_socket(accepted)
+        try:
+            accepted.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_SECONDS):
+                first = await first_byte(loop, accepted)
+            if first is None:
+                accepted.close()
+                return
+            if first not in TLS_RECORD_TYPES:
+                self.refuse_plaintext(accepted, description)
+                return
+            await loop.connect_accepted_socket(
+                lambda: Connection(self, None),
+                accepted,
+                ssl=server_context(self.tls),
+                ssl_handshake_timeout=HANDSHAKE_TIMEOUT_SECONDS,
+            )
+        except (OSError, TimeoutError) as error:
+            self.tls_refusals += 1
+            log.warning(
+                "refusing connection from %s: TLS handshake failed: %s",
+                description,
+                describe_handshake_error(error),
+            )
+            accepted.close()
+
+    def refuse_plaintext(self, accepted: socket.socket, description: str) -> None:
+        self.tls_refusals += 1
+        log.warning("refusing connection from %s: it does not speak TLS", description)
+        refusal = encode_frame(wire.encode(wire.Refused(reason=TLS_REQUIRED_REASON)))
+        with contextlib.suppress(OSError):
+            accepted.send(refusal)  # a few bytes into an empty send buffer: never blocks
+        accepted.close()
+
     def update_peers(self, peer_addresses: dict[str, str]) -> None:
         """Dial every known peer whose id sorts after ours (they wait for us to dial), and
         announce ourselves to the others when they leave us without a link."""
-        if self.server is None:
+        if not self.listening:
             self.peer_addresses = dict(peer_addresses)
             return  # not listening yet: `listen` starts the dialers
         previous = self.peer_addresses
@@ -387,12 +486,24 @@ class Endpoint:
         host, port = parse_address(address)
         try:
             _, connection = await asyncio.wait_for(
-                loop.create_connection(lambda: Connection(self, peer), host, port),
+                create_connection(
+                    loop, lambda: Connection(self, peer), host, port, self.dialing_tls
+                ),
                 HANDSHAKE_TIMEOUT_SECONDS,
             )
-        except (OSError, TimeoutError):
+        except (OSError, TimeoutError) as error:
+            if self.dialing_tls is not None:
+                self.dial_failed(peer, address, error)
             return None
+        self.dial_failures.pop(peer, None)
         return connection
+
+    def dial_failed(self, peer: str, address: str, error: BaseException) -> None:
+        """Log why a TLS dial failed, once per reason (the dialer retries every moment)."""
+        reason = describe_handshake_error(error)
+        if self.dial_failures.get(peer) != reason:
+            self.dial_failures[peer] = reason
+            log.warning("cannot reach peer %s at %s: %s", peer, address, reason)
 
     def peer_ready(self, peer: str, connection: Connection) -> None:
         old = self.peers.get(peer)
@@ -500,8 +611,55 @@ class Endpoint:
                 await task
         if self.server is not None:
             self.server.close()
+        await self.stop_accepting()
         for connection in list(self.connections):
             if connection.transport is not None:
                 connection.transport.close()
         if self.server is not None:
             await self.server.wait_closed()
+
+    async def stop_accepting(self) -> None:
+        tasks = [*self.admitting, *([self.accepting] if self.accepting is not None else [])]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.listening_socket is not None:
+            self.listening_socket.close()
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A non-blocking listening socket on `host:port` (a wildcard host: every address)."""
+    family, _, _, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    listener = socket.create_server(address, family=family, backlog=LISTEN_BACKLOG)
+    listener.setblocking(False)
+    return listener
+
+
+async def first_byte(loop: asyncio.AbstractEventLoop, accepted: socket.socket) -> int | None:
+    """The first byte the other end sent, left unread; None if it closed first."""
+    readable: asyncio.Future[None] = loop.create_future()
+    descriptor = accepted.fileno()
+
+    def wake() -> None:
+        if not readable.done():
+            readable.set_result(None)
+
+    loop.add_reader(descriptor, wake)
+    try:
+        await readable
+    finally:
+        loop.remove_reader(descriptor)
+    peeked = accepted.recv(1, socket.MSG_PEEK)
+    return peeked[0] if peeked else None
+
+
+def describe_socket(accepted: socket.socket) -> str:
+    try:
+        peer = accepted.getpeername()
+    except OSError:
+        return "?"
+    return f"{peer[0]}:{peer[1]}"

@@ -39,6 +39,7 @@ from quorumlog.shard.client import (
 )
 from quorumlog.shard.config import UNASSIGNED_GID, ShardConfiguration
 from quorumlog.shard.controller_commands import ControllerCommand, Join, Leave, Move
+from quorumlog.tls.config import TLSConfig
 
 STATUS_TIMEOUT_SECONDS_MAX = 2.0
 """How long status waits for one replica: a replica that is down should not hold up the
@@ -132,6 +133,7 @@ class ShardAdmin(ControllerClient):
         attempt_timeout_seconds: float | None = None,
         user: str | None = None,
         password: str | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         super().__init__(
             endpoints,
@@ -140,6 +142,7 @@ class ShardAdmin(ControllerClient):
             client_id or f"admin-{uuid.uuid4().hex}",
             attempt_timeout_seconds,
             credentials_source(user, password),
+            tls,
         )
 
     # --- controller commands ------------------------------------------------------------

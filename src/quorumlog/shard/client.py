@@ -94,6 +94,7 @@ from quorumlog.shard.controller_commands import (
     decode_results,
     encode_commands,
 )
+from quorumlog.tls.config import TLSConfig
 
 ResponseType = TypeVar("ResponseType")
 
@@ -364,9 +365,11 @@ class BlockingTransport(AttemptSender):
         client_id: str,
         attempt_timeout_seconds: float,
         credentials: CredentialsSource | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         self.cluster_id = cluster_id
         self.client_id = client_id
+        self.tls = tls
         self.attempt_timeout_seconds = attempt_timeout_seconds
         self.credentials = credentials
         """With auth: who this client is, asked at each new connection (`quorumlog.auth`)."""
@@ -407,6 +410,7 @@ class BlockingTransport(AttemptSender):
                 self.client_id,
                 deadline,
                 None if self.credentials is None else self.credentials(),
+                self.tls,
             )
             self.connections[endpoint] = connection
         return connection
@@ -506,6 +510,7 @@ class ControllerClient(SessionHolder, Closing):
         client_id: str,
         attempt_timeout_seconds: float | None,
         credentials: CredentialsSource | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         check_timeout(timeout)
         self.timeout = timeout
@@ -515,6 +520,7 @@ class ControllerClient(SessionHolder, Closing):
             client_id,
             attempt_timeout_for(timeout, attempt_timeout_seconds),
             credentials,
+            tls,
         )
         self.controller = ControllerChannel(endpoints, self.transport, timeout)
         self.lock = threading.RLock()
@@ -549,7 +555,9 @@ class ShardedKVClient(KVOperations, ControllerClient):
         attempt_timeout_seconds: float | None = None,
         user: str | None = None,
         password: str | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
+        """`tls`: talk TLS to the nodes (see `TLSConfig`); None: plaintext."""
         super().__init__(
             endpoints,
             timeout,
@@ -557,6 +565,7 @@ class ShardedKVClient(KVOperations, ControllerClient):
             client_id or new_client_id(),
             attempt_timeout_seconds,
             credentials_source(user, password),
+            tls,
         )
         self.router = ShardRouter()
 

@@ -65,6 +65,7 @@ class ClusterAccess(BlockingClient):
             thread_name=f"quorumlog-{client_name}",
             user=connection.user,
             password=connection.password,
+            tls=connection.tls,
         )
         self.connection = connection
 

@@ -37,8 +37,10 @@ import msgspec
 from quorumlog.kv.connection import CLUSTER_ID_DEFAULT, parse_endpoints
 from quorumlog.spark.errors import OptionError
 from quorumlog.spark.offsets import OffsetSpec, parse_offset_spec
+from quorumlog.tls.config import TLSConfig
 
 ENDPOINTS_ENVIRONMENT_VARIABLE = "QUORUMLOG_ENDPOINTS"
+TLS_OPTIONS = ("tls.caFile", "tls.certFile", "tls.keyFile")
 TIMEOUT_MS_DEFAULT = 30_000
 MAX_RECORDS_PER_PARTITION_DEFAULT = 1_000_000
 FETCH_RECORDS_MAX_DEFAULT = 10_000
@@ -48,7 +50,7 @@ PAGE_SIZE_DEFAULT = 1_000
 # Options Spark itself adds (or users add for Spark) that are not ours to judge.
 SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
 
-CONNECTION_OPTIONS = ("endpoints", "clusterId", "timeoutMs", "user", "password")
+CONNECTION_OPTIONS = ("endpoints", "clusterId", "timeoutMs", "user", "password", *TLS_OPTIONS)
 USER_ENVIRONMENT_VARIABLE = "QUORUMLOG_USER"
 PASSWORD_ENVIRONMENT_VARIABLE = "QUORUMLOG_PASSWORD"
 SOURCE_OPTIONS = (
@@ -76,12 +78,15 @@ class ConnectionOptions(msgspec.Struct, frozen=True):
     timeout_seconds: float = TIMEOUT_MS_DEFAULT / 1000
     user: str | None = None
     password: str | None = None
+    tls: TLSConfig | None = None
+    """From `tls.caFile`, `tls.certFile`, `tls.keyFile` (None: plaintext). The files must
+    be readable at the same paths on the driver and every executor."""
 
     def __repr__(self) -> str:
         # Options reach logs and plans: never print the password.
         return (
             f"ConnectionOptions(endpoints={self.endpoints!r}, cluster_id={self.cluster_id!r}, "
-            f"timeout_seconds={self.timeout_seconds!r}, user={self.user!r})"
+            f"timeout_seconds={self.timeout_seconds!r}, user={self.user!r}, tls={self.tls!r})"
         )
 
 
@@ -181,7 +186,23 @@ def parse_connection(options: Options) -> ConnectionOptions:
     password = options.text("password") or os.environ.get(PASSWORD_ENVIRONMENT_VARIABLE)
     if password is not None and user is None:
         raise OptionError("password", "a password needs a user (option user)")
-    return ConnectionOptions(endpoints, cluster_id, timeout_ms / 1000, user, password)
+    return ConnectionOptions(
+        endpoints, cluster_id, timeout_ms / 1000, user, password, parse_tls(options)
+    )
+
+
+def parse_tls(options: Options) -> TLSConfig | None:
+    """TLS from `tls.caFile`, `tls.certFile` and `tls.keyFile` (None if none is given)."""
+    ca_file, cert_file, key_file = (options.text(name) for name in TLS_OPTIONS)
+    if ca_file is None and cert_file is None and key_file is None:
+        return None
+    if (cert_file is None) != (key_file is None):
+        missing = "tls.keyFile" if key_file is None else "tls.certFile"
+        raise OptionError(missing, "tls.certFile and tls.keyFile go together")
+    for name, path in zip(TLS_OPTIONS, (ca_file, cert_file, key_file), strict=True):
+        if path is not None and not os.path.isfile(path):
+            raise OptionError(name, f"no such file: {path!r}")
+    return TLSConfig(ca_file=ca_file, cert_file=cert_file, key_file=key_file)
 
 
 def parse_topics(options: Options) -> list[str]:

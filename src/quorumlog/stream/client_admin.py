@@ -32,6 +32,7 @@ from quorumlog.stream.client_common import (
 )
 from quorumlog.stream.records import PartitionDescription, TopicDescription
 from quorumlog.stream.topics import PARTITIONS_MAX, STORAGE_LEDGER, TOPIC_NAME, storage_problem
+from quorumlog.tls.config import TLSConfig
 
 
 def check_topic_name(name: str) -> None:
@@ -67,6 +68,7 @@ class Admin(BlockingClient):
         attempt_timeout_seconds: float | None = None,
         user: str | None = None,
         password: str | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         super().__init__(
             endpoints,
@@ -76,6 +78,7 @@ class Admin(BlockingClient):
             thread_name="quorumlog-admin",
             user=user,
             password=password,
+            tls=tls,
         )
 
     def create_topic(

@@ -57,6 +57,7 @@ from quorumlog.kv.connection import (
 )
 from quorumlog.kv.lifetime import Closing
 from quorumlog.stream.topics import decode_descriptor, topic_key
+from quorumlog.tls.config import TLSConfig
 
 ResponseType = TypeVar("ResponseType")
 ResultType = TypeVar("ResultType")
@@ -207,6 +208,7 @@ class StreamTransport:
         attempt_timeout_seconds: float | None,
         user: str | None = None,
         password: str | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         check_timeout(timeout)
         self.timeout = timeout
@@ -218,6 +220,7 @@ class StreamTransport:
             attempt_timeout_seconds=attempt_timeout_seconds,
             user=user,
             password=password,
+            tls=tls,
         )
         self.topics: dict[str, TopicDescriptor] = {}
         self.selectors: dict[tuple[str, int], tuple[list[str], EndpointSelector]] = {}
@@ -505,7 +508,9 @@ class BlockingClient(Closing):
         thread_name: str = "quorumlog-client",
         user: str | None = None,
         password: str | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
+        """`tls`: talk TLS to the nodes (see `TLSConfig`); None: plaintext."""
         if isinstance(endpoints, str):
             raise TypeError('endpoints is a list of "host:port" strings, not one string')
         check_timeout(timeout)
@@ -522,6 +527,7 @@ class BlockingClient(Closing):
                     attempt_timeout_seconds,
                     user,
                     password,
+                    tls,
                 )
             )
         except BaseException:
@@ -537,10 +543,18 @@ class BlockingClient(Closing):
         attempt_timeout_seconds: float | None,
         user: str | None = None,
         password: str | None = None,
+        tls: TLSConfig | None = None,
     ) -> StreamTransport:
         # Built on the loop, so everything it creates belongs to that loop.
         return StreamTransport(
-            endpoints, timeout, cluster_id, client_id, attempt_timeout_seconds, user, password
+            endpoints,
+            timeout,
+            cluster_id,
+            client_id,
+            attempt_timeout_seconds,
+            user,
+            password,
+            tls,
         )
 
     def run(self, coroutine: Coroutine[Any, Any, ResultType]) -> ResultType:

@@ -35,6 +35,7 @@ from quorumlog.stream.client_common import (
     leader_status,
 )
 from quorumlog.stream.records import Record
+from quorumlog.tls.config import TLSConfig
 
 FETCH_BYTES_MAX_DEFAULT = 4 * 1024 * 1024
 READ_RECORDS_MAX_DEFAULT = 10_000
@@ -92,6 +93,7 @@ class Consumer(BlockingClient):
         read_from_followers: bool = False,
         user: str | None = None,
         password: str | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         """`read_from_followers`: let any replica answer reads (spreads load; a follower may
         trail the leader by a moment). By default the leader answers, as in Kafka, so a
@@ -119,6 +121,7 @@ class Consumer(BlockingClient):
             thread_name="quorumlog-consumer",
             user=user,
             password=password,
+            tls=tls,
         )
 
     # --- reads --------------------------------------------------------------------------

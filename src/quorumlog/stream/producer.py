@@ -64,6 +64,7 @@ from quorumlog.errors import (
 from quorumlog.kv.connection import CLUSTER_ID_DEFAULT
 from quorumlog.stream.client_common import BlockingClient, partition_for_key
 from quorumlog.stream.records import RecordMetadata
+from quorumlog.tls.config import TLSConfig
 
 LINGER_MS_DEFAULT = 5.0
 BATCH_RECORDS_MAX_DEFAULT = 16_384
@@ -217,6 +218,7 @@ class Producer(BlockingClient):
         attempt_timeout_seconds: float | None = None,
         user: str | None = None,
         password: str | None = None,
+        tls: TLSConfig | None = None,
     ) -> None:
         check_producer_settings(
             linger_ms, batch_records_max, batch_bytes_max, buffer_bytes_max, max_block_seconds
@@ -258,6 +260,7 @@ class Producer(BlockingClient):
             thread_name="quorumlog-producer",
             user=user,
             password=password,
+            tls=tls,
         )
 
     # --- the caller's side --------------------------------------------------------------
