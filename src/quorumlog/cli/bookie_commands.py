@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from quorumlog.cli.config_file import ConfiguredGroup
 from quorumlog.cli.kv_commands import ClientSettings, client_options, output_option, print_table
 from quorumlog.errors import QuorumLogError
 from quorumlog.kv.connection import parse_endpoints
@@ -40,7 +41,7 @@ EXIT_CANNOT_RUN = 2
 """A bookie that cannot start: its data directory is locked or unreadable."""
 
 
-@click.group("bookie", invoke_without_command=True)
+@click.group("bookie", cls=ConfiguredGroup, invoke_without_command=True)
 @click.option("--id", "bookie_id", help="This bookie's id (unique among bookies and nodes).")
 @click.option("--listen", help="HOST:PORT to serve the bookie protocol on.")
 @click.option("--data-dir", type=click.Path(file_okay=False))

@@ -131,6 +131,8 @@ class NodeSettings(msgspec.Struct, frozen=True):
     it was the master). The same on every node: replicas decide by it."""
     ha_controller_check_ms: int = int(CHECK_INTERVAL_SECONDS_DEFAULT * 1000)
     """HA controller: how often its leader looks for silent masters."""
+    heartbeat_ticks: int = 1
+    """A leader's heartbeat interval in ticks (`--heartbeat-interval-ms`; raft_timing.py)."""
 
 
 class Node:
@@ -176,6 +178,7 @@ class Node:
         return RaftConfig(
             node_id=settings.node_id,
             election_ticks=settings.election_ticks,
+            heartbeat_ticks=settings.heartbeat_ticks,
             quiesce_idle_ticks=settings.quiesce_idle_ticks,
         )
 
