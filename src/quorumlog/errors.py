@@ -380,3 +380,12 @@ class UnknownBrokerGroupError(HAControllerRefusedError, KeyError):
 class InvalidSyncStateSetError(HAControllerRefusedError, ValueError):
     """A SyncStateSet that leaves out the master, repeats or names unknown brokers, or
     adds a broker that is not alive."""
+
+
+# --- node configuration ----------------------------------------------------------------
+
+
+class AdvertisedAddressError(QuorumLogError, ValueError):
+    """A node or bookie would tell peers and clients an address nobody can dial: it
+    listens on a wildcard address (0.0.0.0, ::) with no `--advertise`, or `--advertise`
+    is itself a wildcard. It refuses to start rather than hand out such an address."""

@@ -306,6 +306,10 @@ from quorumlog.demo.command import demo_command  # noqa: E402 - after the group 
 
 cli.add_command(demo_command)
 
+from quorumlog.cli.endpoint_commands import endpoint_group  # noqa: E402 - joins cli
+
+cli.add_command(endpoint_group)
+
 
 def main() -> None:
     try:

@@ -42,7 +42,7 @@ from quorumlog.node.ha_controller_access import ThreadedControllerAccess
 from quorumlog.node.ha_links import AsyncioHALinks
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.group import AsyncioScheduler
-from quorumlog.runtime.transport import Replier
+from quorumlog.runtime.transport import Replier, format_address
 from quorumlog.storage.base import SyncPolicy
 from quorumlog.stream.partition import OffsetOutOfRangeError, OutOfOrderSequenceError
 from quorumlog.stream.topics import group_id
@@ -86,11 +86,16 @@ class HATopicService:
         metadata_endpoints: Callable[[], list[str]],
         address_of: Callable[[str | None], str | None],
         config: BrokerHostConfig = HA_TOPIC_CONFIG,
+        advertised_host: str = "",
     ) -> None:
         self.node_id = node_id
         self.cluster_id = cluster_id
         self.data_dir = Path(data_dir)
         self.listen_host = listen_host
+        """The host the HA listener binds (a wildcard binds every interface)."""
+        self.advertised_host = advertised_host or listen_host
+        """The host brokers are told to dial (the node's `--advertise` host, else its
+        listen host; never a wildcard: the node refuses to start with one)."""
         self.fsync = fsync
         self.metadata_endpoints = metadata_endpoints
         self.address_of = address_of
@@ -133,7 +138,7 @@ class HATopicService:
         loop = asyncio.get_running_loop()
         self.links = AsyncioHALinks(loop, self.cluster_id)
         port = await self.links.listen(self.listen_host)
-        self.ha_address = f"{self.listen_host}:{port}"
+        self.ha_address = format_address(self.advertised_host, port)
         self.controller = ThreadedControllerAccess(loop, self.metadata_endpoints(), self.cluster_id)
         log.info("node %s: HA replication listens on %s", self.node_id, self.ha_address)
 

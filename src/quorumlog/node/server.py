@@ -47,7 +47,7 @@ from quorumlog.kv.machine import KVStateMachine
 from quorumlog.ledger.bookie_registration import BookieRegistrar, RegistrationSettings
 from quorumlog.ledger.bookie_server import BookieServer
 from quorumlog.ledger.registry import BOOKIE_HEARTBEAT_SECONDS
-from quorumlog.node.addresses import AddressBook, AddressSource
+from quorumlog.node.addresses import AddressBook, AddressSource, check_advertised
 from quorumlog.node.composition import ShardedKVLayout, ShardedKVParts, compose_sharded_kv
 from quorumlog.node.controller_service import ControllerService
 from quorumlog.node.dispatch import KV_GROUP, RequestDispatcher
@@ -190,6 +190,7 @@ class Node:
     async def start(self) -> int:
         """Open storage, start listening; returns the port bound."""
         settings = self.settings
+        check_advertised(settings.listen, settings.advertise)
         self.ticker = GroupTicker(
             AsyncioScheduler(asyncio.get_running_loop()), settings.tick_ms / 1000
         )
