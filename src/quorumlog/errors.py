@@ -389,3 +389,13 @@ class AdvertisedAddressError(QuorumLogError, ValueError):
     """A node or bookie would tell peers and clients an address nobody can dial: it
     listens on a wildcard address (0.0.0.0, ::) with no `--advertise`, or `--advertise`
     is itself a wildcard. It refuses to start rather than hand out such an address."""
+
+
+class MissingExtraError(QuorumLogError, ImportError):
+    """A command or module needs an optional extra that is not installed; the message is
+    one line with the `pip install 'quorumlog[...]'` to run (quorumlog/extras.py)."""
+
+    def __init__(self, message: str, extra: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.extra = extra
+        self.missing = missing
