@@ -188,6 +188,15 @@ class GroupFailedError(RaftError):
         self.reason = reason
 
 
+class ReservedKeyError(RequestRejectedError):
+    """A key starting with "__" is internal (topic descriptors, consumer offsets, ledger
+    and bookie metadata, ...): the user KV API may read one by its name, but not write,
+    delete or scan it; the cluster refused the request and did nothing."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("reserved_key", message)
+
+
 # --- controller mode (reference 003): broker-side HA replication ------------------------
 
 

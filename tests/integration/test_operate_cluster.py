@@ -156,6 +156,22 @@ def test_endpoint_status_of_the_whole_cluster(cluster: WildcardCluster) -> None:
     assert table.returncode == 0 and "IS LEADER" in table.stdout, table.stderr
 
 
+# --- internal keys ------------------------------------------------------------------------
+
+
+def test_quorumlog_kv_cannot_touch_internal_keys(cluster: WildcardCluster) -> None:
+    """The topic made above has its descriptor at __topics/advertised; `quorumlog kv` may
+    read it by name but not overwrite or delete it (the node refuses, exit 1)."""
+    endpoints = ("--endpoints", ",".join(cluster.endpoints), "--cluster-id", "integration")
+    for arguments in (("put", "__topics/advertised", "x"), ("del", "__topics/advertised")):
+        finished = quorumlog("kv", *arguments, *endpoints)
+        assert finished.returncode == 1, finished.stdout + finished.stderr
+        lines = finished.stderr.strip().splitlines()
+        assert len(lines) == 1 and "reserved_key" in lines[0], finished.stderr
+    with Admin(cluster.endpoints, timeout=WAIT_SECONDS, cluster_id="integration") as admin:
+        assert admin.describe_topic("advertised").partition_count == 1
+
+
 # --- last: a member killed ------------------------------------------------------------------
 
 

@@ -23,6 +23,7 @@ from quorumlog.cli.config_file import ConfiguredGroup
 from quorumlog.cli.kv_commands import ClientSettings, client_options, output_option, print_table
 from quorumlog.errors import QuorumLogError
 from quorumlog.kv.connection import parse_endpoints
+from quorumlog.kv.internal_keys import InternalKeys
 from quorumlog.ledger.registry import (
     BOOKIE_HEARTBEAT_SECONDS,
     BOOKIE_PREFIX,
@@ -137,7 +138,7 @@ def bookie_rows(settings: ClientSettings, now_ms: int) -> list[dict[str, Any]]:
     """One row per registration, in id order; a registration that does not decode (written
     by a newer release, say) is a row with only its id and `error`."""
     with settings.client() as client:
-        items = client.scan_prefix(BOOKIE_PREFIX)
+        items = InternalKeys(client).scan_prefix(BOOKIE_PREFIX)
     rows: list[dict[str, Any]] = []
     for key, value in items:
         record = decode_bookie_record(value)

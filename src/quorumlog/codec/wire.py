@@ -74,6 +74,9 @@ class ErrorCode(enum.Enum):
     was refused, nothing written; retry after a back-off. A client older than this member
     cannot decode the answer and treats the connection as broken (its request's outcome
     unknown, retried elsewhere)."""
+    RESERVED_KEY = "reserved_key"
+    """A user request wrote, deleted or scanned a key starting with "__", which only
+    quorumlog's own services may (they mark their requests `internal`): nothing done."""
 
 
 class KVCommand(msgspec.Struct, frozen=True, array_like=True):
@@ -113,6 +116,9 @@ class KVWrite(msgspec.Struct, frozen=True, tag=True):
     one of its writes has been answered: the cluster takes a client it has no session for
     as new only then (`kv.sessions`)."""
     group: str = "kv"
+    internal: bool = False
+    """Sent by quorumlog's own services (kv/internal_keys.py): may write keys starting with
+    "__" (topics, offsets, ledgers, bookies, ...), which the "kv" group refuses otherwise."""
 
 
 class KVRead(msgspec.Struct, frozen=True, tag=True):
@@ -135,6 +141,8 @@ class KVScan(msgspec.Struct, frozen=True, tag=True):
     shards: list[int] | None = None
     """Sharded KV: the shards the client expects this group to serve. The group answers
     WRONG_GROUP unless it serves every one, and returns keys of those shards only."""
+    internal: bool = False
+    """As `KVWrite.internal`: only then does a scan of the "kv" group return "__" keys."""
 
 
 class KVScanResult(msgspec.Struct, frozen=True, tag=True):

@@ -250,6 +250,7 @@ class AsyncKVClient(SessionHolder):
         batch_commands_max: int = BATCH_COMMANDS_MAX_DEFAULT,
         sequence_window_max: int = SEQUENCE_WINDOW_MAX_DEFAULT,
         group: str = "kv",
+        internal_keys: bool = False,
     ) -> None:
         check_timeout(timeout)
         if batch_commands_max <= 0:
@@ -265,6 +266,9 @@ class AsyncKVClient(SessionHolder):
         self.group = group
         """The group every KVWrite and KVRead names: "kv", or "shard-<gid>" of the sharded
         KV (the caller routes each key to the group owning its shard)."""
+        self.internal_keys = internal_keys
+        """Writes may reach keys starting with "__" (kv/reserved.py): for quorumlog's own
+        clients of its metadata (the stream clients' topics and offsets), never user code."""
         self.selector = EndpointSelector(endpoints)
         self.connections: dict[str, asyncio.Task[StreamConnection]] = {}
         self.next_request_id = 1
@@ -422,6 +426,7 @@ class AsyncKVClient(SessionHolder):
                 commands=commands,
                 first_unacknowledged=session.first_unacknowledged(),
                 group=self.group,
+                internal=self.internal_keys,
             )
 
         try:

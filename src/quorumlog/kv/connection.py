@@ -50,6 +50,7 @@ from quorumlog.errors import (
     ConnectionRefusedByNodeError,
     NotEnoughReplicasUnavailableError,
     RequestRejectedError,
+    ReservedKeyError,
     SessionExpiredError,
     UnavailableError,
     UnknownOutcomeError,
@@ -486,6 +487,8 @@ class RequestAttempts:
             return None
         if code is ErrorCode.SESSION_EXPIRED:
             raise SessionExpiredError(f"{endpoint}: {frame.message}")
+        if code is ErrorCode.RESERVED_KEY:
+            raise ReservedKeyError(frame.message)
         raise RequestRejectedError(code.value, frame.message)
 
     def failed_once(self, busy: bool) -> None:

@@ -214,6 +214,8 @@ class StreamTransport:
             cluster_id=cluster_id,
             client_id=client_id,
             attempt_timeout_seconds=attempt_timeout_seconds,
+            # Topic descriptors and group offsets are internal keys ("__topics/", ...).
+            internal_keys=True,
         )
         self.topics: dict[str, TopicDescriptor] = {}
         self.selectors: dict[tuple[str, int], tuple[list[str], EndpointSelector]] = {}
