@@ -152,15 +152,16 @@ def config_file_option() -> click.Option:
     )
 
 
-def configure_parameters(params: list[click.Parameter]) -> list[click.Parameter]:
-    """Give each option its environment variable (those that name their own keep it) and
-    add --config-file."""
-    for parameter in params:
+def make_configurable(command: click.Command) -> None:
+    """Give each option its environment variable (those that name their own keep it), add
+    --config-file, and say the precedence at the end of the help."""
+    for parameter in command.params:
         if isinstance(parameter, click.Option) and not parameter.is_eager and long_names(parameter):
             if not parameter.envvar:
                 parameter.envvar = environment_variable(parameter)
             parameter.show_envvar = True
-    return [*params, config_file_option()]
+    command.params.append(config_file_option())
+    command.epilog = "\n\n".join(filter(None, [command.epilog, PRECEDENCE_HELP]))
 
 
 class ConfiguredCommand(click.Command):
@@ -168,8 +169,7 @@ class ConfiguredCommand(click.Command):
 
     def __init__(self, *arguments: Any, **settings: Any) -> None:
         super().__init__(*arguments, **settings)
-        self.params = configure_parameters(self.params)
-        self.epilog = PRECEDENCE_HELP if not self.epilog else f"{self.epilog}\n\n{PRECEDENCE_HELP}"
+        make_configurable(self)
 
 
 class ConfiguredGroup(click.Group):
@@ -177,8 +177,7 @@ class ConfiguredGroup(click.Group):
 
     def __init__(self, *arguments: Any, **settings: Any) -> None:
         super().__init__(*arguments, **settings)
-        self.params = configure_parameters(self.params)
-        self.epilog = PRECEDENCE_HELP if not self.epilog else f"{self.epilog}\n\n{PRECEDENCE_HELP}"
+        make_configurable(self)
 
 
 def environment_names(command: click.Command) -> dict[str, str]:
