@@ -212,6 +212,15 @@ class TLSHandshakeError(ClientError):
     would fail the same way until the certificates or settings change."""
 
 
+class ReservedKeyError(RequestRejectedError):
+    """A key starting with "__" is internal (topic descriptors, consumer offsets, ledger
+    and bookie metadata, ...): the user KV API may read one by its name, but not write,
+    delete or scan it; the cluster refused the request and did nothing."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("reserved_key", message)
+
+
 # --- controller mode (reference 003): broker-side HA replication ------------------------
 
 
@@ -404,3 +413,22 @@ class UnknownBrokerGroupError(HAControllerRefusedError, KeyError):
 class InvalidSyncStateSetError(HAControllerRefusedError, ValueError):
     """A SyncStateSet that leaves out the master, repeats or names unknown brokers, or
     adds a broker that is not alive."""
+
+
+# --- node configuration ----------------------------------------------------------------
+
+
+class AdvertisedAddressError(QuorumLogError, ValueError):
+    """A node or bookie would tell peers and clients an address nobody can dial: it
+    listens on a wildcard address (0.0.0.0, ::) with no `--advertise`, or `--advertise`
+    is itself a wildcard. It refuses to start rather than hand out such an address."""
+
+
+class MissingExtraError(QuorumLogError, ImportError):
+    """A command or module needs an optional extra that is not installed; the message is
+    one line with the `pip install 'quorumlog[...]'` to run (quorumlog/extras.py)."""
+
+    def __init__(self, message: str, extra: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.extra = extra
+        self.missing = missing

@@ -18,6 +18,7 @@ import pytest
 
 from quorumlog.codec import wire
 from quorumlog.kv.client import BlockingConnection, KVClient
+from quorumlog.kv.internal_keys import InternalKeys
 from quorumlog.ledger.metadata import master_key
 from quorumlog.ledger.registry import (
     BOOKIE_PREFIX,
@@ -73,7 +74,7 @@ def start(
 
 def record_of(cluster: ProcessCluster, bookie_id: str) -> BookieRecord | None:
     with KVClient(cluster.endpoints, timeout=TIMEOUT_SECONDS, cluster_id=CLUSTER_ID) as client:
-        items = dict(client.scan_prefix(BOOKIE_PREFIX))
+        items = dict(InternalKeys(client).scan_prefix(BOOKIE_PREFIX))
     value = items.get(bookie_key(bookie_id))
     return decode_bookie_record(value) if value is not None else None
 

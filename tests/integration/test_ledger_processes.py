@@ -25,6 +25,7 @@ from quorumlog import LedgerClient
 from quorumlog.codec import wire
 from quorumlog.errors import LedgerError, LedgerFencedError
 from quorumlog.kv.client import BlockingConnection, KVClient
+from quorumlog.kv.internal_keys import InternalKeys
 from quorumlog.ledger.registry import BOOKIE_PREFIX, decode_bookie_record, registration
 
 from .bookie_processes import BookieProcess
@@ -73,7 +74,7 @@ class Bookies:
         with KVClient(
             self.cluster.endpoints, timeout=TIMEOUT_SECONDS, cluster_id=CLUSTER_ID
         ) as client:
-            items = client.scan_prefix(BOOKIE_PREFIX)
+            items = InternalKeys(client).scan_prefix(BOOKIE_PREFIX)
         now_ms = int(time.time() * 1000)
         found: dict[str, str] = {}
         for _, value in items:

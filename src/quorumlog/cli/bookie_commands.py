@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from quorumlog.cli.config_file import ConfiguredGroup
 from quorumlog.cli.kv_commands import ClientSettings, client_options, output_option, print_table
 from quorumlog.cli.tls_options import node_tls_options
 from quorumlog.errors import QuorumLogError
 from quorumlog.kv.connection import parse_endpoints
+from quorumlog.kv.internal_keys import InternalKeys
 from quorumlog.ledger.registry import (
     BOOKIE_HEARTBEAT_SECONDS,
     BOOKIE_PREFIX,
@@ -42,7 +44,7 @@ EXIT_CANNOT_RUN = 2
 """A bookie that cannot start: its data directory is locked or unreadable."""
 
 
-@click.group("bookie", invoke_without_command=True)
+@click.group("bookie", cls=ConfiguredGroup, invoke_without_command=True)
 @click.option("--id", "bookie_id", help="This bookie's id (unique among bookies and nodes).")
 @click.option("--listen", help="HOST:PORT to serve the bookie protocol on.")
 @click.option("--data-dir", type=click.Path(file_okay=False))
@@ -141,7 +143,7 @@ def bookie_rows(settings: ClientSettings, now_ms: int) -> list[dict[str, Any]]:
     """One row per registration, in id order; a registration that does not decode (written
     by a newer release, say) is a row with only its id and `error`."""
     with settings.client() as client:
-        items = client.scan_prefix(BOOKIE_PREFIX)
+        items = InternalKeys(client).scan_prefix(BOOKIE_PREFIX)
     rows: list[dict[str, Any]] = []
     for key, value in items:
         record = decode_bookie_record(value)

@@ -237,9 +237,14 @@ def print_table(columns: list[str], rows: list[list[str]]) -> None:
 @output_option
 @client_options
 def status_command(settings: ClientSettings, write_out: str) -> None:
-    """Ask every endpoint for its view: id, leadership, term and log indexes.
+    """Ask every endpoint for its view: id, leadership, term and log indexes (an alias of
+    `quorumlog endpoint status`).
 
     Exits 1 if any endpoint did not answer (after printing every row)."""
+    report_status(settings, write_out)
+
+
+def report_status(settings: ClientSettings, write_out: str) -> None:
     rows = status_rows(settings)
     if write_out == "json":
         click.echo(json.dumps(rows, indent=2))

@@ -10,6 +10,7 @@ import sys
 import click
 
 from quorumlog import __version__
+from quorumlog.cli.extras_check import require_extra_for_command
 from quorumlog.cli.sim_report import failed_seeds, report_seeds
 from quorumlog.errors import QuorumLogError
 
@@ -96,6 +97,7 @@ def bench_kv(
 ) -> None:
     """Committed puts/s and latency on 3 node processes (fsync on), against PySyncObj;
     with --tls, puts/s with and without TLS in one run."""
+    require_extra_for_command("bench", "quorumlog bench kv")
     from quorumlog.bench.kv import KVBenchSettings, run_kv_benchmark
 
     settings = KVBenchSettings(
@@ -116,6 +118,8 @@ def bench_stream(
     as_json: bool, records: int, spark_records: int, skip_spark: bool, directory: str | None
 ) -> None:
     """Produce, consume and Spark batch-read rates on 3 node processes (fsync on)."""
+    if not skip_spark:
+        require_extra_for_command("spark", "quorumlog bench stream (or --skip-spark)")
     from quorumlog.bench.stream import run_stream_benchmark
 
     run_stream_benchmark(as_json, records, spark_records, directory, skip_spark)
@@ -317,6 +321,10 @@ register_auth_commands()
 from quorumlog.demo.command import demo_command  # noqa: E402 - after the group it joins
 
 cli.add_command(demo_command)
+
+from quorumlog.cli.endpoint_commands import endpoint_group  # noqa: E402 - joins cli
+
+cli.add_command(endpoint_group)
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 
+from quorumlog.cli.config_file import ConfiguredCommand
 from quorumlog.cli.defaults import DEV_DIRECTORY_DEFAULT as DEFAULT_DEV_DIR
 from quorumlog.cli.defaults import DEV_STATE_FILE
 from quorumlog.cli.tls_options import node_tls_options
@@ -52,7 +53,7 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
     return groups
 
 
-@click.command("node")
+@click.command("node", cls=ConfiguredCommand)
 @click.option("--id", "node_id", required=True, help="This node's id (unique in the cluster).")
 @click.option("--listen", required=True, help="HOST:PORT to listen on for peers and clients.")
 @click.option("--peers", default="", help="The other members: ID=HOST:PORT,ID=HOST:PORT,...")
@@ -152,6 +153,19 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
     type=click.IntRange(1),
     help="Auth: a client token unused this long is forgotten (the client authenticates again).",
 )
+@click.option(
+    "--election-timeout-ms",
+    type=click.IntRange(1),
+    default=None,
+    help="Time without a leader's word before a follower stands for election: a whole "
+    "number of ticks, at least 5 heartbeat intervals (default: 10 ticks).",
+)
+@click.option(
+    "--heartbeat-interval-ms",
+    type=click.IntRange(1),
+    default=None,
+    help="How often a leader heartbeats: a whole number of ticks (default: one tick).",
+)
 @node_tls_options
 def node_command(
     node_id: str,
@@ -181,9 +195,17 @@ def node_command(
     slow_fsync_warn_ms: int,
     auth_token_ttl_ms: int,
     node_tls: NodeTLS,
+    election_timeout_ms: int | None,
+    heartbeat_interval_ms: int | None,
 ) -> None:
     """Run one node in the foreground; logs to stderr; SIGTERM stops it cleanly."""
+    from quorumlog.node.raft_timing import raft_timing
     from quorumlog.node.server import NodeFailedError, NodeSettings, run_node
+
+    try:
+        timing = raft_timing(tick_ms, election_timeout_ms, heartbeat_interval_ms)
+    except ValueError as error:
+        raise click.UsageError(str(error)) from error
 
     configure_logging(node_id, log_format, log_level)
     settings = NodeSettings(
@@ -212,6 +234,8 @@ def node_command(
         slow_fsync_warn_ms=slow_fsync_warn_ms,
         auth_token_ttl_ms=auth_token_ttl_ms,
         tls=node_tls,
+        election_ticks=timing.election_ticks,
+        heartbeat_ticks=timing.heartbeat_ticks,
     )
 
     async def main() -> None:

@@ -89,6 +89,9 @@ class ErrorCode(enum.Enum):
     AUTH_TOKEN_INVALID = "auth_token_invalid"
     """The token is unknown here (another node issued it, or this one restarted), expired,
     or its user changed: the client authenticates again on this connection and retries."""
+    RESERVED_KEY = "reserved_key"
+    """A user request wrote, deleted or scanned a key starting with "__", which only
+    quorumlog's own services may (they mark their requests `internal`): nothing done."""
 
 
 class KVCommand(msgspec.Struct, frozen=True, array_like=True):
@@ -128,6 +131,9 @@ class KVWrite(msgspec.Struct, frozen=True, tag=True):
     one of its writes has been answered: the cluster takes a client it has no session for
     as new only then (`kv.sessions`)."""
     group: str = "kv"
+    internal: bool = False
+    """Sent by quorumlog's own services (kv/internal_keys.py): may write keys starting with
+    "__" (topics, offsets, ledgers, bookies, ...), which the "kv" group refuses otherwise."""
 
 
 class KVRead(msgspec.Struct, frozen=True, tag=True):
@@ -150,6 +156,8 @@ class KVScan(msgspec.Struct, frozen=True, tag=True):
     shards: list[int] | None = None
     """Sharded KV: the shards the client expects this group to serve. The group answers
     WRONG_GROUP unless it serves every one, and returns keys of those shards only."""
+    internal: bool = False
+    """As `KVWrite.internal`: only then does a scan of the "kv" group return "__" keys."""
 
 
 class KVScanResult(msgspec.Struct, frozen=True, tag=True):

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from quorumlog.cli.extras_check import require_extra_for_command
 from quorumlog.demo.flights import FLIGHT_COUNT
 
 DEFAULT_DEMO_DIR = ".quorumlog-demo"
@@ -35,6 +36,7 @@ def demo_command(directory: Path, records: int, keep_cluster: bool) -> None:
     aggregates them into the KV and a topic, and a check that each record counted once.
 
     Exits 1 if a check fails."""
+    require_extra_for_command("demo", "quorumlog demo")
     from quorumlog.demo.main import DemoSettings, run_demo
 
     settings = DemoSettings(directory=directory, records=records, keep_cluster=keep_cluster)

@@ -293,6 +293,7 @@ class AsyncKVClient(SessionHolder):
         password: str | None = None,
         credentials: CredentialsSource | None = None,
         tls: TLSConfig | None = None,
+        internal_keys: bool = False,
     ) -> None:
         """`tls`: talk TLS to the nodes (see `TLSConfig`); None: plaintext."""
         check_timeout(timeout)
@@ -310,6 +311,9 @@ class AsyncKVClient(SessionHolder):
         self.group = group
         """The group every KVWrite and KVRead names: "kv", or "shard-<gid>" of the sharded
         KV (the caller routes each key to the group owning its shard)."""
+        self.internal_keys = internal_keys
+        """Writes may reach keys starting with "__" (kv/reserved.py): for quorumlog's own
+        clients of its metadata (the stream clients' topics and offsets), never user code."""
         self.selector = EndpointSelector(endpoints)
         self.credentials_source = credentials_source(user, password, credentials)
         """With auth: who this client is, asked at each new connection (`quorumlog.auth`)."""
@@ -469,6 +473,7 @@ class AsyncKVClient(SessionHolder):
                 commands=commands,
                 first_unacknowledged=session.first_unacknowledged(),
                 group=self.group,
+                internal=self.internal_keys,
             )
 
         try:

@@ -181,8 +181,12 @@ class BlockingConnection:
         self.sock.close()
 
 
-def scan_request(request_id: int, start: str, end: str, limit: int, stale: bool) -> KVScan:
-    return KVScan(request_id=request_id, start=start, end=end, limit=limit, stale=stale)
+def scan_request(
+    request_id: int, start: str, end: str, limit: int, stale: bool, internal: bool = False
+) -> KVScan:
+    return KVScan(
+        request_id=request_id, start=start, end=end, limit=limit, stale=stale, internal=internal
+    )
 
 
 # Whatever a broken connection or a garbled frame raises: the attempt is lost.
@@ -344,17 +348,26 @@ class KVClient(KVOperations, AttemptSender, Closing):
         return read_value(response)
 
     def scan_prefix(
-        self, prefix: str, stale: bool = False, page_keys: int = 1000
+        self, prefix: str, stale: bool = False, page_keys: int = 1000, *, internal: bool = False
     ) -> list[tuple[str, str]]:
         """Every key starting with `prefix` and its value, in key order, read page by page
-        (each page linearizable unless `stale`; the whole is not one snapshot)."""
+        (each page linearizable unless `stale`; the whole is not one snapshot). Keys that
+        start with "__" are left out unless `internal` (quorumlog's own services only:
+        kv/internal_keys.py)."""
         end = prefix_end(prefix)
         items: list[tuple[str, str]] = []
         start: str | None = prefix
         while start is not None:
             page = self.call(
                 f"scan {prefix!r}",
-                functools.partial(scan_request, start=start, end=end, limit=page_keys, stale=stale),
+                functools.partial(
+                    scan_request,
+                    start=start,
+                    end=end,
+                    limit=page_keys,
+                    stale=stale,
+                    internal=internal,
+                ),
                 KVScanResult,
                 side_effects=False,
                 at_leader=not stale,
@@ -363,13 +376,25 @@ class KVClient(KVOperations, AttemptSender, Closing):
             start = page.next_start
         return items
 
-    def write(self, op: str, key: str, value: str | None, expected: str | None) -> KVCommandResult:
+    def write(
+        self,
+        op: str,
+        key: str,
+        value: str | None,
+        expected: str | None,
+        *,
+        internal: bool = False,
+    ) -> KVCommandResult:
+        """One command; `internal` lets it reach keys starting with "__" (quorumlog's own
+        services only, through kv/internal_keys.py; the node refuses them otherwise)."""
         with self.lock:
 
             def send(session: ClientSession, command: KVCommand) -> KVWriteResult:
                 return self.call(
                     f"{op} {key!r}",
-                    lambda request_id: write_request(session, [command], request_id),
+                    lambda request_id: write_request(
+                        session, [command], request_id, internal=internal
+                    ),
                     KVWriteResult,
                     side_effects=True,
                 )

@@ -52,6 +52,7 @@ from quorumlog.errors import (
     NotEnoughReplicasUnavailableError,
     PermissionDeniedError,
     RequestRejectedError,
+    ReservedKeyError,
     SessionExpiredError,
     UnavailableError,
     UnknownOutcomeError,
@@ -499,6 +500,8 @@ class RequestAttempts:
             raise PermissionDeniedError(f"{endpoint}: {frame.message}")
         if code in (ErrorCode.AUTHENTICATION_REQUIRED, ErrorCode.AUTHENTICATION_FAILED):
             raise AuthenticationRequiredError(f"{endpoint}: {frame.message}", code.value)
+        if code is ErrorCode.RESERVED_KEY:
+            raise ReservedKeyError(frame.message)
         raise RequestRejectedError(code.value, frame.message)
 
     def failed_once(self, busy: bool) -> None:

@@ -33,7 +33,11 @@ KV_GROUP = "kv"
 
 
 def write_request(
-    session: ClientSession, commands: list[KVCommand], request_id: int, group: str = KV_GROUP
+    session: ClientSession,
+    commands: list[KVCommand],
+    request_id: int,
+    group: str = KV_GROUP,
+    internal: bool = False,
 ) -> KVWrite:
     """The frame one attempt of a write sends: the commands under the session's client id,
     with what the session has acknowledged so far (the cluster may forget those results)."""
@@ -43,6 +47,7 @@ def write_request(
         commands=commands,
         first_unacknowledged=session.first_unacknowledged(),
         group=group,
+        internal=internal,
     )
 
 

@@ -38,6 +38,7 @@ import msgspec
 from quorumlog.auth.credentials import CredentialsSource
 from quorumlog.errors import ClientError, QuorumLogError
 from quorumlog.kv.client import KVClient
+from quorumlog.kv.internal_keys import InternalKeys
 from quorumlog.ledger.registry import (
     BOOKIE_HEARTBEAT_SECONDS,
     BOOKIE_LIVENESS_SECONDS,
@@ -190,13 +191,13 @@ class BookieRegistrar:
             self.close_client()
             self.client = self.new_client(endpoints, self.settings.write_timeout_seconds)
             self.client_endpoints = list(endpoints)
-        self.client.put(bookie_key(record.bookie_id), encode_bookie_record(record))
+        InternalKeys(self.client).put(bookie_key(record.bookie_id), encode_bookie_record(record))
 
     def write_final(self, record: BookieRecord, endpoints: list[str]) -> None:
         """On the registrar's thread: the stop's one write, with its own short timeout."""
         self.close_client()
         with self.new_client(endpoints, self.settings.stop_write_seconds) as client:
-            client.put(bookie_key(record.bookie_id), encode_bookie_record(record))
+            InternalKeys(client).put(bookie_key(record.bookie_id), encode_bookie_record(record))
 
     def new_client(self, endpoints: list[str], timeout_seconds: float) -> KVClient:
         try:

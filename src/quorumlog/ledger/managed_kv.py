@@ -30,6 +30,7 @@ from quorumlog.errors import (
     ManagedLedgerConflictError,
     QuorumLogError,
 )
+from quorumlog.kv.internal_keys import internal_keys
 from quorumlog.ledger.managed_format import (
     ManagedLedgerRecord,
     decode_record,
@@ -69,7 +70,7 @@ class KVManagedLedgerStore:
         drop_ledger: DropLedger,
     ) -> None:
         self.scheduler = scheduler
-        self.kv = kv
+        self.kv: KeyValueStore = internal_keys(kv)  # "__managed/" keys are internal
         self.ledgers = ledgers
         self.calls = calls
         self.drop_ledger = drop_ledger

@@ -24,6 +24,7 @@ from quorumlog.errors import (
     LedgerMetadataConflictError,
     LedgerNotFoundError,
 )
+from quorumlog.kv.internal_keys import internal_keys
 from quorumlog.ledger.metadata import BookieRegistration, LedgerMetadata, check_metadata
 from quorumlog.ledger.registry import (
     BOOKIE_PREFIX,
@@ -62,7 +63,9 @@ def wall_time_ms() -> int:
 
 class KVMetadataStore:
     def __init__(self, kv: KeyValueStore, *, clock_ms: Callable[[], int] = wall_time_ms) -> None:
-        self.kv = kv
+        # Ledger and bookie keys are internal ("__ledgers/", "__bookies/"): a KVClient is
+        # used through its internal view, which the node lets write and scan them.
+        self.kv: KeyValueStore = internal_keys(kv)
         self.clock_ms = clock_ms
 
     # --- ledgers -----------------------------------------------------------------------

@@ -44,7 +44,9 @@ import enum
 
 import msgspec
 
+from quorumlog.errors import AdvertisedAddressError
 from quorumlog.raft.invariants import require
+from quorumlog.runtime.transport import WILDCARD_HOSTS
 
 
 class AddressSource(enum.IntEnum):
@@ -120,4 +122,40 @@ def replaces(new: AddressSource, current: AddressSource) -> bool:
     return new >= current
 
 
-__all__ = ["AddressBook", "AddressSource", "KnownAddress", "replaces"]
+def host_of(address: str) -> str:
+    """The host of HOST:PORT ("" when there is none, as in ":2379"), brackets dropped."""
+    return address.rpartition(":")[0].strip("[]")
+
+
+def check_advertised(listen: str, advertise: str) -> None:
+    """Refuse an address others would be told but could not dial: a wildcard `advertise`,
+    or a wildcard `listen` with no `advertise` (it would be what peers learn from our
+    handshake, clients from leader hints and topic descriptions, the metadata group from
+    our bookie's registration). A wildcard listen with a real `advertise` is the way to
+    serve on every interface."""
+    if advertise:
+        host = host_of(advertise)
+        port = advertise.rpartition(":")[2]
+        if host in WILDCARD_HOSTS:
+            raise AdvertisedAddressError(
+                f"--advertise {advertise} is a wildcard address; give the HOST:PORT peers "
+                f"and clients can reach this node at"
+            )
+        if not port.isdigit() or int(port) == 0:
+            raise AdvertisedAddressError(f"--advertise {advertise} needs a port (HOST:PORT)")
+        return
+    if host_of(listen) in WILDCARD_HOSTS:
+        raise AdvertisedAddressError(
+            f"--listen {listen} is a wildcard address, which peers and clients cannot dial; "
+            f"give --advertise HOST:PORT too"
+        )
+
+
+__all__ = [
+    "AddressBook",
+    "AddressSource",
+    "KnownAddress",
+    "check_advertised",
+    "host_of",
+    "replaces",
+]

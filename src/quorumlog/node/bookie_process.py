@@ -17,6 +17,7 @@ import msgspec
 from quorumlog.ledger.bookie_registration import BookieRegistrar, RegistrationSettings
 from quorumlog.ledger.bookie_server import BookieServer
 from quorumlog.ledger.registry import BOOKIE_HEARTBEAT_SECONDS
+from quorumlog.node.addresses import check_advertised
 from quorumlog.node.server import NodeFailedError, stop_on_fatal_errors
 from quorumlog.runtime.transport import format_address, parse_address
 from quorumlog.tls.config import NodeTLS
@@ -54,6 +55,7 @@ class BookieProcess:
         """Open the storage (a StorageError or OSError propagates), listen and register;
         returns the port bound."""
         settings = self.settings
+        check_advertised(settings.listen, settings.advertise)
         host, port = parse_address(settings.listen)
         self.server = BookieServer(
             settings.bookie_id, settings.data_dir, asyncio.get_running_loop()

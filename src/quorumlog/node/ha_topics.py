@@ -43,7 +43,7 @@ from quorumlog.node.ha_controller_access import ThreadedControllerAccess
 from quorumlog.node.ha_links import AsyncioHALinks
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.group import AsyncioScheduler
-from quorumlog.runtime.transport import Replier
+from quorumlog.runtime.transport import Replier, format_address
 from quorumlog.storage.base import SyncPolicy
 from quorumlog.stream.partition import OffsetOutOfRangeError, OutOfOrderSequenceError
 from quorumlog.stream.topics import group_id
@@ -94,12 +94,17 @@ class HATopicService:
         address_of: Callable[[str | None], str | None],
         config: BrokerHostConfig = HA_TOPIC_CONFIG,
         tls: NodeTLS | None = None,
+        advertised_host: str = "",
     ) -> None:
         self.node_id = node_id
         self.tls = tls or NodeTLS()
         self.cluster_id = cluster_id
         self.data_dir = Path(data_dir)
         self.listen_host = listen_host
+        """The host the HA listener binds (a wildcard binds every interface)."""
+        self.advertised_host = advertised_host or listen_host
+        """The host brokers are told to dial (the node's `--advertise` host, else its
+        listen host; never a wildcard: the node refuses to start with one)."""
         self.fsync = fsync
         self.metadata_endpoints = metadata_endpoints
         self.address_of = address_of
@@ -142,7 +147,7 @@ class HATopicService:
         loop = asyncio.get_running_loop()
         self.links = AsyncioHALinks(loop, self.cluster_id, self.tls)
         port = await self.links.listen(self.listen_host)
-        self.ha_address = f"{self.listen_host}:{port}"
+        self.ha_address = format_address(self.advertised_host, port)
         self.controller = ThreadedControllerAccess(loop, self.metadata_endpoints(), self.cluster_id)
         indexing = loop.create_task(self.index_slaves_forever())
         self.tasks.add(indexing)

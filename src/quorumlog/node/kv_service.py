@@ -13,6 +13,7 @@ from quorumlog.codec import wire
 from quorumlog.errors import NotLeaderError, QuorumLogError
 from quorumlog.kv.commands import ClientBatch, KVEntry, encode_entry
 from quorumlog.kv.machine import KVStateMachine
+from quorumlog.kv.reserved import RESERVED_KEY_PREFIX, is_reserved_key
 from quorumlog.node.errors_to_wire import after_read_barrier, error_response
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.handle import GroupHandle
@@ -209,6 +210,21 @@ class KVService(KVRequestService):
         super().__init__(group, leader_address, limits)
         self.machine = machine
 
+    def check_write(self, request: wire.KVWrite) -> tuple[wire.ErrorCode, str] | None:
+        """As every KV group checks, and: keys starting with "__" are quorumlog's own
+        (kv/reserved.py); only requests its services mark `internal` may write them."""
+        problem = super().check_write(request)
+        if problem is not None or request.internal:
+            return problem
+        for command in request.commands:
+            if is_reserved_key(command.key):
+                return (
+                    wire.ErrorCode.RESERVED_KEY,
+                    f"cannot {command.op} {command.key!r}: keys starting with "
+                    f"{RESERVED_KEY_PREFIX!r} are internal to quorumlog",
+                )
+        return None
+
     def encode_writes(self, timestamp_ms: int, batches: list[ClientBatch]) -> bytes:
         return encode_entry(KVEntry(timestamp_ms=timestamp_ms, batches=batches))
 
@@ -230,7 +246,9 @@ class KVService(KVRequestService):
         keys = sorted(
             key
             for key in self.machine.data
-            if key >= request.start and (request.end is None or key < request.end)
+            if key >= request.start
+            and (request.end is None or key < request.end)
+            and (request.internal or not is_reserved_key(key))
         )
         page = keys[:limit]
         next_start = keys[limit] if len(keys) > limit else None

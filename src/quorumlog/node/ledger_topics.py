@@ -43,6 +43,7 @@ from quorumlog.errors import (
     QuorumLogError,
 )
 from quorumlog.kv.client import KVClient
+from quorumlog.kv.internal_keys import InternalKeys
 from quorumlog.ledger.client import BookieDirectory, ThreadedMetadataAccess, call_on_loop
 from quorumlog.ledger.driver import LedgerDriver
 from quorumlog.ledger.links import AsyncioBookieLinks
@@ -177,6 +178,9 @@ class LedgerParts:
             credentials=credentials,
             tls=tls,
         )
+        # Ledger lists and owners' leases are internal keys ("__managed/", "__owners/").
+        self.ledger_keys = InternalKeys(self.ledger_kv)
+        self.lease_keys = InternalKeys(self.lease_kv)
         self.metadata = KVMetadataStore(self.ledger_kv)
         self.directory = BookieDirectory(self.metadata)
         self.links = AsyncioBookieLinks(
@@ -294,7 +298,7 @@ class LedgerTopicService:
                 parts.store.delete_ledger(ledger.ledger_id).add_done_callback(
                     functools.partial(logged_failure, part.name)
                 )
-            parts.call(functools.partial(forget_keys, parts.ledger_kv, part.name, held))
+            parts.call(functools.partial(forget_keys, parts.ledger_keys, part.name, held))
 
         def closed(_: Completion[None] | None = None) -> None:
             parts.store.read_record(part.name).add_done_callback(record_read)
@@ -384,7 +388,7 @@ class LedgerTopicService:
                 self.let_go(part)
 
         parts.call(
-            lambda: compare_and_set(parts.lease_kv, key, expected, new_value)
+            lambda: compare_and_set(parts.lease_keys, key, expected, new_value)
         ).add_done_callback(written)
 
     def ensure_managed(self, part: LedgerPartition) -> None:
@@ -615,7 +619,7 @@ class LedgerTopicService:
             handovers.append(
                 completion_future(
                     parts.call(
-                        functools.partial(compare_and_set, parts.lease_kv, key, held, new_value)
+                        functools.partial(compare_and_set, parts.lease_keys, key, held, new_value)
                     )
                 )
             )
@@ -662,7 +666,7 @@ def produce_refusal(request_id: int, problem: BaseException) -> wire.ErrorRespon
     return wire.ErrorResponse(request_id=request_id, code=code, message=str(problem))
 
 
-def forget_keys(kv: KVClient, name: str, held_lease: str | None) -> None:
+def forget_keys(kv: InternalKeys, name: str, held_lease: str | None) -> None:
     """Delete a deleted partition's ledger list and (if still ours) its lease."""
     value = kv.get(managed_ledger_key(name))
     if value is not None:

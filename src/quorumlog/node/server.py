@@ -53,7 +53,7 @@ from quorumlog.kv.machine import KVStateMachine
 from quorumlog.ledger.bookie_registration import BookieRegistrar, RegistrationSettings
 from quorumlog.ledger.bookie_server import BookieServer
 from quorumlog.ledger.registry import BOOKIE_HEARTBEAT_SECONDS
-from quorumlog.node.addresses import AddressBook, AddressSource
+from quorumlog.node.addresses import AddressBook, AddressSource, check_advertised
 from quorumlog.node.composition import ShardedKVLayout, ShardedKVParts, compose_sharded_kv
 from quorumlog.node.controller_service import ControllerService
 from quorumlog.node.dispatch import KV_GROUP, RequestDispatcher
@@ -147,6 +147,8 @@ class NodeSettings(msgspec.Struct, frozen=True):
     """Auth: a token unused this long is forgotten (its client authenticates again)."""
     tls: NodeTLS = NodeTLS()
     """TLS for peers and clients (etcd's flags; tls/config.py says what each side uses)."""
+    heartbeat_ticks: int = 1
+    """A leader's heartbeat interval in ticks (`--heartbeat-interval-ms`; raft_timing.py)."""
 
 
 class Node:
@@ -204,6 +206,7 @@ class Node:
         return RaftConfig(
             node_id=settings.node_id,
             election_ticks=settings.election_ticks,
+            heartbeat_ticks=settings.heartbeat_ticks,
             quiesce_idle_ticks=settings.quiesce_idle_ticks,
         )
 
@@ -215,6 +218,7 @@ class Node:
     async def start(self) -> int:
         """Open storage, start listening; returns the port bound."""
         settings = self.settings
+        check_advertised(settings.listen, settings.advertise)
         self.ticker = GroupTicker(
             AsyncioScheduler(asyncio.get_running_loop()), settings.tick_ms / 1000
         )

@@ -28,6 +28,7 @@ from quorumlog.codec import wire
 from quorumlog.errors import NotLeaderError, QuorumLogError
 from quorumlog.kv.commands import ClientBatch, KVEntry, encode_entry
 from quorumlog.kv.machine import KVStateMachine
+from quorumlog.node.addresses import host_of
 from quorumlog.node.errors_to_wire import error_code
 from quorumlog.node.ha_topics import HATopicService
 from quorumlog.node.ledger_topics import LedgerTopicService, LedgerTopicSettings
@@ -140,11 +141,12 @@ class StreamService:
             node.node_id,
             settings.cluster_id,
             settings.data_dir,
-            ha_listen_host(settings.advertise or settings.listen),
+            host_of(settings.listen),
             settings.fsync,
             node.metadata_endpoints,
             node.address_of,
             tls=settings.tls,
+            advertised_host=host_of(settings.advertise or settings.listen),
         )
 
     # --- topic life cycle ---------------------------------------------------------------
@@ -689,14 +691,6 @@ def refuse_batch(request: wire.Produce, reply: Replier, size: int | None = None)
         )
         return True
     return False
-
-
-def ha_listen_host(address: str) -> str:
-    """The host the HA listener binds and brokers dial: the node's advertised (else listen)
-    host; a wildcard listen address falls back to loopback, which only a one-host cluster
-    can dial (say `advertise` otherwise)."""
-    host = address.rpartition(":")[0].strip("[]") or "127.0.0.1"
-    return "127.0.0.1" if host in ("0.0.0.0", "::") else host
 
 
 def batch_bytes(records: list[wire.Record]) -> int:

@@ -18,6 +18,10 @@ exactly once through idempotent producers (see `sink.py`).
 
 from __future__ import annotations
 
+# Before pyspark: one clear line when the Spark extra is not installed.
+import quorumlog.spark.extra_check  # noqa: F401
+
+# isort: split
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import (
     DataSource,

@@ -221,6 +221,8 @@ class StreamTransport:
             user=user,
             password=password,
             tls=tls,
+            # Topic descriptors and group offsets are internal keys ("__topics/", ...).
+            internal_keys=True,
         )
         self.topics: dict[str, TopicDescriptor] = {}
         self.selectors: dict[tuple[str, int], tuple[list[str], EndpointSelector]] = {}

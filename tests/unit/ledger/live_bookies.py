@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from quorumlog.kv.client import KVClient
+from quorumlog.kv.internal_keys import InternalKeys
 from quorumlog.ledger.bookie_server import BookieServer
 from quorumlog.ledger.metadata import InMemoryMetadataStore
 from quorumlog.ledger.registry import BookieRecord, bookie_key, encode_bookie_record
@@ -74,7 +75,7 @@ class LiveBookies:
             writable=writable,
             heartbeat_ms=int(time.time() * 1000),
         )
-        kv.put(bookie_key(bookie_id), encode_bookie_record(record))
+        InternalKeys(kv).put(bookie_key(bookie_id), encode_bookie_record(record))
 
     def stop_bookie(self, bookie_id: str) -> None:
         """Close the bookie's listener and connections (its files stay)."""

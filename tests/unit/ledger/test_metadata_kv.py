@@ -21,6 +21,7 @@ from quorumlog.errors import (
     LedgerNotFoundError,
 )
 from quorumlog.kv.client import KVClient
+from quorumlog.kv.internal_keys import InternalKeys
 from quorumlog.ledger.metadata import LedgerMetadata, LedgerState, new_ledger_metadata
 from quorumlog.ledger.metadata_kv import KVMetadataStore
 from quorumlog.ledger.registry import (
@@ -95,10 +96,10 @@ def test_ids_come_from_the_counter_and_updates_check_the_version(kv: KVClient) -
 def test_a_key_taken_by_something_else_burns_the_id(kv: KVClient) -> None:
     store = KVMetadataStore(kv)
     next_id = int(kv.get(NEXT_LEDGER_ID_KEY) or "0")
-    kv.put(ledger_key(next_id), "not metadata")
+    InternalKeys(kv).put(ledger_key(next_id), "not metadata")
     created = store.create_ledger(metadata_for(["b0", "b1", "b2"]))
     assert created.ledger_id == next_id + 1
-    kv.delete(ledger_key(next_id))
+    InternalKeys(kv).delete(ledger_key(next_id))
 
 
 def test_scan_prefix_reads_every_page_in_key_order(kv: KVClient) -> None:
@@ -123,8 +124,8 @@ def test_only_live_writable_registrations_are_offered(cluster: LiveBookies, kv: 
         ),
     }
     for bookie_id, record in records.items():
-        kv.put(bookie_key(bookie_id), encode_bookie_record(record))
-    kv.put(bookie_key("garbage"), "{not json")
+        InternalKeys(kv).put(bookie_key(bookie_id), encode_bookie_record(record))
+    InternalKeys(kv).put(bookie_key("garbage"), "{not json")
     store = KVMetadataStore(kv, clock_ms=lambda: now_ms)
     writable = [bookie.bookie_id for bookie in store.writable_bookies()]
     assert writable == sorted(cluster.servers)
@@ -133,7 +134,7 @@ def test_only_live_writable_registrations_are_offered(cluster: LiveBookies, kv: 
     assert store.bookie_address("b0") == cluster.addresses["b0"]
     assert store.bookie_address("nobody") is None
     for bookie_id in [*records, "garbage"]:
-        kv.delete(bookie_key(bookie_id))
+        InternalKeys(kv).delete(bookie_key(bookie_id))
 
 
 def test_a_ledger_client_on_the_metadata_group_writes_recovers_and_deletes(

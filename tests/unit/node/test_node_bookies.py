@@ -16,6 +16,7 @@ import msgspec
 from quorumlog.codec import wire
 from quorumlog.codec.frame import FRAME_HEADER
 from quorumlog.kv.client import KVClient
+from quorumlog.kv.internal_keys import InternalKeys
 from quorumlog.ledger.bookie_format import ID_MAX
 from quorumlog.ledger.metadata import master_key
 from quorumlog.ledger.registry import (
@@ -57,7 +58,7 @@ def records_of(nodes: list[Node]) -> Callable[[], Awaitable[dict[str, BookieReco
 
     def scan() -> dict[str, BookieRecord]:
         with KVClient(endpoints, timeout=5.0) as client:
-            items = client.scan_prefix(BOOKIE_PREFIX)
+            items = InternalKeys(client).scan_prefix(BOOKIE_PREFIX)
         decoded = {key: decode_bookie_record(value) for key, value in items}
         return {key: record for key, record in decoded.items() if record is not None}
 
