@@ -379,6 +379,10 @@ class Fetch(msgspec.Struct, frozen=True, tag=True):
     """Only the partition's leader answers (others say NOT_LEADER with a hint): a reader
     then sees every record acknowledged to a producer. A follower serves what it has
     applied, which may trail the leader by a moment."""
+    max_wait_ms: int = 0
+    """Long polling: with nothing to return at `offset` (the end), the replica holds the
+    fetch up to this long and answers as soon as records arrive. 0 answers at once. A
+    trailing field with a default, so fetches from older clients decode as before."""
 
 
 class FetchedBatch(msgspec.Struct, frozen=True, array_like=True):
@@ -548,6 +552,27 @@ class HABrokerStatusResponse(msgspec.Struct, frozen=True, tag=True):
     """JSON of `ha.broker_host.BrokerStatus` (role, epochs, offsets)."""
 
 
+# --- consumer groups: the group coordinator ----------------------------------------------
+#
+# As for the HA controller, the payloads are bytes encoded by `quorumlog.stream.group_model`
+# (`encode_commands` / `encode_results`), which builds on this module.
+
+GROUP_COORDINATOR_GROUP = "consumer-groups"
+
+
+class GroupCoordinatorRequest(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    commands: bytes
+    """`stream.group_model.encode_commands` of join / leave / commit / reset / delete /
+    describe / list."""
+
+
+class GroupCoordinatorResponse(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    results: bytes
+    """`stream.group_model.encode_results`: one result per command, in order."""
+
+
 Frame = (
     Hello
     | Welcome
@@ -592,6 +617,8 @@ Frame = (
     | HAControllerResponse
     | HABrokerStatusRequest
     | HABrokerStatusResponse
+    | GroupCoordinatorRequest
+    | GroupCoordinatorResponse
 )
 
 ClientRequest = (
@@ -616,6 +643,7 @@ ClientRequest = (
     | DropLedger
     | HAControllerRequest
     | HABrokerStatusRequest
+    | GroupCoordinatorRequest
 )
 
 CLIENT_REQUEST_TYPES: tuple[type, ...] = (
@@ -640,6 +668,7 @@ CLIENT_REQUEST_TYPES: tuple[type, ...] = (
     DropLedger,
     HAControllerRequest,
     HABrokerStatusRequest,
+    GroupCoordinatorRequest,
 )
 
 _batch_encoder = msgspec.msgpack.Encoder()

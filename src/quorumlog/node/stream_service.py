@@ -31,6 +31,7 @@ from quorumlog.kv.machine import KVStateMachine
 from quorumlog.node.errors_to_wire import error_code
 from quorumlog.node.ha_topics import HATopicService
 from quorumlog.node.ledger_topics import LedgerTopicService, LedgerTopicSettings
+from quorumlog.node.long_poll import NotifyingPartitionMachine, hold_fetch
 from quorumlog.raft.configuration import Configuration
 from quorumlog.raft.messages import SnapshotMeta
 from quorumlog.runtime.group import GroupRunner, GroupSettings
@@ -38,7 +39,6 @@ from quorumlog.runtime.transport import Replier
 from quorumlog.stream.partition import (
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
-    PartitionMachine,
     ProduceOutcome,
 )
 from quorumlog.stream.topics import (
@@ -73,7 +73,7 @@ class HostedPartition:
         descriptor: wire.TopicDescriptor,
         partition: int,
         group: GroupRunner,
-        machine: PartitionMachine,
+        machine: NotifyingPartitionMachine,
         directory: Path,
     ) -> None:
         self.descriptor = descriptor
@@ -210,7 +210,7 @@ class StreamService:
                 await asyncio.sleep(0)
                 if self.stopping or self.topics.get(descriptor.name) is not descriptor:
                     return
-            machine = PartitionMachine()
+            machine = NotifyingPartitionMachine()
             gid = group_id(descriptor, partition)
             directory = Path(node.settings.data_dir) / "streams" / gid.replace("/", "-")
             group = GroupRunner(
@@ -258,6 +258,11 @@ class StreamService:
                 None, shutil.rmtree, hosted.directory, True
             )
             log.info("dropped %s partition %d", descriptor.name, partition)
+
+    def partition_count(self, topic: str) -> int:
+        """The topic's partitions as this node knows them; 0 for a topic it does not know."""
+        descriptor = self.topics.get(topic)
+        return 0 if descriptor is None else len(descriptor.replicas)
 
     # --- retention ----------------------------------------------------------------------
 
@@ -533,6 +538,18 @@ class StreamService:
                 hosted.group,
             )
             return
+        machine = hosted.machine
+        if (
+            request.max_wait_ms > 0
+            and request.offset == machine.next_offset
+            and hold_fetch(
+                machine, request.max_wait_ms, lambda: self.answer_fetch(hosted, request, reply)
+            )
+        ):
+            return  # held: answered when records arrive or the wait ends
+        self.answer_fetch(hosted, request, reply)
+
+    def answer_fetch(self, hosted: HostedPartition, request: wire.Fetch, reply: Replier) -> None:
         machine = hosted.machine
         records_max = max(1, min(request.records_max, FETCH_RECORDS_MAX))
         try:
