@@ -417,7 +417,7 @@ def test_group_offsets_commit_and_poll(cluster: FakeStreamCluster, admin: Admin)
     with Producer(cluster.endpoints) as producer:
         for i in range(30):
             producer.send("events", str(i).encode(), partition=i % 2)
-    with Consumer(cluster.endpoints, group="g") as consumer:
+    with Consumer(cluster.endpoints, group="g", auto_offset_reset="earliest") as consumer:
         assert consumer.committed("events", 0) is None
         consumer.commit("events", 0, 5)
         assert consumer.committed("events", 0) == 5
@@ -443,7 +443,7 @@ def test_poll_after_retention_restarts_at_earliest(
     with Producer(cluster.endpoints, linger_ms=0) as producer:
         for _ in range(10):
             producer.send("events", b"x" * 100).result(timeout=10)
-    with Consumer(cluster.endpoints, group="g") as consumer:
+    with Consumer(cluster.endpoints, group="g", auto_offset_reset="earliest") as consumer:
         consumer.commit("events", 0, 1)
         cluster.partition("events", 0).cut(retention_bytes=500)
         begin = consumer.begin_offset("events", 0)
