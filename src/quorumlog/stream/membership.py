@@ -89,6 +89,7 @@ class Membership:
         """A refusal of the join that retrying cannot cure (a bad argument): poll raises it."""
         self.task: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
+        self.leaving = False
 
     # --- any thread ---------------------------------------------------------------------
 
@@ -112,6 +113,7 @@ class Membership:
         """Join with this subscription (the answer is awaited), then heartbeat."""
         self.topics = sorted(set(topics))
         self.pattern = pattern
+        self.leaving = False
         self.topics_refreshed_seconds = float("-inf")
         await self.heartbeat()
         if self.task is None:
@@ -119,11 +121,16 @@ class Membership:
 
     async def heartbeat_forever(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while not self.leaving:
             # Sleeping is the schedule here; `wake` cuts it short (a commit was fenced).
+            # Not asyncio.wait_for: on 3.11 it can swallow a cancellation that arrives as
+            # the event is set, and `leave` would then wait out a whole interval.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), self.heartbeat_interval_seconds)
+                async with asyncio.timeout(self.heartbeat_interval_seconds):
+                    await self.wake.wait()
             self.wake.clear()
+            if self.leaving:
+                return
             started = loop.time()
             try:
                 await self.heartbeat()
@@ -166,6 +173,7 @@ class Membership:
     async def leave(self) -> None:
         """Stop heartbeating and leave at once (the partitions go to others now, not after
         a session timeout)."""
+        self.leaving = True
         if self.task is not None:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
