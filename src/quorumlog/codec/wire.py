@@ -281,7 +281,8 @@ class ShardStatusResponse(msgspec.Struct, frozen=True, tag=True):
 class Record(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """One record as a producer sends it; the partition leader assigns its offset."""
 
-    value: bytes
+    value: bytes | None
+    """None: a tombstone (Kafka's null value). Readers before tombstones decoded bytes only."""
     key: bytes | None = None
     timestamp_ms: int = 0
     """0: the leader stamps its clock when it appends the batch."""
@@ -366,6 +367,9 @@ class ProduceResult(msgspec.Struct, frozen=True, tag=True):
     base_offset: int
     count: int
     duplicate: bool = False
+    timestamp_ms: int = -1
+    """The leader's stamp on the batch (its records' log-append time); -1 where the storage
+    does not say. A trailing field with a default: older nodes' answers still decode."""
 
 
 class Fetch(msgspec.Struct, frozen=True, tag=True):

@@ -510,6 +510,7 @@ class StreamService:
                         base_offset=outcome.base_offset,
                         count=outcome.count,
                         duplicate=outcome.duplicate,
+                        timestamp_ms=batch.timestamp_ms,
                     )
                 )
             else:
@@ -659,7 +660,7 @@ def ha_listen_host(address: str) -> str:
 def batch_bytes(records: list[wire.Record]) -> int:
     """Bytes of the records' values and keys. Summed by C loops (map, filter): this runs
     for every record produced, and a generator expression cost twice as much."""
-    values = sum(map(len, map(RECORD_VALUE, records)))
+    values = sum(map(len, filter(None, map(RECORD_VALUE, records))))  # None: a tombstone
     return values + sum(map(len, filter(None, map(RECORD_KEY, records))))
 
 

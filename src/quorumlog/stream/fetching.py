@@ -25,7 +25,7 @@ class FetchedRecord(msgspec.Struct, frozen=True, array_like=True, gc=False):
     makes tens of thousands of these at once, and tracked ones cost more in collections
     than in decoding (measured). They hold no references back, so they form no cycles."""
 
-    value: bytes
+    value: bytes | None
     key: bytes | None = None
     timestamp_ms: int = 0
     headers: list[tuple[str, bytes]] = []

@@ -33,6 +33,15 @@ How it works:
   dedups a batch only if its base sequence and record count match).
 - Bounds: at most `buffer_bytes_max` of records are waiting or in flight; `send` blocks
   for room up to `max_block_seconds`, then raises BufferFullError.
+- Kafka's choices: `key_serializer`/`value_serializer` turn what `send` is given into
+  bytes; `value=None` is a tombstone (a record without a value, which compacting readers
+  take as a delete); `RecordMetadata.timestamp` is the record's own stamp, else the
+  leader's. `acks`: "all" (the default, and -1) waits for the partition's acknowledgement
+  as its storage defines it (a raft partition's majority, a ledger topic's ack quorum,
+  an HA topic's in-sync replicas); 0 completes each future as soon as its batch is
+  handed to the sender, with offset -1, and reports no failure (the batch is still sent,
+  and retried, idempotently). acks=1 (the leader alone) is not offered: no storage here
+  acknowledges a write that its quorum may still lose.
 
 Futures complete on the producer's I/O thread: keep their callbacks short.
 """
@@ -51,7 +60,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures._base import FINISHED as FUTURE_FINISHED
 from concurrent.futures._base import PENDING as FUTURE_PENDING
-from typing import cast
+from typing import Any, cast
 
 from quorumlog.codec.wire import ErrorCode, Produce, ProduceResult
 from quorumlog.codec.wire import Record as WireRecord
@@ -73,6 +82,7 @@ DELIVERY_TIMEOUT_SECONDS_DEFAULT = 30.0
 MAX_BLOCK_SECONDS_DEFAULT = 60.0
 RECORD_OVERHEAD_BYTES = 16
 """What a record costs besides its key, value and headers (framing, timestamp), roughly."""
+ACKS_ALL = "all"
 RESEND_BACKOFF_SECONDS = 0.05
 """Pause before resending a batch whose previous round of attempts timed out."""
 
@@ -215,7 +225,13 @@ class Producer(BlockingClient):
         timeout: float = 10.0,
         cluster_id: str = CLUSTER_ID_DEFAULT,
         attempt_timeout_seconds: float | None = None,
+        key_serializer: Callable[[Any], bytes] | None = None,
+        value_serializer: Callable[[Any], bytes] | None = None,
+        acks: int | str = ACKS_ALL,
     ) -> None:
+        self.acks_wait = check_acks(acks)
+        self.key_serializer = key_serializer
+        self.value_serializer = value_serializer
         check_producer_settings(
             linger_ms, batch_records_max, batch_bytes_max, buffer_bytes_max, max_block_seconds
         )
@@ -261,8 +277,8 @@ class Producer(BlockingClient):
     def send(
         self,
         topic: str,
-        value: bytes,
-        key: bytes | None = None,
+        value: Any,
+        key: Any = None,
         partition: int | None = None,
         headers: Headers | None = None,
         timestamp_ms: int | None = None,
@@ -274,12 +290,16 @@ class Producer(BlockingClient):
         """
         if self.closing:
             raise ProducerClosedError("the producer is closed")
-        if value.__class__ is not bytes:
+        if self.value_serializer is not None and value is not None:
+            value = self.value_serializer(value)
+        if self.key_serializer is not None and key is not None:
+            key = self.key_serializer(key)
+        if value is not None and value.__class__ is not bytes:
             value = as_bytes(value, "value")
         if key is not None and key.__class__ is not bytes:
             key = as_bytes(key, "key")
         header_list = check_headers(headers) if headers else NO_HEADERS
-        size = len(value) + RECORD_OVERHEAD_BYTES
+        size = RECORD_OVERHEAD_BYTES if value is None else len(value) + RECORD_OVERHEAD_BYTES
         if key is not None:
             size += len(key)
         for name, header_value in header_list:
@@ -477,6 +497,10 @@ class Producer(BlockingClient):
         """Send `batch` until the partition answers for it; settle its futures."""
         batch.producer_id = queue.producer_id
         batch.base_sequence = queue.next_sequence
+        if not self.acks_wait:
+            # acks=0: the callers are told now; the batch is still delivered as any other.
+            unknown = RecordMetadata(queue.topic, queue.partition, -1, -1)
+            resolve_all(self.futures_condition, batch.futures, [unknown] * len(batch.futures))
         outcome_unknown = False
         while True:
             try:
@@ -546,9 +570,15 @@ class Producer(BlockingClient):
         partition = queue.partition
         base_offset = result.base_offset
         # A replay of a batch written long ago: written once, offset not remembered (-1).
+        stamp = result.timestamp_ms
         metadata = [
-            RecordMetadata(topic, partition, base_offset + position if base_offset >= 0 else -1)
-            for position in range(count)
+            RecordMetadata(
+                topic,
+                partition,
+                base_offset + position if base_offset >= 0 else -1,
+                record.timestamp_ms or stamp,
+            )
+            for position, record in enumerate(batch.records)
         ]
         resolve_all(self.futures_condition, batch.futures, metadata)
         self.completed(queue, batch)
@@ -648,6 +678,18 @@ def check_producer_settings(
         raise ValueError(f"max_block_seconds must not be negative, got {max_block_seconds}")
 
 
+def check_acks(acks: int | str) -> bool:
+    """Whether the producer waits for acknowledgements (see the module docstring)."""
+    if acks in (ACKS_ALL, -1):
+        return True
+    if acks == 0:
+        return False
+    raise ValueError(
+        f"acks is 'all' (or -1) or 0, not {acks!r}: acks=1 would acknowledge a write that "
+        "the partition's quorum may still lose, which no storage mode here does"
+    )
+
+
 def as_bytes(data: object, what: str) -> bytes:
     if isinstance(data, bytes | bytearray | memoryview):
         return bytes(data)  # a copy: the caller may reuse its buffer before we send
@@ -666,7 +708,7 @@ def check_headers(headers: Headers) -> list[tuple[str, bytes]]:
 
 
 def record_size(record: WireRecord) -> int:
-    size = len(record.value) + RECORD_OVERHEAD_BYTES
+    size = len(record.value or b"") + RECORD_OVERHEAD_BYTES
     if record.key is not None:
         size += len(record.key)
     for name, value in record.headers:

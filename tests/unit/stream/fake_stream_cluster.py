@@ -145,7 +145,11 @@ class FakeStreamNode(FakeNode):
         elif isinstance(outcome, ProduceOutcome):
             reply(
                 wire.ProduceResult(
-                    frame.request_id, outcome.base_offset, outcome.count, outcome.duplicate
+                    frame.request_id,
+                    outcome.base_offset,
+                    outcome.count,
+                    outcome.duplicate,
+                    batch.timestamp_ms,
                 )
             )
         else:

@@ -122,7 +122,7 @@ def test_produce_then_read_back_in_order(cluster: FakeStreamCluster, admin: Admi
         producer.flush()
         metadata = [future.result(timeout=0) for future in futures]
     assert [m.offset for m in metadata if m.partition == 0] == list(range(100))
-    assert metadata[1] == RecordMetadata("events", 1, 0)
+    assert metadata[1] == RecordMetadata("events", 1, 0, cluster.clock_ms)
     with Consumer(cluster.endpoints) as consumer:
         records = consumer.read("events", 1, 0, 1000)
         assert [r.value for r in records] == [f"v{i}".encode() for i in range(1, 200, 2)]
