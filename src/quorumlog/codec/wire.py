@@ -293,12 +293,21 @@ class RecordBatch(msgspec.Struct, frozen=True, array_like=True):
     """What one partition log entry holds: a producer's batch, with the leader's stamp.
 
     Records get offsets base_offset, base_offset + 1, ... in order; the base offset is
-    assigned when the entry is applied (deduplicated batches get none)."""
+    assigned when the entry is applied (deduplicated batches get none).
+
+    Format versions: 1 is the first four fields; 2 adds the codec (`codec.compression`).
+    A compressed batch has no `records`; `compressed` holds the codec's bytes of the
+    msgpack list of its records, and `record_count` how many. An uncompressed batch is
+    encoded exactly as in version 1 (`encode_record_batch`), and version-1 batches decode
+    as uncompressed."""
 
     producer_id: str
     base_sequence: int
     timestamp_ms: int
     records: list[Record]
+    compression: str = "none"
+    compressed: bytes = b""
+    record_count: int = -1
 
 
 class TopicSettings(msgspec.Struct, frozen=True, array_like=True):
@@ -360,6 +369,11 @@ class Produce(msgspec.Struct, frozen=True, tag=True):
     base_sequence: int
     """The sequence of the first record; (producer id, sequence) dedups a retried batch."""
     records: list[Record]
+    compression: str = "none"
+    """Set (with `compressed` and `record_count`, and no `records`) for a compressed batch:
+    the node stores the bytes as they came (see RecordBatch). Raft topics only."""
+    compressed: bytes = b""
+    record_count: int = 0
 
 
 class ProduceResult(msgspec.Struct, frozen=True, tag=True):
@@ -679,7 +693,23 @@ _batch_encoder = msgspec.msgpack.Encoder()
 _batch_decoder = msgspec.msgpack.Decoder(RecordBatch)
 
 
+class RecordBatchVersion1(msgspec.Struct, frozen=True, array_like=True):
+    """How an uncompressed RecordBatch is encoded: its first four fields, as before
+    compression existed (so older readers read it, and its bytes did not change)."""
+
+    producer_id: str
+    base_sequence: int
+    timestamp_ms: int
+    records: list[Record]
+
+
 def encode_record_batch(batch: RecordBatch) -> bytes:
+    if batch.compression == "none":
+        return _batch_encoder.encode(
+            RecordBatchVersion1(
+                batch.producer_id, batch.base_sequence, batch.timestamp_ms, batch.records
+            )
+        )
     return _batch_encoder.encode(batch)
 
 

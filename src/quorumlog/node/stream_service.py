@@ -28,6 +28,7 @@ from quorumlog.codec import wire
 from quorumlog.errors import NotLeaderError, QuorumLogError
 from quorumlog.kv.commands import ClientBatch, KVEntry, encode_entry
 from quorumlog.kv.machine import KVStateMachine
+from quorumlog.node.compressed_batches import compressed_batch_problem
 from quorumlog.node.errors_to_wire import error_code
 from quorumlog.node.ha_topics import HATopicService
 from quorumlog.node.ledger_topics import LedgerTopicService, LedgerTopicSettings
@@ -259,6 +260,11 @@ class StreamService:
             )
             log.info("dropped %s partition %d", descriptor.name, partition)
 
+    def raft_hosted(self, request: wire.Produce) -> bool:
+        """Whether the produce is for a raft-storage topic (the only ones that compress)."""
+        descriptor = self.topics.get(request.topic)
+        return descriptor is None or not (is_ledger_topic(descriptor) or is_ha_topic(descriptor))
+
     def partition_count(self, topic: str) -> int:
         """The topic's partitions as this node knows them; 0 for a topic it does not know."""
         descriptor = self.topics.get(topic)
@@ -459,6 +465,15 @@ class StreamService:
         return None
 
     def produce(self, request: wire.Produce, reply: Replier) -> None:
+        if request.compression != "none" and not self.raft_hosted(request):
+            error(
+                reply,
+                request.request_id,
+                wire.ErrorCode.BAD_REQUEST,
+                "compressed batches are for raft-storage topics (ledger and HA topics "
+                "store records as they are)",
+            )
+            return
         ledger_partition = self.ledger_topics.serves(request.topic, request.partition)
         if ledger_partition is not None:
             if not refuse_batch(request, reply):
@@ -488,6 +503,9 @@ class StreamService:
             base_sequence=request.base_sequence,
             timestamp_ms=int(time.time() * 1000),
             records=request.records,
+            compression=request.compression,
+            compressed=request.compressed,
+            record_count=request.record_count if request.compression != "none" else -1,
         )
         try:
             future = group.propose(wire.encode_record_batch(batch))
@@ -632,7 +650,12 @@ class StreamService:
 
 
 def refuse_batch(request: wire.Produce, reply: Replier) -> bool:
-    """Refuse an empty or oversized batch (True: refused)."""
+    """Refuse an empty, oversized or (compressed) unsound batch (True: refused)."""
+    if request.compression != "none":
+        problem = compressed_batch_problem(request, PRODUCE_RECORDS_MAX, PRODUCE_BYTES_MAX)
+        if problem is not None:
+            error(reply, request.request_id, *problem)
+        return problem is not None
     if not request.records:
         error(reply, request.request_id, wire.ErrorCode.BAD_REQUEST, "no records to produce")
         return True

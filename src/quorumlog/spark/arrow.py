@@ -35,6 +35,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from quorumlog.codec.compression import decompress
 from quorumlog.raft.invariants import require
 
 TIMESTAMP_TYPE_CREATE_TIME = 0
@@ -134,9 +135,13 @@ class StoredRecordBatch(msgspec.Struct, frozen=True, array_like=True, gc=False):
     base_sequence: int
     timestamp_ms: int
     records: list[StoredRecord]
+    compression: str = "none"
+    compressed: bytes = b""
+    record_count: int = -1
 
 
 stored_batch_decoder = msgspec.msgpack.Decoder(StoredRecordBatch)
+stored_records_decoder = msgspec.msgpack.Decoder(list[StoredRecord])
 value_of = attrgetter("value")
 key_of = attrgetter("key")
 timestamp_of = attrgetter("timestamp_ms")
@@ -146,6 +151,9 @@ headers_of = attrgetter("headers")
 def decode_stored_batch(data: bytes) -> StoredRecordBatch:
     """One log entry's encoded `wire.RecordBatch`; raises one of wire.DECODE_ERRORS."""
     batch: StoredRecordBatch = stored_batch_decoder.decode(data)
+    if batch.compression != "none":  # a compressed batch (wire.RecordBatch, version 2)
+        records = stored_records_decoder.decode(decompress(batch.compression, batch.compressed))
+        batch = msgspec.structs.replace(batch, records=records, compressed=b"")
     return batch
 
 

@@ -7,6 +7,7 @@ from itertools import count
 
 import msgspec
 
+from quorumlog.codec.compression import NONE, CompressionError, decompress
 from quorumlog.codec.wire import ErrorCode, Fetch, FetchResult
 from quorumlog.errors import RequestRejectedError
 from quorumlog.stream.client_common import (
@@ -38,9 +39,26 @@ class FetchedRecordBatch(msgspec.Struct, frozen=True, array_like=True, gc=False)
     base_sequence: int
     timestamp_ms: int
     records: list[FetchedRecord]
+    compression: str = NONE
+    compressed: bytes = b""
+    record_count: int = -1
 
 
 batch_decoder = msgspec.msgpack.Decoder(FetchedRecordBatch)
+records_decoder = msgspec.msgpack.Decoder(list[FetchedRecord])
+
+
+def batch_records(batch: FetchedRecordBatch) -> list[FetchedRecord]:
+    """The batch's records, decompressed if it was compressed (CompressionError if its
+    payload is damaged, which the partition's checks on produce rule out)."""
+    if batch.compression == NONE:
+        return batch.records
+    records = records_decoder.decode(decompress(batch.compression, batch.compressed))
+    if len(records) != batch.record_count:
+        raise CompressionError(
+            f"a batch says {batch.record_count} records and holds {len(records)}"
+        )
+    return records
 
 
 def check_read(offset: int, max_records: int) -> None:
@@ -127,7 +145,7 @@ def decode_records(
             break
         batch = batch_decoder.decode(fetched.data)
         skip = max(offset - fetched.base_offset, 0)
-        items = batch.records[skip : skip + wanted]
+        items = batch_records(batch)[skip : skip + wanted]
         stamp = batch.timestamp_ms
         records += [
             Record(

@@ -41,7 +41,9 @@ How it works:
   an HA topic's in-sync replicas); 0 completes each future as soon as its batch is
   handed to the sender, with offset -1, and reports no failure (the batch is still sent,
   and retried, idempotently). acks=1 (the leader alone) is not offered: no storage here
-  acknowledges a write that its quorum may still lose.
+  acknowledges a write that its quorum may still lose. `compression` ("none", "zstd" or
+  "lz4") compresses each batch once, on its first send, for raft topics (the log keeps
+  the compressed bytes; ledger and HA topics take records uncompressed).
 
 Futures complete on the producer's I/O thread: keep their callbacks short.
 """
@@ -62,6 +64,9 @@ from concurrent.futures._base import FINISHED as FUTURE_FINISHED
 from concurrent.futures._base import PENDING as FUTURE_PENDING
 from typing import Any, cast
 
+import msgspec
+
+from quorumlog.codec.compression import CODECS, NONE, compress
 from quorumlog.codec.wire import ErrorCode, Produce, ProduceResult
 from quorumlog.codec.wire import Record as WireRecord
 from quorumlog.errors import (
@@ -83,6 +88,8 @@ MAX_BLOCK_SECONDS_DEFAULT = 60.0
 RECORD_OVERHEAD_BYTES = 16
 """What a record costs besides its key, value and headers (framing, timestamp), roughly."""
 ACKS_ALL = "all"
+records_encoder = msgspec.msgpack.Encoder()
+"""Encodes a batch's records for compression (the layout of RecordBatch.records)."""
 RESEND_BACKOFF_SECONDS = 0.05
 """Pause before resending a batch whose previous round of attempts timed out."""
 
@@ -164,7 +171,14 @@ def resolve_all(
 class Batch:
     """Records taken from a partition queue, sent together with one base sequence."""
 
-    __slots__ = ("base_sequence", "buffered_bytes", "futures", "producer_id", "records")
+    __slots__ = (
+        "base_sequence",
+        "buffered_bytes",
+        "compressed",
+        "futures",
+        "producer_id",
+        "records",
+    )
 
     def __init__(
         self,
@@ -178,6 +192,8 @@ class Batch:
         self.producer_id = ""
         self.base_sequence = -1
         """Assigned when the batch is first sent, and kept for every retry."""
+        self.compressed: bytes | None = None
+        """The records compressed (once, on the first send), when the producer compresses."""
 
 
 class PartitionQueue:
@@ -228,8 +244,12 @@ class Producer(BlockingClient):
         key_serializer: Callable[[Any], bytes] | None = None,
         value_serializer: Callable[[Any], bytes] | None = None,
         acks: int | str = ACKS_ALL,
+        compression: str = NONE,
     ) -> None:
         self.acks_wait = check_acks(acks)
+        if compression not in CODECS:
+            raise ValueError(f"compression is one of {', '.join(CODECS)}, not {compression!r}")
+        self.compression = compression
         self.key_serializer = key_serializer
         self.value_serializer = value_serializer
         check_producer_settings(
@@ -533,6 +553,10 @@ class Producer(BlockingClient):
 
     async def produce(self, queue: PartitionQueue, batch: Batch) -> ProduceResult:
         records = batch.records
+        codec = await self.codec_for(queue.topic)
+        if codec != NONE and batch.compressed is None:
+            batch.compressed = compress(codec, records_encoder.encode(records))
+        compressed = batch.compressed if codec != NONE else None
         result = await self.transport.partition_call(
             queue.topic,
             queue.partition,
@@ -543,7 +567,10 @@ class Producer(BlockingClient):
                 partition=queue.partition,
                 producer_id=batch.producer_id,
                 base_sequence=batch.base_sequence,
-                records=records,
+                records=[] if compressed is not None else records,
+                compression=codec,
+                compressed=compressed or b"",
+                record_count=len(records) if compressed is not None else 0,
             ),
             ProduceResult,
             side_effects=True,
@@ -552,6 +579,14 @@ class Producer(BlockingClient):
         )
         self.batches_sent += 1
         return result
+
+    async def codec_for(self, topic: str) -> str:
+        """The producer's compression for a raft topic; none for ledger and HA topics
+        (their storage keeps records as they are)."""
+        if self.compression == NONE:
+            return NONE
+        descriptor = await self.transport.topic(topic)
+        return self.compression if descriptor.settings.storage == "raft" else NONE
 
     def acknowledged(self, queue: PartitionQueue, batch: Batch, result: ProduceResult) -> None:
         count = len(batch.records)

@@ -137,3 +137,22 @@ def test_offsets_for_times_tombstones_and_the_leaders_stamp(endpoints: list[str]
         assert found[("audit", 1)] is None
         [gone] = consumer.read("audit", 0, tombstone.offset, 1)
     assert (gone.key, gone.value, gone.timestamp) == (b"gone", None, tombstone.timestamp)
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+def test_compressed_batches_read_back_beside_plain_ones(endpoints: list[str], codec: str) -> None:
+    topic = f"packed-{codec}"
+    with Admin(endpoints) as admin:
+        admin.create_topic(topic, partitions=1, replication=3)
+    values = [f"record {number} ".encode() * 20 for number in range(300)]
+    with Producer(endpoints) as plain:
+        plain.send(topic, b"before", partition=0).result(10)
+    with Producer(endpoints, compression=codec, linger_ms=50) as packed:
+        futures = [packed.send(topic, value, partition=0) for value in values]
+        packed.send(topic, None, key=b"k", partition=0)
+        packed.flush(timeout=10)
+    assert [f.result(0).offset for f in futures] == list(range(1, 301))
+    with Consumer(endpoints) as consumer:
+        records = consumer.read(topic, 0, 0, 1000)
+        assert [r.value for r in records] == [b"before", *values, None]
+        assert [r.offset for r in consumer.read(topic, 0, 150, 2)] == [150, 151]
