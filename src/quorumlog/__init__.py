@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from quorumlog.shard.client import ShardedKVClient
     from quorumlog.stream.client_admin import Admin
     from quorumlog.stream.consumer import Consumer
+    from quorumlog.stream.group_admin import GroupAdmin
     from quorumlog.stream.producer import Producer
     from quorumlog.tls.config import TLSConfig
 
@@ -25,6 +26,7 @@ __all__ = [
     "Admin",
     "AsyncKVClient",
     "Consumer",
+    "GroupAdmin",
     "KVClient",
     "LedgerClient",
     "LedgerEntry",
@@ -39,6 +41,7 @@ __all__ = [
 _CLIENT_MODULES = {
     "Admin": "quorumlog.stream.client_admin",
     "Consumer": "quorumlog.stream.consumer",
+    "GroupAdmin": "quorumlog.stream.group_admin",
     "LedgerClient": "quorumlog.ledger.client",
     "LedgerEntry": "quorumlog.ledger.client",
     "LedgerInfo": "quorumlog.ledger.client",

@@ -432,3 +432,36 @@ class MissingExtraError(QuorumLogError, ImportError):
         super().__init__(message)
         self.extra = extra
         self.missing = missing
+
+
+# --- consumer groups -------------------------------------------------------------------
+
+
+class GroupCoordinatorRefusedError(ClientError):
+    """The consumer-group coordinator refused a command (nothing changed). `code` is its
+    refusal code (`stream.group_model.Refusal` values), `group` the consumer group."""
+
+    def __init__(self, code: str, message: str, group: str | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.group = group
+
+
+class CommitFailedError(GroupCoordinatorRefusedError):
+    """An offset commit the group refused: the member was removed from the group (its
+    session timed out, or it left), the commit was made in an older generation, or it
+    names a partition the member no longer owns. Kafka's CommitFailedException: the
+    partitions went to another member, which reads on from the last accepted commit."""
+
+
+class GroupNotEmptyError(GroupCoordinatorRefusedError):
+    """Resetting offsets of or deleting a group with live members (stop them first), or
+    committing to such a group from outside its membership."""
+
+
+class UnknownConsumerGroupError(GroupCoordinatorRefusedError, KeyError):
+    """No such consumer group."""
+
+    def __str__(self) -> str:
+        # KeyError would quote the message; show it as written.
+        return str(self.args[0])

@@ -5,9 +5,12 @@
   through the KV for anyone but root's reads (auth commands write it); a topic's
   descriptor (`__topics/<topic>`) is readable with read or write on the topic, written
   only with the "topics" admin right; a group's offsets (`__offsets/<group>/<topic>/<p>`,
-  consumer-group commits) need read on the topic. Other internal keys (ledgers, bookies,
-  owners) are checked as ordinary keys: grant them to the users of LedgerClient.
+  consumer-group commits before the coordinator) need read on the topic. Other internal
+  keys (ledgers, bookies, owners) are checked as ordinary keys: grant them to the users of
+  LedgerClient.
 - Produce: write on the topic; Fetch: read on the topic; partition status: either.
+- Consumer groups (the coordinator): join, commit and reset need read on each topic named;
+  delete needs the "topics" admin right (`group_coordinator_denial`).
 - Topic creation and deletion: the "topics" admin right. Membership changes, leader
   transfers and shard controller changes (join, leave, move): the "membership" right.
 - Topic lists, shard status and shard controller queries: any authenticated user
@@ -121,6 +124,39 @@ def controller_denial(rights: Rights, request: wire.ControllerRequest) -> str | 
     return admin_denial(rights, AdminRight.MEMBERSHIP)
 
 
+def group_coordinator_denial(rights: Rights, request: wire.GroupCoordinatorRequest) -> str | None:
+    """Consumer groups (Kafka's ACLs, in our rights): joining, committing and resetting
+    need read on each topic named; deleting a group, the "topics" admin right; leaving,
+    describing and listing, any authenticated user; the coordinator leader's own commands
+    (expiry, partition counts), root (nodes) only."""
+    from quorumlog.stream import group_model
+
+    try:
+        commands = group_model.decode_commands(request.commands)
+    except wire.DECODE_ERRORS:
+        return None  # the coordinator answers BAD_REQUEST itself
+    for command in commands:
+        topics: list[str] = []
+        if isinstance(command, group_model.JoinGroup):
+            topics = command.topics
+        elif isinstance(command, group_model.CommitOffsets | group_model.ResetOffsets):
+            topics = sorted({offset.topic for offset in command.offsets})
+        elif isinstance(command, group_model.DeleteGroup):
+            denial = admin_denial(rights, AdminRight.TOPICS)
+            if denial is not None:
+                return denial
+        elif not isinstance(
+            command,
+            group_model.LeaveGroup | group_model.DescribeGroup | group_model.ListGroups,
+        ):
+            return f"{type(command).__name__} is the group coordinator's own: only root"
+        for topic in topics:
+            denial = topic_denial(rights, topic, Access.READ)
+            if denial is not None:
+                return f"{denial} (consumer group {getattr(command, 'group', '')!r})"
+    return None
+
+
 def request_denial(rights: Rights, request: wire.ClientRequest) -> str | None:
     """Why `rights` do not allow `request`; None if they do."""
     if isinstance(request, wire.KVWrite):
@@ -157,6 +193,8 @@ def request_denial(rights: Rights, request: wire.ClientRequest) -> str | None:
     if isinstance(request, wire.ShardGroupRequest):
         # Pulls and deletes between shard groups carry whole shards: nodes only.
         return admin_denial(rights, AdminRight.MEMBERSHIP)
+    if isinstance(request, wire.GroupCoordinatorRequest):
+        return group_coordinator_denial(rights, request)
     if isinstance(request, OPEN_REQUEST_TYPES):
         return None
     return f"no permission rule covers {type(request).__name__}: only root may send it"

@@ -273,6 +273,9 @@ def register_stream_commands() -> None:
     cli.add_command(topic_group)
     cli.add_command(produce_command)
     cli.add_command(consume_command)
+    from quorumlog.cli.group_commands import group_group
+
+    cli.add_command(group_group)
 
 
 register_stream_commands()

@@ -309,9 +309,17 @@ def split_lines(stream: IO[bytes], separator: bytes | None) -> Iterator[tuple[by
 @click.option("--max-messages", type=click.IntRange(1), default=None, help="Stop after N.")
 @click.option("--partition", type=click.IntRange(0), default=None, help="Read this one only.")
 @click.option(
-    "--offset", type=click.IntRange(0), default=None, help="Start here (needs --partition)."
+    "--offset",
+    default=None,
+    help="earliest, latest, or an offset to start at (a number needs --partition).",
 )
-@click.option("--group", default=None, help="Start at the group's offsets and commit them.")
+@click.option(
+    "--group",
+    default=None,
+    help="Join this consumer group (share the partitions with its other members) and "
+    "commit its offsets; with --partition, read that partition and commit outside "
+    "membership (refused while the group has members).",
+)
 @click.option(
     "--timeout-ms",
     type=click.IntRange(0),
@@ -330,7 +338,7 @@ def consume_command(
     from_beginning: bool,
     max_messages: int | None,
     partition: int | None,
-    offset: int | None,
+    offset: str | None,
     group: str | None,
     timeout_ms: int | None,
     print_key: bool,
@@ -342,36 +350,54 @@ def consume_command(
     """Print TOPIC's records, one a line (values as UTF-8, undecodable bytes escaped)."""
     from quorumlog.stream.consumer import Consumer
 
-    if offset is not None and partition is None:
-        raise click.UsageError("--offset needs --partition")
+    start = parse_start_offset(offset, partition)
     fields = PrintedFields(print_timestamp, print_partition, print_offset, print_key, separator)
+    earliest = from_beginning or start == "earliest"
     with Consumer(
         settings.endpoints,
         group=group,
-        auto_offset_reset="earliest" if from_beginning else "latest",
+        auto_offset_reset="earliest" if earliest else "latest",
         timeout=settings.timeout_seconds,
         cluster_id=settings.cluster_id,
         user=settings.user,
         password=settings.password,
         tls=settings.tls,
+        enable_auto_commit=False,
     ) as consumer:
-        partitions = None if partition is None else [partition]
-        if partition is not None and offset is not None:
-            consumer.seek(topic, partition, offset)
+        if group is not None and partition is None:
+            consumer.subscribe([topic])
+        else:
+            chosen = consumer.partitions(topic) if partition is None else [partition]
+            consumer.assign([(topic, number) for number in chosen])
+            if partition is not None and isinstance(start, int):
+                consumer.seek(topic, partition, start)
         printed = 0
         while max_messages is None or printed < max_messages:
             wanted = CONSUME_RECORDS_PER_POLL_MAX
             if max_messages is not None:
                 wanted = min(wanted, max_messages - printed)
             wait_seconds = 3600.0 if timeout_ms is None else timeout_ms / 1000
-            records = consumer.poll(topic, partitions, wanted, timeout_seconds=wait_seconds)
+            records = consumer.poll(wait_seconds, max_records=wanted)
             if not records and timeout_ms is not None:
                 break
             for record in records:
                 click.echo(fields.format(record))
             printed += len(records)
             if group is not None and records:
-                consumer.commit_positions(topic)
+                consumer.commit()
+
+
+def parse_start_offset(offset: str | None, partition: int | None) -> str | int | None:
+    """--offset: "earliest", "latest" or a number (which needs --partition)."""
+    if offset is None or offset in ("earliest", "latest"):
+        return offset
+    if not offset.isdigit():
+        raise click.BadParameter(
+            f"{offset!r} is not earliest, latest or an offset", param_hint="--offset"
+        )
+    if partition is None:
+        raise click.UsageError("--offset N needs --partition")
+    return int(offset)
 
 
 class PrintedFields(msgspec.Struct, frozen=True):

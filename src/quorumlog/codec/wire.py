@@ -304,7 +304,8 @@ class ShardStatusResponse(msgspec.Struct, frozen=True, tag=True):
 class Record(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """One record as a producer sends it; the partition leader assigns its offset."""
 
-    value: bytes
+    value: bytes | None
+    """None: a tombstone (Kafka's null value). Readers before tombstones decoded bytes only."""
     key: bytes | None = None
     timestamp_ms: int = 0
     """0: the leader stamps its clock when it appends the batch."""
@@ -315,12 +316,21 @@ class RecordBatch(msgspec.Struct, frozen=True, array_like=True):
     """What one partition log entry holds: a producer's batch, with the leader's stamp.
 
     Records get offsets base_offset, base_offset + 1, ... in order; the base offset is
-    assigned when the entry is applied (deduplicated batches get none)."""
+    assigned when the entry is applied (deduplicated batches get none).
+
+    Format versions: 1 is the first four fields; 2 adds the codec (`codec.compression`).
+    A compressed batch has no `records`; `compressed` holds the codec's bytes of the
+    msgpack list of its records, and `record_count` how many. An uncompressed batch is
+    encoded exactly as in version 1 (`encode_record_batch`), and version-1 batches decode
+    as uncompressed."""
 
     producer_id: str
     base_sequence: int
     timestamp_ms: int
     records: list[Record]
+    compression: str = "none"
+    compressed: bytes = b""
+    record_count: int = -1
 
 
 class TopicSettings(msgspec.Struct, frozen=True, array_like=True):
@@ -382,6 +392,11 @@ class Produce(msgspec.Struct, frozen=True, tag=True):
     base_sequence: int
     """The sequence of the first record; (producer id, sequence) dedups a retried batch."""
     records: list[Record]
+    compression: str = "none"
+    """Set (with `compressed` and `record_count`, and no `records`) for a compressed batch:
+    the node stores the bytes as they came (see RecordBatch). Raft topics only."""
+    compressed: bytes = b""
+    record_count: int = 0
 
 
 class ProduceResult(msgspec.Struct, frozen=True, tag=True):
@@ -389,6 +404,9 @@ class ProduceResult(msgspec.Struct, frozen=True, tag=True):
     base_offset: int
     count: int
     duplicate: bool = False
+    timestamp_ms: int = -1
+    """The leader's stamp on the batch (its records' log-append time); -1 where the storage
+    does not say. A trailing field with a default: older nodes' answers still decode."""
 
 
 class Fetch(msgspec.Struct, frozen=True, tag=True):
@@ -402,6 +420,10 @@ class Fetch(msgspec.Struct, frozen=True, tag=True):
     """Only the partition's leader answers (others say NOT_LEADER with a hint): a reader
     then sees every record acknowledged to a producer. A follower serves what it has
     applied, which may trail the leader by a moment."""
+    max_wait_ms: int = 0
+    """Long polling: with nothing to return at `offset` (the end), the replica holds the
+    fetch up to this long and answers as soon as records arrive. 0 answers at once. A
+    trailing field with a default, so fetches from older clients decode as before."""
 
 
 class FetchedBatch(msgspec.Struct, frozen=True, array_like=True):
@@ -635,6 +657,27 @@ class AuthQueryResult(msgspec.Struct, frozen=True, tag=True):
     """JSON of the answer (`quorumlog.auth.service`)."""
 
 
+# --- consumer groups: the group coordinator ----------------------------------------------
+#
+# As for the HA controller, the payloads are bytes encoded by `quorumlog.stream.group_model`
+# (`encode_commands` / `encode_results`), which builds on this module.
+
+GROUP_COORDINATOR_GROUP = "consumer-groups"
+
+
+class GroupCoordinatorRequest(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    commands: bytes
+    """`stream.group_model.encode_commands` of join / leave / commit / reset / delete /
+    describe / list."""
+
+
+class GroupCoordinatorResponse(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    results: bytes
+    """`stream.group_model.encode_results`: one result per command, in order."""
+
+
 Frame = (
     Hello
     | Welcome
@@ -687,6 +730,8 @@ Frame = (
     | AuthAdmin
     | AuthQuery
     | AuthQueryResult
+    | GroupCoordinatorRequest
+    | GroupCoordinatorResponse
 )
 
 ClientRequest = (
@@ -715,6 +760,7 @@ ClientRequest = (
     | AuthenticatedRequest
     | AuthAdmin
     | AuthQuery
+    | GroupCoordinatorRequest
 )
 
 CLIENT_REQUEST_TYPES: tuple[type, ...] = (
@@ -743,13 +789,30 @@ CLIENT_REQUEST_TYPES: tuple[type, ...] = (
     AuthenticatedRequest,
     AuthAdmin,
     AuthQuery,
+    GroupCoordinatorRequest,
 )
 
 _batch_encoder = msgspec.msgpack.Encoder()
 _batch_decoder = msgspec.msgpack.Decoder(RecordBatch)
 
 
+class RecordBatchVersion1(msgspec.Struct, frozen=True, array_like=True):
+    """How an uncompressed RecordBatch is encoded: its first four fields, as before
+    compression existed (so older readers read it, and its bytes did not change)."""
+
+    producer_id: str
+    base_sequence: int
+    timestamp_ms: int
+    records: list[Record]
+
+
 def encode_record_batch(batch: RecordBatch) -> bytes:
+    if batch.compression == "none":
+        return _batch_encoder.encode(
+            RecordBatchVersion1(
+                batch.producer_id, batch.base_sequence, batch.timestamp_ms, batch.records
+            )
+        )
     return _batch_encoder.encode(batch)
 
 

@@ -246,7 +246,7 @@ _RECORD_OVERHEAD_BYTES = 16
 
 def record_bytes(record: Record) -> int:
     """About what `record` takes in an entry (what slicing counts against its bound)."""
-    size = len(record.value) + _RECORD_OVERHEAD_BYTES
+    size = len(record.value or b"") + _RECORD_OVERHEAD_BYTES
     if record.key is not None:
         size += len(record.key)
     for name, value in record.headers:

@@ -11,6 +11,7 @@ reaches them to one `RequestDispatcher`, which sends it to the service that serv
 - status, membership changes and leadership transfers of a hosted group → its host (these
   ride on the "kv" group: a node without one answers UNKNOWN_GROUP);
 - HA controller requests → the HA controller service (controller mode, reference 003);
+- consumer-group requests → the group coordinator service;
 - the bookie protocol (adds, reads, LAC reads and fences, drops) → this node's bookie;
 - anything else (topics, produce, fetch, partitions) → the stream service.
 
@@ -28,6 +29,7 @@ from quorumlog.errors import QuorumLogError
 from quorumlog.ledger.bookie import BookieRequest
 from quorumlog.node.controller_service import ControllerService
 from quorumlog.node.errors_to_wire import error_response
+from quorumlog.node.group_coordinator_service import GroupCoordinatorService
 from quorumlog.node.ha_controller_service import HAControllerService
 from quorumlog.node.kv_service import KVService
 from quorumlog.node.shard_service import ShardGroupService
@@ -86,6 +88,7 @@ class RequestDispatcher:
         self.streams: StreamHandler | None = None
         self.bookie: BookieHandler | None = None
         self.ha_controller: HAControllerService | None = None
+        self.group_coordinator: GroupCoordinatorService | None = None
         self.auth: AuthGuard | None = None
         """Checks tokens and rights (quorumlog.auth); None: nothing is checked."""
 
@@ -96,6 +99,12 @@ class RequestDispatcher:
             if admitted is None:
                 return
             request = admitted
+        if isinstance(request, wire.GroupCoordinatorRequest):
+            if self.group_coordinator is None:
+                self.unknown_group(reply, request.request_id, wire.GROUP_COORDINATOR_GROUP)
+            else:
+                self.group_coordinator.handle(request, reply)
+            return
         if isinstance(request, wire.HAControllerRequest):
             if self.ha_controller is None:
                 self.unknown_group(reply, request.request_id, wire.HA_CONTROLLER_GROUP)

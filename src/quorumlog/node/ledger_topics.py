@@ -642,7 +642,7 @@ def fetched_batches(
     taken: list[wire.Record] = []
     size = 0
     for _, record in records:
-        size += len(record.value) + len(record.key or b"")
+        size += len(record.value or b"") + len(record.key or b"")
         if taken and size > bytes_max:
             break
         taken.append(record)

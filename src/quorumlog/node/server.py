@@ -57,6 +57,7 @@ from quorumlog.node.addresses import AddressBook, AddressSource, check_advertise
 from quorumlog.node.composition import ShardedKVLayout, ShardedKVParts, compose_sharded_kv
 from quorumlog.node.controller_service import ControllerService
 from quorumlog.node.dispatch import KV_GROUP, RequestDispatcher
+from quorumlog.node.group_coordinator_service import GroupCoordinatorService
 from quorumlog.node.ha_controller_service import (
     CHECK_INTERVAL_SECONDS_DEFAULT,
     HAControllerService,
@@ -82,6 +83,7 @@ from quorumlog.runtime.liveness import PeerLiveness
 from quorumlog.runtime.ticker import GroupTicker
 from quorumlog.runtime.transport import Endpoint, Replier, format_address, parse_address
 from quorumlog.shard.config import SHARD_COUNT_DEFAULT
+from quorumlog.stream.group_coordinator import GroupCoordinatorMachine
 from quorumlog.tls.config import NodeTLS
 
 log = logging.getLogger("quorumlog.node")
@@ -184,6 +186,7 @@ class Node:
         self.bookie: BookieServer | None = None
         self.registrar: BookieRegistrar | None = None
         self.ha_controller: HAControllerService | None = None
+        self.group_coordinator: GroupCoordinatorService | None = None
         self.ticker: GroupTicker | None = None
         self.auth_view: AuthStateView | None = None
         self.liveness = PeerLiveness(
@@ -249,6 +252,7 @@ class Node:
         self.dispatcher.streams = self.streams.handle
         self.start_sharded_kv()
         self.host_ha_controller(voters)
+        self.host_group_coordinator(voters)
         self.liveness.set_peers(self.address_book.peer_addresses())
         self.ticker.start()
         for hosted in self.groups.values():
@@ -257,6 +261,8 @@ class Node:
         self.sharded_kv.start()
         if self.ha_controller is not None:
             self.ha_controller.start()
+        if self.group_coordinator is not None:
+            self.group_coordinator.start()
         self.start_registration()
         if settings.http_listen:
             await self.observability.serve_http(settings.http_listen, self)
@@ -412,6 +418,18 @@ class Node:
         )
         self.dispatcher.ha_controller = self.ha_controller
 
+    def host_group_coordinator(self, voters: tuple[str, ...]) -> None:
+        """Host the consumer-group coordinator group (not started) and serve it."""
+        machine = GroupCoordinatorMachine()
+        group = self.add_group(wire.GROUP_COORDINATOR_GROUP, machine, voters)
+        self.group_coordinator = GroupCoordinatorService(
+            group.host,
+            machine,
+            lambda: self.address_of(group.core.leader_id),
+            self.streams.partition_count,
+        )
+        self.dispatcher.group_coordinator = self.group_coordinator
+
     @property
     def controller(self) -> ControllerService | None:
         return self.sharded_kv.controller
@@ -447,6 +465,8 @@ class Node:
         self.sharded_kv.stop()
         if self.ha_controller is not None:
             self.ha_controller.stop()
+        if self.group_coordinator is not None:
+            self.group_coordinator.stop()
         if self.peers is not None:
             await self.peers.close()
         await self.requester.close()

@@ -29,9 +29,11 @@ from quorumlog.errors import NotLeaderError, QuorumLogError
 from quorumlog.kv.commands import ClientBatch, KVEntry, encode_entry
 from quorumlog.kv.machine import KVStateMachine
 from quorumlog.node.addresses import host_of
+from quorumlog.node.compressed_batches import compressed_batch_problem
 from quorumlog.node.errors_to_wire import error_code
 from quorumlog.node.ha_topics import HATopicService
 from quorumlog.node.ledger_topics import LedgerTopicService, LedgerTopicSettings
+from quorumlog.node.long_poll import NotifyingPartitionMachine, hold_fetch
 from quorumlog.raft.configuration import Configuration
 from quorumlog.raft.messages import SnapshotMeta
 from quorumlog.runtime.group import GroupRunner, GroupSettings, open_log_stores
@@ -39,7 +41,6 @@ from quorumlog.runtime.transport import Replier
 from quorumlog.stream.partition import (
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
-    PartitionMachine,
     ProduceOutcome,
 )
 from quorumlog.stream.topics import (
@@ -75,7 +76,7 @@ class HostedPartition:
         descriptor: wire.TopicDescriptor,
         partition: int,
         group: GroupRunner,
-        machine: PartitionMachine,
+        machine: NotifyingPartitionMachine,
         directory: Path,
     ) -> None:
         self.descriptor = descriptor
@@ -250,7 +251,7 @@ class StreamService:
         settings: GroupSettings,
     ) -> None:
         node = self.node
-        machine = PartitionMachine()
+        machine = NotifyingPartitionMachine()
         gid = group_id(descriptor, partition)
         group = GroupRunner(
             gid,
@@ -295,6 +296,16 @@ class StreamService:
                 None, shutil.rmtree, hosted.directory, True
             )
             log.info("dropped %s partition %d", descriptor.name, partition)
+
+    def raft_hosted(self, request: wire.Produce) -> bool:
+        """Whether the produce is for a raft-storage topic (the only ones that compress)."""
+        descriptor = self.topics.get(request.topic)
+        return descriptor is None or not (is_ledger_topic(descriptor) or is_ha_topic(descriptor))
+
+    def partition_count(self, topic: str) -> int:
+        """The topic's partitions as this node knows them; 0 for a topic it does not know."""
+        descriptor = self.topics.get(topic)
+        return 0 if descriptor is None else len(descriptor.replicas)
 
     # --- retention ----------------------------------------------------------------------
 
@@ -493,6 +504,15 @@ class StreamService:
     def produce(self, request: wire.Produce, reply: Replier) -> None:
         size = batch_bytes(request.records)  # once: it costs about what encoding does
         reply = self.counting_produce(request, reply, size)
+        if request.compression != "none" and not self.raft_hosted(request):
+            error(
+                reply,
+                request.request_id,
+                wire.ErrorCode.BAD_REQUEST,
+                "compressed batches are for raft-storage topics (ledger and HA topics "
+                "store records as they are)",
+            )
+            return
         ledger_partition = self.ledger_topics.serves(request.topic, request.partition)
         if ledger_partition is not None:
             if not refuse_batch(request, reply, size):
@@ -522,6 +542,9 @@ class StreamService:
             base_sequence=request.base_sequence,
             timestamp_ms=int(time.time() * 1000),
             records=request.records,
+            compression=request.compression,
+            compressed=request.compressed,
+            record_count=request.record_count if request.compression != "none" else -1,
         )
         try:
             future = group.propose(wire.encode_record_batch(batch))
@@ -544,6 +567,7 @@ class StreamService:
                         base_offset=outcome.base_offset,
                         count=outcome.count,
                         duplicate=outcome.duplicate,
+                        timestamp_ms=batch.timestamp_ms,
                     )
                 )
             else:
@@ -572,6 +596,18 @@ class StreamService:
                 hosted.group,
             )
             return
+        machine = hosted.machine
+        if (
+            request.max_wait_ms > 0
+            and request.offset == machine.next_offset
+            and hold_fetch(
+                machine, request.max_wait_ms, lambda: self.answer_fetch(hosted, request, reply)
+            )
+        ):
+            return  # held: answered when records arrive or the wait ends
+        self.answer_fetch(hosted, request, reply)
+
+    def answer_fetch(self, hosted: HostedPartition, request: wire.Fetch, reply: Replier) -> None:
         machine = hosted.machine
         records_max = max(1, min(request.records_max, FETCH_RECORDS_MAX))
         try:
@@ -676,6 +712,11 @@ class StreamService:
 def refuse_batch(request: wire.Produce, reply: Replier, size: int | None = None) -> bool:
     """Refuse an empty or oversized batch (True: refused); `size`: its `batch_bytes`, if
     the caller measured it already."""
+    if request.compression != "none":
+        problem = compressed_batch_problem(request, PRODUCE_RECORDS_MAX, PRODUCE_BYTES_MAX)
+        if problem is not None:
+            error(reply, request.request_id, *problem)
+        return problem is not None
     if not request.records:
         error(reply, request.request_id, wire.ErrorCode.BAD_REQUEST, "no records to produce")
         return True
@@ -696,7 +737,7 @@ def refuse_batch(request: wire.Produce, reply: Replier, size: int | None = None)
 def batch_bytes(records: list[wire.Record]) -> int:
     """Bytes of the records' values and keys. Summed by C loops (map, filter): this runs
     for every record produced, and a generator expression cost twice as much."""
-    values = sum(map(len, map(RECORD_VALUE, records)))
+    values = sum(map(len, filter(None, map(RECORD_VALUE, records))))  # None: a tombstone
     return values + sum(map(len, filter(None, map(RECORD_KEY, records))))
 
 

@@ -23,7 +23,6 @@ from quorumlog.obs.events import Event, EventLog
 from quorumlog.runtime.group import GroupRunner
 
 TOPICS_PREFIX = "__topics/"
-OFFSETS_PREFIX = "__offsets/"
 EVENTS_SHOWN_MAX = 50
 METADATA_KEYS_SCANNED_MAX = 200_000
 """Consumer groups are found by scanning the metadata keys; past this many keys the page
@@ -56,6 +55,11 @@ class DashboardSource(Protocol):
     def metadata(self) -> Mapping[str, Any]: ...
 
     def partition_end_offset(self, topic: str, partition: int) -> int | None: ...
+
+    def committed_offsets(self) -> list[tuple[str, str, int, int]]:
+        """(consumer group, topic, partition, committed offset), from the replicated group
+        coordinator (every node has it)."""
+        ...
 
 
 def page_html() -> bytes:
@@ -146,17 +150,12 @@ def topics_view(source: DashboardSource) -> list[dict[str, Any]]:
 def consumer_groups_view(source: DashboardSource) -> list[dict[str, Any]]:
     """Committed offsets per group, topic and partition; lag where the end is known here."""
     groups: dict[str, list[dict[str, Any]]] = {}
-    for key, value in metadata_items(source.metadata(), OFFSETS_PREFIX):
-        group, _, rest = key[len(OFFSETS_PREFIX) :].partition("/")
-        topic, _, partition_text = rest.rpartition("/")
-        committed = as_offset(value)
-        if not group or not topic or not partition_text.isdigit() or committed is None:
-            continue
-        end = source.partition_end_offset(topic, int(partition_text))
+    for group, topic, partition, committed in source.committed_offsets():
+        end = source.partition_end_offset(topic, partition)
         groups.setdefault(group, []).append(
             {
                 "topic": topic,
-                "partition": int(partition_text),
+                "partition": partition,
                 "committed": committed,
                 "end_offset": end,
                 "lag": None if end is None else max(0, end - committed),
@@ -166,16 +165,6 @@ def consumer_groups_view(source: DashboardSource) -> list[dict[str, Any]]:
         {"group": name, "partitions": sorted(rows, key=lambda r: (r["topic"], r["partition"]))}
         for name, rows in sorted(groups.items())
     ]
-
-
-def as_offset(value: Any) -> int | None:
-    if isinstance(value, bytes):
-        value = value.decode(errors="replace")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    return None
 
 
 def event_view(event: Event) -> dict[str, Any]:

@@ -128,6 +128,16 @@ class NodeView:
         kv = self.node.kv
         return kv.machine.data if kv is not None else {}
 
+    def committed_offsets(self) -> list[tuple[str, str, int, int]]:
+        coordinator = getattr(self.node, "group_coordinator", None)
+        if coordinator is None:
+            return []
+        return [
+            (info.group, offset.topic, offset.partition, offset.offset)
+            for info in coordinator.machine.list_groups()
+            for offset in info.offsets
+        ]
+
     def partition_end_offset(self, topic: str, partition: int) -> int | None:
         streams = getattr(self.node, "streams", None)
         if streams is None:

@@ -193,7 +193,7 @@ class TaskWriter:
         target = (topic, partition)
         pending = self.pending.setdefault(target, PendingProduce())
         pending.records.append(record)
-        pending.bytes += len(record.value) + len(key_bytes or b"")
+        pending.bytes += len(record.value or b"") + len(key_bytes or b"")
         if len(pending.records) >= PRODUCE_RECORDS_MAX or pending.bytes >= PRODUCE_BYTES_MAX:
             self.flush(target)
 

@@ -51,6 +51,14 @@ class BatchHeader(msgspec.Struct, frozen=True, array_like=True):
     base_sequence: int
     timestamp_ms: int
     records: list[msgspec.Raw]
+    compression: str = "none"
+    compressed: msgspec.Raw = msgspec.Raw(b"")
+    record_count: int = -1
+
+    @property
+    def count(self) -> int:
+        """Records in the batch: listed, or (compressed) as the batch says."""
+        return len(self.records) if self.compression == "none" else self.record_count
 
 
 class ProducerState(msgspec.Struct, array_like=True):
@@ -138,7 +146,7 @@ class PartitionMachine:
             self.producers,
             header.producer_id,
             header.base_sequence,
-            len(header.records),
+            header.count,
             self.next_offset,
             self.producer_count_max,
         )

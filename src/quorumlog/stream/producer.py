@@ -33,6 +33,17 @@ How it works:
   dedups a batch only if its base sequence and record count match).
 - Bounds: at most `buffer_bytes_max` of records are waiting or in flight; `send` blocks
   for room up to `max_block_seconds`, then raises BufferFullError.
+- Kafka's choices: `key_serializer`/`value_serializer` turn what `send` is given into
+  bytes; `value=None` is a tombstone (a record without a value, which compacting readers
+  take as a delete); `RecordMetadata.timestamp` is the record's own stamp, else the
+  leader's. `acks`: "all" (the default, and -1) waits for the partition's acknowledgement
+  as its storage defines it (a raft partition's majority, a ledger topic's ack quorum,
+  an HA topic's in-sync replicas); 0 completes each future as soon as its batch is
+  handed to the sender, with offset -1, and reports no failure (the batch is still sent,
+  and retried, idempotently). acks=1 (the leader alone) is not offered: no storage here
+  acknowledges a write that its quorum may still lose. `compression` ("none", "zstd" or
+  "lz4") compresses each batch once, on its first send, for raft topics (the log keeps
+  the compressed bytes; ledger and HA topics take records uncompressed).
 
 Futures complete on the producer's I/O thread: keep their callbacks short.
 """
@@ -51,8 +62,11 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from concurrent.futures._base import FINISHED as FUTURE_FINISHED
 from concurrent.futures._base import PENDING as FUTURE_PENDING
-from typing import cast
+from typing import Any, cast
 
+import msgspec
+
+from quorumlog.codec.compression import CODECS, NONE, compress
 from quorumlog.codec.wire import ErrorCode, Produce, ProduceResult
 from quorumlog.codec.wire import Record as WireRecord
 from quorumlog.errors import (
@@ -74,6 +88,9 @@ DELIVERY_TIMEOUT_SECONDS_DEFAULT = 30.0
 MAX_BLOCK_SECONDS_DEFAULT = 60.0
 RECORD_OVERHEAD_BYTES = 16
 """What a record costs besides its key, value and headers (framing, timestamp), roughly."""
+ACKS_ALL = "all"
+records_encoder = msgspec.msgpack.Encoder()
+"""Encodes a batch's records for compression (the layout of RecordBatch.records)."""
 RESEND_BACKOFF_SECONDS = 0.05
 """Pause before resending a batch whose previous round of attempts timed out."""
 
@@ -155,7 +172,14 @@ def resolve_all(
 class Batch:
     """Records taken from a partition queue, sent together with one base sequence."""
 
-    __slots__ = ("base_sequence", "buffered_bytes", "futures", "producer_id", "records")
+    __slots__ = (
+        "base_sequence",
+        "buffered_bytes",
+        "compressed",
+        "futures",
+        "producer_id",
+        "records",
+    )
 
     def __init__(
         self,
@@ -169,6 +193,8 @@ class Batch:
         self.producer_id = ""
         self.base_sequence = -1
         """Assigned when the batch is first sent, and kept for every retry."""
+        self.compressed: bytes | None = None
+        """The records compressed (once, on the first send), when the producer compresses."""
 
 
 class PartitionQueue:
@@ -219,7 +245,17 @@ class Producer(BlockingClient):
         user: str | None = None,
         password: str | None = None,
         tls: TLSConfig | None = None,
+        key_serializer: Callable[[Any], bytes] | None = None,
+        value_serializer: Callable[[Any], bytes] | None = None,
+        acks: int | str = ACKS_ALL,
+        compression: str = NONE,
     ) -> None:
+        self.acks_wait = check_acks(acks)
+        if compression not in CODECS:
+            raise ValueError(f"compression is one of {', '.join(CODECS)}, not {compression!r}")
+        self.compression = compression
+        self.key_serializer = key_serializer
+        self.value_serializer = value_serializer
         check_producer_settings(
             linger_ms, batch_records_max, batch_bytes_max, buffer_bytes_max, max_block_seconds
         )
@@ -268,8 +304,8 @@ class Producer(BlockingClient):
     def send(
         self,
         topic: str,
-        value: bytes,
-        key: bytes | None = None,
+        value: Any,
+        key: Any = None,
         partition: int | None = None,
         headers: Headers | None = None,
         timestamp_ms: int | None = None,
@@ -281,12 +317,16 @@ class Producer(BlockingClient):
         """
         if self.closing:
             raise ProducerClosedError("the producer is closed")
-        if value.__class__ is not bytes:
+        if self.value_serializer is not None and value is not None:
+            value = self.value_serializer(value)
+        if self.key_serializer is not None and key is not None:
+            key = self.key_serializer(key)
+        if value is not None and value.__class__ is not bytes:
             value = as_bytes(value, "value")
         if key is not None and key.__class__ is not bytes:
             key = as_bytes(key, "key")
         header_list = check_headers(headers) if headers else NO_HEADERS
-        size = len(value) + RECORD_OVERHEAD_BYTES
+        size = RECORD_OVERHEAD_BYTES if value is None else len(value) + RECORD_OVERHEAD_BYTES
         if key is not None:
             size += len(key)
         for name, header_value in header_list:
@@ -484,6 +524,10 @@ class Producer(BlockingClient):
         """Send `batch` until the partition answers for it; settle its futures."""
         batch.producer_id = queue.producer_id
         batch.base_sequence = queue.next_sequence
+        if not self.acks_wait:
+            # acks=0: the callers are told now; the batch is still delivered as any other.
+            unknown = RecordMetadata(queue.topic, queue.partition, -1, -1)
+            resolve_all(self.futures_condition, batch.futures, [unknown] * len(batch.futures))
         outcome_unknown = False
         while True:
             try:
@@ -516,6 +560,10 @@ class Producer(BlockingClient):
 
     async def produce(self, queue: PartitionQueue, batch: Batch) -> ProduceResult:
         records = batch.records
+        codec = await self.codec_for(queue.topic)
+        if codec != NONE and batch.compressed is None:
+            batch.compressed = compress(codec, records_encoder.encode(records))
+        compressed = batch.compressed if codec != NONE else None
         result = await self.transport.partition_call(
             queue.topic,
             queue.partition,
@@ -526,7 +574,10 @@ class Producer(BlockingClient):
                 partition=queue.partition,
                 producer_id=batch.producer_id,
                 base_sequence=batch.base_sequence,
-                records=records,
+                records=[] if compressed is not None else records,
+                compression=codec,
+                compressed=compressed or b"",
+                record_count=len(records) if compressed is not None else 0,
             ),
             ProduceResult,
             side_effects=True,
@@ -535,6 +586,14 @@ class Producer(BlockingClient):
         )
         self.batches_sent += 1
         return result
+
+    async def codec_for(self, topic: str) -> str:
+        """The producer's compression for a raft topic; none for ledger and HA topics
+        (their storage keeps records as they are)."""
+        if self.compression == NONE:
+            return NONE
+        descriptor = await self.transport.topic(topic)
+        return self.compression if descriptor.settings.storage == "raft" else NONE
 
     def acknowledged(self, queue: PartitionQueue, batch: Batch, result: ProduceResult) -> None:
         count = len(batch.records)
@@ -553,9 +612,15 @@ class Producer(BlockingClient):
         partition = queue.partition
         base_offset = result.base_offset
         # A replay of a batch written long ago: written once, offset not remembered (-1).
+        stamp = result.timestamp_ms
         metadata = [
-            RecordMetadata(topic, partition, base_offset + position if base_offset >= 0 else -1)
-            for position in range(count)
+            RecordMetadata(
+                topic,
+                partition,
+                base_offset + position if base_offset >= 0 else -1,
+                record.timestamp_ms or stamp,
+            )
+            for position, record in enumerate(batch.records)
         ]
         resolve_all(self.futures_condition, batch.futures, metadata)
         self.completed(queue, batch)
@@ -655,6 +720,18 @@ def check_producer_settings(
         raise ValueError(f"max_block_seconds must not be negative, got {max_block_seconds}")
 
 
+def check_acks(acks: int | str) -> bool:
+    """Whether the producer waits for acknowledgements (see the module docstring)."""
+    if acks in (ACKS_ALL, -1):
+        return True
+    if acks == 0:
+        return False
+    raise ValueError(
+        f"acks is 'all' (or -1) or 0, not {acks!r}: acks=1 would acknowledge a write that "
+        "the partition's quorum may still lose, which no storage mode here does"
+    )
+
+
 def as_bytes(data: object, what: str) -> bytes:
     if isinstance(data, bytes | bytearray | memoryview):
         return bytes(data)  # a copy: the caller may reuse its buffer before we send
@@ -673,7 +750,7 @@ def check_headers(headers: Headers) -> list[tuple[str, bytes]]:
 
 
 def record_size(record: WireRecord) -> int:
-    size = len(record.value) + RECORD_OVERHEAD_BYTES
+    size = len(record.value or b"") + RECORD_OVERHEAD_BYTES
     if record.key is not None:
         size += len(record.key)
     for name, value in record.headers:

@@ -25,7 +25,8 @@ class Record(msgspec.Struct, frozen=True, gc=False):
     partition: int
     offset: int
     key: bytes | None
-    value: bytes
+    value: bytes | None
+    """None for a tombstone (a record sent with value=None)."""
     timestamp: int
     headers: list[tuple[str, bytes]]
 
@@ -36,6 +37,10 @@ class RecordMetadata(msgspec.Struct, frozen=True):
     topic: str
     partition: int
     offset: int
+    timestamp: int = -1
+    """Milliseconds since the Unix epoch: the producer's stamp if it set one (Kafka's
+    CreateTime), else the partition leader's (LogAppendTime); -1 if unknown (acks=0, or
+    a storage that does not say)."""
 
 
 class PartitionDescription(msgspec.Struct, frozen=True):

@@ -1,7 +1,9 @@
 """An in-process stand-in for a cluster serving streams, speaking the real wire protocol.
 
-It extends the KV fake (tests/unit/kv/fake_cluster.py), whose KV handling serves group
-offsets. Each partition is one real `PartitionMachine` (so sequence dedup is the real
+It extends the KV fake (tests/unit/kv/fake_cluster.py). Consumer groups are served by the
+real `GroupCoordinatorMachine` at the leader, one entry per request.
+
+Each partition is one real `PartitionMachine` (so sequence dedup is the real
 rule) plus a dict of its encoded batches; every node replicates every partition and reads
 the same state, and one node per partition is its leader. Knobs let a test move a
 partition's leader, make the leader apply a produce without answering, inject error codes,
@@ -13,7 +15,18 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import msgspec
+
 from quorumlog.codec import wire
+from quorumlog.stream.group_coordinator import GroupCoordinatorMachine
+from quorumlog.stream.group_model import (
+    QUERY_TYPES,
+    GroupEntry,
+    JoinGroup,
+    decode_commands,
+    encode_entry,
+    encode_results,
+)
 from quorumlog.stream.partition import (
     OffsetOutOfRangeError,
     OutOfOrderSequenceError,
@@ -74,6 +87,11 @@ class FakeStreamNode(FakeNode):
             self.fetch(frame, reply)
         elif isinstance(frame, wire.PartitionStatusRequest):
             self.status_of(frame, reply)
+        elif isinstance(frame, wire.GroupCoordinatorRequest):
+            if not self.is_leader:
+                reply(self.not_leader(frame.request_id))
+            else:
+                reply(self.cluster.coordinate(frame))
         elif isinstance(frame, wire.KVRead) and (frame.stale or self.is_leader):
             # Topic descriptors live in the KV, as the real metadata group keeps them.
             values = [self.cluster.read_key(key) for key in frame.keys]
@@ -127,7 +145,11 @@ class FakeStreamNode(FakeNode):
         elif isinstance(outcome, ProduceOutcome):
             reply(
                 wire.ProduceResult(
-                    frame.request_id, outcome.base_offset, outcome.count, outcome.duplicate
+                    frame.request_id,
+                    outcome.base_offset,
+                    outcome.count,
+                    outcome.duplicate,
+                    batch.timestamp_ms,
                 )
             )
         else:
@@ -185,6 +207,29 @@ class FakeStreamCluster(FakeCluster):
         self.topics: dict[str, wire.TopicDescriptor] = {}
         self.partitions: dict[tuple[str, int], FakePartition] = {}
         self.clock_ms = 1_700_000_000_000
+        self.coordinator = GroupCoordinatorMachine()
+        self.coordinator_index = 0
+
+    def coordinate(self, frame: wire.GroupCoordinatorRequest) -> wire.Frame:
+        commands = decode_commands(frame.commands)
+        if all(isinstance(command, QUERY_TYPES) for command in commands):
+            results = [self.coordinator.execute(command) for command in commands]
+        else:
+            filled = [
+                msgspec.structs.replace(
+                    command,
+                    partition_counts={
+                        t: len(self.topics[t].replicas) for t in command.topics if t in self.topics
+                    },
+                )
+                if isinstance(command, JoinGroup)
+                else command
+                for command in commands
+            ]
+            self.coordinator_index += 1
+            entry = encode_entry(GroupEntry(self.clock_ms, [filled]))
+            [results] = self.coordinator.apply(self.coordinator_index, entry)
+        return wire.GroupCoordinatorResponse(frame.request_id, encode_results(results))
 
     def node(self, node_id: str) -> FakeStreamNode:
         return self.nodes[node_id]

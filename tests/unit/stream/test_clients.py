@@ -122,7 +122,7 @@ def test_produce_then_read_back_in_order(cluster: FakeStreamCluster, admin: Admi
         producer.flush()
         metadata = [future.result(timeout=0) for future in futures]
     assert [m.offset for m in metadata if m.partition == 0] == list(range(100))
-    assert metadata[1] == RecordMetadata("events", 1, 0)
+    assert metadata[1] == RecordMetadata("events", 1, 0, cluster.clock_ms)
     with Consumer(cluster.endpoints) as consumer:
         records = consumer.read("events", 1, 0, 1000)
         assert [r.value for r in records] == [f"v{i}".encode() for i in range(1, 200, 2)]
@@ -417,7 +417,7 @@ def test_group_offsets_commit_and_poll(cluster: FakeStreamCluster, admin: Admin)
     with Producer(cluster.endpoints) as producer:
         for i in range(30):
             producer.send("events", str(i).encode(), partition=i % 2)
-    with Consumer(cluster.endpoints, group="g") as consumer:
+    with Consumer(cluster.endpoints, group="g", auto_offset_reset="earliest") as consumer:
         assert consumer.committed("events", 0) is None
         consumer.commit("events", 0, 5)
         assert consumer.committed("events", 0) == 5
@@ -443,7 +443,7 @@ def test_poll_after_retention_restarts_at_earliest(
     with Producer(cluster.endpoints, linger_ms=0) as producer:
         for _ in range(10):
             producer.send("events", b"x" * 100).result(timeout=10)
-    with Consumer(cluster.endpoints, group="g") as consumer:
+    with Consumer(cluster.endpoints, group="g", auto_offset_reset="earliest") as consumer:
         consumer.commit("events", 0, 1)
         cluster.partition("events", 0).cut(retention_bytes=500)
         begin = consumer.begin_offset("events", 0)

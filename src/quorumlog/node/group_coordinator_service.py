@@ -1,0 +1,241 @@
+"""Serves the consumer-group coordinator: joins, leaves and commits through its log, reads
+behind a ReadIndex round, heartbeats from the leader's memory, and the leader's periodic
+check that removes members silent past their session timeout.
+
+The coordinator is its own Raft group, "consumer-groups", hosted on every node with the
+bootstrap members of the "kv" group, for the reasons the HA controller has one
+(node/ha_controller_service.py): joins and commits would crowd the metadata log and tie
+the KV machine's snapshot format to this one.
+
+Heartbeats do not go through the log: a join that changes nothing is answered by the
+leader from its applied state, and the leader notes the member's last heartbeat in memory
+(by its monotonic clock). Only what changes the group is logged: a new member or
+subscription, a changed partition count, a leave, a commit, and `ExpireMembers` naming the
+members the leader found silent. A new leader knows no heartbeats yet, so it counts every
+member as heard from when it first looks (one session timeout of grace, as a new etcd
+leader extends leases): a member is never removed for the time the coordinator had no
+leader. Partition counts come from this node's view of the topics (the metadata group it
+replicates); a count that changes starts a new generation through `UpdatePartitions`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from quorumlog.codec import wire
+from quorumlog.errors import NotLeaderError, QuorumLogError
+from quorumlog.node.batched_proposals import BatchedProposals
+from quorumlog.node.errors_to_wire import after_read_barrier, error_response
+from quorumlog.runtime.completion import Completion
+from quorumlog.runtime.handle import GroupHandle
+from quorumlog.runtime.resources import Timer
+from quorumlog.stream.group_coordinator import GroupCoordinatorMachine
+from quorumlog.stream.group_model import (
+    QUERY_TYPES,
+    ExpireMembers,
+    GroupCommand,
+    GroupEntry,
+    GroupResult,
+    JoinGroup,
+    UpdatePartitions,
+    decode_commands,
+    encode_entry,
+    encode_results,
+)
+
+log = logging.getLogger("quorumlog.node")
+
+Replier = Callable[[wire.Frame], None]
+COMMANDS_PER_REQUEST_MAX = 100
+CHECK_INTERVAL_SECONDS_DEFAULT = 0.1
+"""How often the coordinator leader looks for silent members and changed partition counts
+(the detection delay it adds to a session timeout)."""
+
+
+class GroupCoordinatorService:
+    def __init__(
+        self,
+        group: GroupHandle,
+        machine: GroupCoordinatorMachine,
+        leader_address: Callable[[], str | None],
+        partition_count: Callable[[str], int],
+        check_interval_seconds: float = CHECK_INTERVAL_SECONDS_DEFAULT,
+    ) -> None:
+        """`partition_count(topic)`: the topic's partitions as this node knows them (0 for
+        a topic it does not know)."""
+        if check_interval_seconds <= 0:
+            raise ValueError(
+                f"check_interval_seconds must be positive, got {check_interval_seconds}"
+            )
+        self.group = group
+        self.machine = machine
+        self.leader_address = leader_address
+        self.partition_count = partition_count
+        self.check_interval_seconds = check_interval_seconds
+        self.proposals: BatchedProposals[list[GroupCommand]] = BatchedProposals(
+            group, make_entry, answer, self.reject
+        )
+        self.timer: Timer | None = None
+        self.heard_seconds: dict[tuple[str, str], float] = {}
+        """(group, member) → when this leader last heard from the member (monotonic)."""
+        self.changes_in_flight: set[tuple[str, str]] = set()
+        """(group, kind) of expiries and partition updates proposed and not yet applied."""
+
+    # --- client requests -------------------------------------------------------------------
+
+    def reject(self, reply: Replier, request_id: int, error: BaseException) -> None:
+        reply(error_response(request_id, error, self.leader_address))
+
+    def handle(self, request: wire.GroupCoordinatorRequest, reply: Replier) -> None:
+        try:
+            commands = decode_commands(request.commands)
+        except wire.DECODE_ERRORS as error:
+            self.bad_request(reply, request.request_id, f"commands do not decode: {error}")
+            return
+        if not commands or len(commands) > COMMANDS_PER_REQUEST_MAX:
+            self.bad_request(
+                reply,
+                request.request_id,
+                f"{len(commands)} commands; send 1 to {COMMANDS_PER_REQUEST_MAX}",
+            )
+            return
+        if not self.group.is_leader:
+            self.reject(
+                reply, request.request_id, NotLeaderError(self.group.node_id, self.group.leader_id)
+            )
+            return
+        if all(isinstance(command, QUERY_TYPES) for command in commands):
+            self.query(request.request_id, commands, reply)
+            return
+        filled = [self.with_counts(command) for command in commands]
+        heartbeats = [self.heartbeat(command) for command in filled]
+        if all(result is not None for result in heartbeats):
+            reply(
+                wire.GroupCoordinatorResponse(
+                    request_id=request.request_id,
+                    results=encode_results([r for r in heartbeats if r is not None]),
+                )
+            )
+            return
+        self.proposals.add(request.request_id, filled, reply)
+
+    def with_counts(self, command: GroupCommand) -> GroupCommand:
+        """A join with the partition counts of its topics as this node knows them."""
+        if not isinstance(command, JoinGroup):
+            return command
+        counts = {topic: self.partition_count(topic) for topic in sorted(set(command.topics))}
+        return JoinGroup(
+            command.group,
+            command.member_id,
+            command.client_id,
+            command.topics,
+            command.session_timeout_ms,
+            command.assignor,
+            counts,
+        )
+
+    def heartbeat(self, command: GroupCommand) -> GroupResult | None:
+        """Note a member's heartbeat; its answer if the join changes nothing, else None."""
+        if not isinstance(command, JoinGroup):
+            return None
+        self.heard_seconds[(command.group, command.member_id)] = (
+            self.group.scheduler.monotonic_seconds()
+        )
+        return self.machine.heartbeat_answer(command)
+
+    def bad_request(self, reply: Replier, request_id: int, message: str) -> None:
+        reply(
+            wire.ErrorResponse(
+                request_id=request_id, code=wire.ErrorCode.BAD_REQUEST, message=message
+            )
+        )
+
+    def query(self, request_id: int, commands: list[GroupCommand], reply: Replier) -> None:
+        def respond() -> None:
+            results = [self.machine.execute(command) for command in commands]
+            reply(
+                wire.GroupCoordinatorResponse(
+                    request_id=request_id, results=encode_results(results)
+                )
+            )
+
+        after_read_barrier(
+            self.group.linearizable_read, request_id, reply, self.leader_address, respond
+        )
+
+    # --- the leader's check ----------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.timer is None:
+            self.timer = self.group.scheduler.call_later(self.check_interval_seconds, self.tick)
+
+    def stop(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def tick(self) -> None:
+        self.timer = self.group.scheduler.call_later(self.check_interval_seconds, self.tick)
+        self.check()
+
+    def check(self) -> None:
+        """While leading: remove silent members, and start a generation for any group
+        whose subscribed topics changed partition count."""
+        if not self.group.is_leader:
+            # Heartbeats heard while leading before are stale for a later term.
+            self.heard_seconds.clear()
+            return
+        now_seconds = self.group.scheduler.monotonic_seconds()
+        for name in sorted(self.machine.groups):
+            state = self.machine.groups[name]
+            silent = []
+            for member_id, member in sorted(state.members.items()):
+                heard = self.heard_seconds.setdefault((name, member_id), now_seconds)
+                if now_seconds - heard > member.session_timeout_ms / 1000:
+                    silent.append(member_id)
+            if silent:
+                self.propose_change(name, "expire", ExpireMembers(name, silent))
+            counts = {topic: self.partition_count(topic) for topic in state.partition_counts}
+            subscribed = {topic for member in state.members.values() for topic in member.topics}
+            counts.update({t: self.partition_count(t) for t in subscribed - set(counts)})
+            if any(state.partition_counts.get(t, 0) != n for t, n in counts.items()):
+                self.propose_change(name, "partitions", UpdatePartitions(name, counts))
+        live = {(name, m) for name, state in self.machine.groups.items() for m in state.members}
+        for key in [key for key in self.heard_seconds if key not in live]:
+            del self.heard_seconds[key]
+
+    def propose_change(self, name: str, kind: str, command: GroupCommand) -> None:
+        key = (name, kind)
+        if key in self.changes_in_flight:
+            return
+        entry = make_entry(self.group.scheduler.wall_time_ms(), [[command]])
+        try:
+            future = self.group.propose(entry)
+        except QuorumLogError as error:
+            log.info("group coordinator: %s of %s not proposed: %s", kind, name, error)
+            return
+        self.changes_in_flight.add(key)
+
+        def done(completion: Completion[Any]) -> None:
+            self.changes_in_flight.discard(key)
+            if completion.exception() is None and isinstance(command, ExpireMembers):
+                log.info(
+                    "consumer group %s: removed silent members %s",
+                    name,
+                    ", ".join(command.member_ids),
+                )
+
+        future.add_done_callback(done)
+
+
+def make_entry(timestamp_ms: int, batches: list[list[GroupCommand]]) -> bytes:
+    return encode_entry(GroupEntry(timestamp_ms=timestamp_ms, batches=batches))
+
+
+def answer(reply: Replier, request_id: int, results: list[GroupResult]) -> None:
+    reply(wire.GroupCoordinatorResponse(request_id=request_id, results=encode_results(results)))
+
+
+__all__ = ["CHECK_INTERVAL_SECONDS_DEFAULT", "GroupCoordinatorService"]

@@ -1,0 +1,259 @@
+"""What the consumer-group coordinator knows and is asked: the commands of its log, the
+answers, and their encodings (msgspec MessagePack, never pickle).
+
+The protocol is Kafka's group protocol folded into one call: `JoinGroup` is both the join
+and the heartbeat. A member sends it every heartbeat interval with its subscription; the
+answer is the group's current generation and the member's assignment. A join that
+changes nothing (a heartbeat) is answered by the coordinator leader from its state without
+a log entry; a new member, a changed subscription or a changed partition count goes
+through the log and starts a new generation with a new assignment. The member learns it
+on its next call, drops (revokes) what it lost and starts reading what it gained.
+
+Commits carry the member id and the generation they were made in: the coordinator refuses
+a commit from a member it removed, from an older generation, or for a partition the
+member is not assigned (`CommitRefusal`), so a consumer fenced out of a group never moves
+an offset that a newer owner of the partition committed.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+from quorumlog.stream.assignors import ASSIGNOR_DEFAULT
+
+SESSION_TIMEOUT_MS_DEFAULT = 45_000
+"""Kafka 3.x's `session.timeout.ms`: a member silent this long is removed."""
+SESSION_TIMEOUT_MS_MIN = 100
+SESSION_TIMEOUT_MS_MAX = 30 * 60 * 1000
+NO_GENERATION = -1
+"""A commit made outside group membership (a consumer that assigns itself partitions);
+allowed only while the group has no members, as Kafka allows it."""
+
+
+class Refusal(enum.Enum):
+    """Why the coordinator refused a command (nothing changed)."""
+
+    UNKNOWN_MEMBER = "unknown_member"
+    """The member is not (or no longer) in the group: removed, expired or never joined."""
+    ILLEGAL_GENERATION = "illegal_generation"
+    """The commit was made in a generation the group has left behind."""
+    NOT_ASSIGNED = "not_assigned"
+    """The commit names a partition the member is not assigned in this generation."""
+    GROUP_NOT_EMPTY = "group_not_empty"
+    """Resetting offsets or deleting a group with live members, or committing to such a
+    group from outside it."""
+    UNKNOWN_GROUP = "unknown_group"
+    INCONSISTENT_ASSIGNOR = "inconsistent_assignor"
+    """A member asked for another assignor than the group's members use."""
+    BAD_REQUEST = "bad_request"
+
+
+COMMIT_REFUSALS = frozenset(
+    {
+        Refusal.UNKNOWN_MEMBER,
+        Refusal.ILLEGAL_GENERATION,
+        Refusal.NOT_ASSIGNED,
+        Refusal.GROUP_NOT_EMPTY,
+    }
+)
+
+
+class PartitionOffset(msgspec.Struct, frozen=True, array_like=True):
+    topic: str
+    partition: int
+    offset: int
+    """The next offset to read (as Kafka counts)."""
+
+
+class MemberInfo(msgspec.Struct, frozen=True):
+    member_id: str
+    client_id: str
+    topics: list[str]
+    session_timeout_ms: int
+    assignment: list[tuple[str, int]]
+
+
+class GroupInfo(msgspec.Struct, frozen=True):
+    """The coordinator's view of one group."""
+
+    group: str
+    generation: int
+    assignor: str
+    members: list[MemberInfo]
+    """Sorted by member id."""
+    offsets: list[PartitionOffset]
+    """Sorted by topic and partition."""
+
+    @property
+    def state(self) -> str:
+        """ "Stable" with members, "Empty" without (Kafka's names)."""
+        return "Stable" if self.members else "Empty"
+
+
+# --- commands ------------------------------------------------------------------------
+
+
+class JoinGroup(msgspec.Struct, frozen=True, array_like=True, tag="join"):
+    """Join, or heartbeat as, `member_id` (chosen by the client, so a retried join is the
+    same member). `partition_counts` is filled in by the coordinator leader from the
+    topics it knows; what a client sends there is ignored."""
+
+    group: str
+    member_id: str
+    client_id: str
+    topics: list[str]
+    session_timeout_ms: int = SESSION_TIMEOUT_MS_DEFAULT
+    assignor: str = ASSIGNOR_DEFAULT
+    partition_counts: dict[str, int] = {}
+
+
+class LeaveGroup(msgspec.Struct, frozen=True, array_like=True, tag="leave"):
+    group: str
+    member_id: str
+
+
+class ExpireMembers(msgspec.Struct, frozen=True, array_like=True, tag="expire"):
+    """The coordinator leader found these members silent past their session timeout."""
+
+    group: str
+    member_ids: list[str]
+
+
+class UpdatePartitions(msgspec.Struct, frozen=True, array_like=True, tag="partitions"):
+    """The coordinator leader saw a subscribed topic's partition count change."""
+
+    group: str
+    partition_counts: dict[str, int]
+
+
+class CommitOffsets(msgspec.Struct, frozen=True, array_like=True, tag="commit"):
+    group: str
+    member_id: str
+    """"" with `generation` NO_GENERATION: a commit from outside the group's membership."""
+    generation: int
+    offsets: list[PartitionOffset]
+
+
+class ResetOffsets(msgspec.Struct, frozen=True, array_like=True, tag="reset"):
+    """Set offsets as an operator asks (`quorumlog group reset-offsets`): only while the
+    group has no members."""
+
+    group: str
+    offsets: list[PartitionOffset]
+
+
+class DeleteGroup(msgspec.Struct, frozen=True, array_like=True, tag="delete"):
+    group: str
+
+
+class DescribeGroup(msgspec.Struct, frozen=True, array_like=True, tag="describe"):
+    """A read (behind a ReadIndex round, never logged)."""
+
+    group: str
+
+
+class ListGroups(msgspec.Struct, frozen=True, array_like=True, tag="list"):
+    pass
+
+
+GroupCommand = (
+    JoinGroup
+    | LeaveGroup
+    | ExpireMembers
+    | UpdatePartitions
+    | CommitOffsets
+    | ResetOffsets
+    | DeleteGroup
+    | DescribeGroup
+    | ListGroups
+)
+QUERY_TYPES: tuple[type, ...] = (DescribeGroup, ListGroups)
+
+
+class GroupResult(msgspec.Struct, frozen=True):
+    ok: bool
+    refusal: Refusal | None = None
+    error: str | None = None
+    generation: int = NO_GENERATION
+    assignment: list[tuple[str, int]] = []
+    """A join's answer: the member's partitions in `generation`."""
+    group: GroupInfo | None = None
+    groups: list[GroupInfo] | None = None
+
+
+def refused(refusal: Refusal, error: str) -> GroupResult:
+    return GroupResult(ok=False, refusal=refusal, error=error)
+
+
+# --- log entries ---------------------------------------------------------------------
+
+
+class GroupEntry(msgspec.Struct, frozen=True, array_like=True):
+    timestamp_ms: int
+    """The proposing leader's wall clock (kept for the record; no rule reads it)."""
+    batches: list[list[GroupCommand]]
+    """One batch per client request gathered into this entry."""
+
+
+_encoder = msgspec.msgpack.Encoder()
+_entry_decoder = msgspec.msgpack.Decoder(GroupEntry)
+_commands_decoder = msgspec.msgpack.Decoder(list[GroupCommand])
+_results_decoder = msgspec.msgpack.Decoder(list[GroupResult])
+
+
+def encode_entry(entry: GroupEntry) -> bytes:
+    return _encoder.encode(entry)
+
+
+def decode_entry(data: bytes) -> GroupEntry:
+    """Raises msgspec.DecodeError or ValidationError on bad bytes."""
+    return _entry_decoder.decode(data)
+
+
+def encode_commands(commands: list[GroupCommand]) -> bytes:
+    return _encoder.encode(commands)
+
+
+def decode_commands(data: bytes) -> list[GroupCommand]:
+    return _commands_decoder.decode(data)
+
+
+def encode_results(results: list[GroupResult]) -> bytes:
+    return _encoder.encode(results)
+
+
+def decode_results(data: bytes) -> list[GroupResult]:
+    return _results_decoder.decode(data)
+
+
+__all__ = [
+    "COMMIT_REFUSALS",
+    "NO_GENERATION",
+    "QUERY_TYPES",
+    "SESSION_TIMEOUT_MS_DEFAULT",
+    "CommitOffsets",
+    "DeleteGroup",
+    "DescribeGroup",
+    "ExpireMembers",
+    "GroupCommand",
+    "GroupEntry",
+    "GroupInfo",
+    "GroupResult",
+    "JoinGroup",
+    "LeaveGroup",
+    "ListGroups",
+    "MemberInfo",
+    "PartitionOffset",
+    "Refusal",
+    "ResetOffsets",
+    "UpdatePartitions",
+    "decode_commands",
+    "decode_entry",
+    "decode_results",
+    "encode_commands",
+    "encode_entry",
+    "encode_results",
+    "refused",
+]

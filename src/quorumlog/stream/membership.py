@@ -1,0 +1,193 @@
+"""A consumer's membership in its group: the join, the heartbeats, and the assignment the
+coordinator last gave it.
+
+Heartbeats run on the client's I/O loop (so a consumer busy between polls keeps its
+membership, as Kafka's heartbeat thread does); each answer holds the group's generation
+and this member's partitions. The user's thread picks the newest answer up in `poll`
+(`Membership.latest`), so the `on_revoke`/`on_assign` callbacks run there, never on the
+I/O thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import threading
+import uuid
+
+from quorumlog.errors import ClientError, GroupCoordinatorRefusedError
+from quorumlog.stream.assignors import ASSIGNORS, TopicPartition
+from quorumlog.stream.client_common import StreamTransport
+from quorumlog.stream.group_client import CoordinatorLink, refusal_error
+from quorumlog.stream.group_model import (
+    NO_GENERATION,
+    SESSION_TIMEOUT_MS_MAX,
+    SESSION_TIMEOUT_MS_MIN,
+    JoinGroup,
+    LeaveGroup,
+)
+
+log = logging.getLogger("quorumlog.consumer")
+
+HEARTBEAT_INTERVAL_SECONDS_DEFAULT = 3.0
+"""Kafka's `heartbeat.interval.ms`; keep it well under the session timeout (a third)."""
+TOPICS_REFRESH_SECONDS = 5.0
+"""How often a pattern subscription looks for new topics (Kafka's metadata.max.age is 5
+minutes; topics here are few and the list is one request)."""
+
+
+class Generation:
+    """One answer of the coordinator: the group's generation and this member's share."""
+
+    def __init__(self, generation: int, assignment: frozenset[TopicPartition]) -> None:
+        self.generation = generation
+        self.assignment = assignment
+
+
+class Membership:
+    """Lives on the I/O loop (everything but `latest`/`wait_for_change`, which any thread
+    may call)."""
+
+    def __init__(
+        self,
+        link: CoordinatorLink,
+        transport: StreamTransport,
+        group: str,
+        client_id: str,
+        session_timeout_ms: int,
+        heartbeat_interval_seconds: float,
+        assignor: str,
+    ) -> None:
+        if not SESSION_TIMEOUT_MS_MIN <= session_timeout_ms <= SESSION_TIMEOUT_MS_MAX:
+            raise ValueError(
+                f"session_timeout_ms is {SESSION_TIMEOUT_MS_MIN} to {SESSION_TIMEOUT_MS_MAX}, "
+                f"got {session_timeout_ms}"
+            )
+        if heartbeat_interval_seconds <= 0:
+            raise ValueError(
+                f"heartbeat_interval_seconds must be positive, got {heartbeat_interval_seconds}"
+            )
+        if assignor not in ASSIGNORS:
+            raise ValueError(f"the assignor is one of {', '.join(ASSIGNORS)}, not {assignor!r}")
+        self.link = link
+        self.transport = transport
+        self.group = group
+        self.client_id = client_id
+        self.member_id = f"{client_id}-{uuid.uuid4().hex[:12]}"
+        self.session_timeout_ms = session_timeout_ms
+        self.heartbeat_interval_seconds = heartbeat_interval_seconds
+        self.assignor = assignor
+        self.topics: list[str] = []
+        self.pattern: re.Pattern[str] | None = None
+        self.topics_refreshed_seconds = float("-inf")
+        self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
+        self.current = Generation(NO_GENERATION, frozenset())
+        self.failure: GroupCoordinatorRefusedError | None = None
+        """A refusal of the join that retrying cannot cure (a bad argument): poll raises it."""
+        self.task: asyncio.Task[None] | None = None
+        self.wake = asyncio.Event()
+        self.leaving = False
+
+    # --- any thread ---------------------------------------------------------------------
+
+    def latest(self) -> Generation:
+        with self.lock:
+            if self.failure is not None:
+                raise self.failure
+            return self.current
+
+    def wait_for_change(self, generation: int, timeout_seconds: float) -> None:
+        """Block up to `timeout_seconds` until an answer with another generation came."""
+        with self.changed:
+            self.changed.wait_for(
+                lambda: self.current.generation != generation or self.failure is not None,
+                timeout=max(timeout_seconds, 0.0),
+            )
+
+    # --- the I/O loop -------------------------------------------------------------------
+
+    async def subscribe(self, topics: list[str], pattern: re.Pattern[str] | None) -> None:
+        """Join with this subscription (the answer is awaited), then heartbeat."""
+        self.topics = sorted(set(topics))
+        self.pattern = pattern
+        self.leaving = False
+        self.topics_refreshed_seconds = float("-inf")
+        await self.heartbeat()
+        if self.task is None:
+            self.task = asyncio.ensure_future(self.heartbeat_forever())
+
+    async def heartbeat_forever(self) -> None:
+        loop = asyncio.get_running_loop()
+        while not self.leaving:
+            # Sleeping is the schedule here; `wake` cuts it short (a commit was fenced).
+            # Not asyncio.wait_for: on 3.11 it can swallow a cancellation that arrives as
+            # the event is set, and `leave` would then wait out a whole interval.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.heartbeat_interval_seconds):
+                    await self.wake.wait()
+            self.wake.clear()
+            if self.leaving:
+                return
+            started = loop.time()
+            try:
+                await self.heartbeat()
+            except ClientError as error:
+                log.info("group %s: heartbeat failed (%s); trying again", self.group, error)
+            if loop.time() - started > self.session_timeout_ms / 1000:
+                log.warning("group %s: a heartbeat took longer than the session", self.group)
+
+    async def heartbeat(self) -> None:
+        topics = await self.subscribed_topics()
+        command = JoinGroup(
+            self.group,
+            self.member_id,
+            self.client_id,
+            topics,
+            self.session_timeout_ms,
+            self.assignor,
+        )
+        result = await self.link.send(f"heartbeat of group {self.group}", command)
+        with self.changed:
+            if not result.ok:
+                self.failure = refusal_error(result, self.group)
+            elif result.generation != self.current.generation or (
+                frozenset(result.assignment) != self.current.assignment
+            ):
+                self.current = Generation(result.generation, frozenset(result.assignment))
+            self.changed.notify_all()
+
+    async def subscribed_topics(self) -> list[str]:
+        if self.pattern is None:
+            return self.topics
+        now = asyncio.get_running_loop().time()
+        if now - self.topics_refreshed_seconds >= TOPICS_REFRESH_SECONDS:
+            self.topics_refreshed_seconds = now
+            known = await self.transport.refresh_topics()
+            pattern = self.pattern
+            self.topics = sorted(name for name in known if pattern.fullmatch(name))
+        return self.topics
+
+    async def leave(self) -> None:
+        """Stop heartbeating and leave at once (the partitions go to others now, not after
+        a session timeout)."""
+        self.leaving = True
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+            self.task = None
+        if not self.topics and self.pattern is None:
+            return
+        with contextlib.suppress(ClientError):
+            await self.link.send(
+                f"leave group {self.group}", LeaveGroup(self.group, self.member_id)
+            )
+        with self.changed:
+            self.current = Generation(NO_GENERATION, frozenset())
+            self.changed.notify_all()
+
+
+__all__ = ["HEARTBEAT_INTERVAL_SECONDS_DEFAULT", "Generation", "Membership"]

@@ -1,0 +1,152 @@
+"""The consumer-group coordinator machine: deterministic apply, generations, fencing of
+commits, and the operator's refusals while a group has live members."""
+
+from __future__ import annotations
+
+import random
+
+from quorumlog.stream.group_coordinator import GroupCoordinatorMachine
+from quorumlog.stream.group_model import (
+    NO_GENERATION,
+    CommitOffsets,
+    DeleteGroup,
+    DescribeGroup,
+    ExpireMembers,
+    GroupCommand,
+    GroupEntry,
+    GroupResult,
+    JoinGroup,
+    LeaveGroup,
+    PartitionOffset,
+    Refusal,
+    ResetOffsets,
+    UpdatePartitions,
+    encode_entry,
+)
+
+
+class Log:
+    """A machine fed one command per entry, as the coordinator's log would."""
+
+    def __init__(self) -> None:
+        self.machine = GroupCoordinatorMachine()
+        self.index = 0
+
+    def run(self, command: GroupCommand) -> GroupResult:
+        self.index += 1
+        entry = encode_entry(GroupEntry(timestamp_ms=self.index, batches=[[command]]))
+        [[result]] = self.machine.apply(self.index, entry)
+        return result
+
+
+def join(member: str, topics: list[str] | None = None, partitions: int = 3) -> JoinGroup:
+    return JoinGroup(
+        "g", member, f"client-{member}", topics or ["t"], 10_000, partition_counts={"t": partitions}
+    )
+
+
+def test_two_members_split_three_partitions_and_the_survivor_takes_all() -> None:
+    log = Log()
+    first = log.run(join("a"))
+    assert first.ok and first.generation == 1
+    assert first.assignment == [("t", 0), ("t", 1), ("t", 2)]
+    second = log.run(join("b"))
+    assert second.generation == 2
+    heartbeat = log.run(join("a"))
+    assert heartbeat.generation == 2  # a heartbeat changes nothing
+    together = sorted(heartbeat.assignment + second.assignment)
+    assert together == [("t", 0), ("t", 1), ("t", 2)]
+    assert len(second.assignment) == 1  # sticky: a kept two of its three
+    assert log.run(ExpireMembers("g", ["b"])).generation == 3
+    assert log.run(join("a")).assignment == [("t", 0), ("t", 1), ("t", 2)]
+
+
+def test_commits_are_fenced_by_member_generation_and_assignment() -> None:
+    log = Log()
+    log.run(join("a"))
+    old = log.run(join("b"))
+    mine = old.assignment[0]
+    ok = log.run(CommitOffsets("g", "b", old.generation, [PartitionOffset(*mine, 10)]))
+    assert ok.ok
+    stale = log.run(CommitOffsets("g", "b", old.generation - 1, [PartitionOffset(*mine, 5)]))
+    assert stale.refusal is Refusal.ILLEGAL_GENERATION
+    theirs = log.run(join("a")).assignment[0]
+    foreign = log.run(CommitOffsets("g", "b", old.generation, [PartitionOffset(*theirs, 1)]))
+    assert foreign.refusal is Refusal.NOT_ASSIGNED
+    log.run(LeaveGroup("g", "b"))
+    removed = log.run(CommitOffsets("g", "b", old.generation, [PartitionOffset(*mine, 3)]))
+    assert removed.refusal is Refusal.UNKNOWN_MEMBER
+    outside = log.run(CommitOffsets("g", "", NO_GENERATION, [PartitionOffset(*mine, 3)]))
+    assert outside.refusal is Refusal.GROUP_NOT_EMPTY
+    info = log.run(DescribeGroup("g")).group
+    assert info is not None
+    assert [(o.topic, o.partition, o.offset) for o in info.offsets] == [(*mine, 10)]
+
+
+def test_reset_and_delete_are_refused_while_members_live() -> None:
+    log = Log()
+    log.run(join("a"))
+    assert log.run(ResetOffsets("g", [PartitionOffset("t", 0, 0)])).refusal is (
+        Refusal.GROUP_NOT_EMPTY
+    )
+    assert log.run(DeleteGroup("g")).refusal is Refusal.GROUP_NOT_EMPTY
+    log.run(LeaveGroup("g", "a"))
+    assert log.run(ResetOffsets("g", [PartitionOffset("t", 0, 4)])).ok
+    assert log.run(CommitOffsets("g", "", NO_GENERATION, [PartitionOffset("t", 1, 2)])).ok
+    assert log.run(DeleteGroup("g")).ok
+    assert log.run(DescribeGroup("g")).refusal is Refusal.UNKNOWN_GROUP
+
+
+def test_new_partitions_start_a_generation() -> None:
+    log = Log()
+    log.run(join("a", partitions=1))
+    assert log.run(UpdatePartitions("g", {"t": 1})).generation == 1
+    assert log.run(UpdatePartitions("g", {"t": 2})).generation == 2
+    assert log.run(join("a", partitions=2)).assignment == [("t", 0), ("t", 1)]
+
+
+def random_command(rng: random.Random) -> GroupCommand:
+    member = rng.choice("abcd")
+    group = rng.choice(["g", "h"])
+    kind = rng.randrange(6)
+    if kind == 0:
+        topics = rng.sample(["t", "u"], rng.randint(1, 2))
+        counts = {"t": rng.randint(0, 4), "u": rng.randint(0, 4)}
+        assignor = rng.choice(["range", "cooperative-sticky"])
+        return JoinGroup(group, member, "c", topics, 10_000, assignor, counts)
+    if kind == 1:
+        return LeaveGroup(group, member)
+    if kind == 2:
+        return ExpireMembers(group, [member, rng.choice("abcd")])
+    if kind == 3:
+        return UpdatePartitions(group, {"t": rng.randint(0, 4)})
+    offsets = [PartitionOffset("t", rng.randint(0, 3), rng.randint(0, 100))]
+    if kind == 4:
+        return CommitOffsets(group, member, rng.randint(-1, 6), offsets)
+    return ResetOffsets(group, offsets)
+
+
+def test_apply_is_deterministic_and_snapshots_round_trip() -> None:
+    for seed in range(20):
+        rng = random.Random(seed)
+        commands = [random_command(rng) for _ in range(60)]
+        one, two = Log(), Log()
+        for command in commands:
+            assert one.run(command) == two.run(command), f"seed {seed}"
+        assert one.machine.snapshot() == two.machine.snapshot()
+        restored = GroupCoordinatorMachine()
+        restored.restore(one.machine.snapshot())
+        assert restored.snapshot() == one.machine.snapshot()
+        assert restored.list_groups() == one.machine.list_groups()
+        for state in one.machine.groups.values():
+            owned = [p for m in state.members.values() for p in m.assignment]
+            assert len(owned) == len(set(owned)), f"seed {seed}"
+
+
+def test_an_entry_already_in_the_state_is_skipped() -> None:
+    log = Log()
+    log.run(join("a"))
+    entry = encode_entry(GroupEntry(timestamp_ms=0, batches=[[join("b")]]))
+    assert log.machine.apply(1, entry) == []
+    info = log.machine.group_info("g")
+    assert info is not None and [m.member_id for m in info.members] == ["a"]
