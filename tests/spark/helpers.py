@@ -20,12 +20,18 @@ def produce_values(
     endpoints: str, topic: str, partition: int, values: list[bytes], chunk: int = 500
 ) -> None:
     """Append `values` (as records without key) to one partition, in order."""
+    produce_records(endpoints, topic, partition, [Record(value=value) for value in values], chunk)
+
+
+def produce_records(
+    endpoints: str, topic: str, partition: int, records: list[Record], chunk: int = 500
+) -> None:
+    """Append `records` to one partition, in order, `chunk` to a batch."""
     producer_id = f"test-{uuid.uuid4().hex}"
     with ClusterAccess(ConnectionOptions(endpoints.split(","), timeout_seconds=10)) as access:
         access.list_topics()
-        for start in range(0, len(values), chunk):
-            records = [Record(value=value) for value in values[start : start + chunk]]
-            access.produce((topic, partition), producer_id, start, records)
+        for start in range(0, len(records), chunk):
+            access.produce((topic, partition), producer_id, start, records[start : start + chunk])
 
 
 def read_topic(endpoints: str, topic: str) -> dict[int, list[Record]]:
