@@ -6,6 +6,7 @@ import itertools
 import uuid
 
 from quorumlog.codec.wire import Record, decode_record_batch
+from quorumlog.kv.connection import CLUSTER_ID_DEFAULT
 from quorumlog.spark.cluster import ClusterAccess
 from quorumlog.spark.options import ConnectionOptions
 
@@ -34,9 +35,12 @@ def produce_records(
             access.produce((topic, partition), producer_id, start, records[start : start + chunk])
 
 
-def read_topic(endpoints: str, topic: str) -> dict[int, list[Record]]:
+def read_topic(
+    endpoints: str, topic: str, cluster_id: str = CLUSTER_ID_DEFAULT
+) -> dict[int, list[Record]]:
     """Every record of every partition of `topic`, in offset order, per partition."""
-    with ClusterAccess(ConnectionOptions(endpoints.split(","), timeout_seconds=10)) as access:
+    connection = ConnectionOptions(endpoints.split(","), cluster_id, timeout_seconds=10)
+    with ClusterAccess(connection) as access:
         descriptor = access.describe_topics([topic], "topic")[topic]
         found: dict[int, list[Record]] = {}
         for partition in range(descriptor.settings.partitions):
