@@ -93,7 +93,7 @@ class SparkStandalone:
 
     def launch(self, name: str, arguments: list[str]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path(name), "ab") as log_file:
+        with open(self.log_path(name), "wb") as log_file:  # a fresh log: its URL is read
             self.processes[name] = subprocess.Popen(
                 [str(spark_home() / "bin" / "spark-class"), *arguments],
                 stdin=subprocess.DEVNULL,
