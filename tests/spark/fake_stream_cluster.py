@@ -2,10 +2,11 @@
 wire protocol, for Spark tests that need no real cluster.
 
 It keeps each partition as a list of log entries (encoded RecordBatches, as the real log
-holds them), assigns offsets on append, deduplicates Produce by (producer id, topic
-partition, sequence), answers Fetch with whole entries from the one holding the asked
-offset, and refuses offsets outside [begin, end) with OUT_OF_RANGE. Tests can remove a
-partition's head (retention) and count Produce requests. It runs on its own event loop in
+holds them), assigns offsets on append, decides each Produce with the partitions' own
+`admit_batch` (duplicates, gaps and straddling batches as a real partition does), answers
+Fetch with whole entries from the one holding the asked offset, and refuses offsets
+outside [begin, end) with OUT_OF_RANGE. Tests can remove a partition's head (retention)
+and count Produce requests (and those refused as out of order). It runs on its own event loop in
 a thread, listening on a loopback port the OS picks; Spark's Python workers dial it like a
 real node.
 """
@@ -16,11 +17,19 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from quorumlog.codec import wire
 from quorumlog.codec.frame import FrameDecoder, encode_frame
+from quorumlog.stream.partition import (
+    PRODUCER_COUNT_MAX_DEFAULT,
+    OutOfOrderSequenceError,
+    ProduceOutcome,
+    ProducerState,
+    admit_batch,
+)
 from quorumlog.stream.topics import encode_descriptor, topic_key
 
 NODE_ID = "n1"
@@ -32,19 +41,28 @@ class FakePartition:
         """(base offset, encoded batch, record count), in offset order."""
         self.begin = 0
         self.end = 0
-        self.sequences: dict[str, int] = {}
-        """Next expected sequence per producer id."""
+        self.producers: OrderedDict[str, ProducerState] = OrderedDict()
+        self.out_of_order = 0
+        """Produce requests refused as out of order (a gap, or a batch straddling what the
+        producer sent before)."""
 
     def append(self, produce: wire.Produce) -> wire.Frame:
-        expected = self.sequences.get(produce.producer_id, 0)
-        if produce.base_sequence < expected:
-            return wire.ProduceResult(produce.request_id, -1, len(produce.records), True)
-        if produce.base_sequence > expected:
-            return wire.ErrorResponse(
-                produce.request_id,
-                wire.ErrorCode.BAD_REQUEST,
-                f"sequence {produce.base_sequence} of {produce.producer_id}: expected {expected}",
-            )
+        count = len(produce.records)
+        outcome = admit_batch(
+            self.producers,
+            produce.producer_id,
+            produce.base_sequence,
+            count,
+            self.end,
+            PRODUCER_COUNT_MAX_DEFAULT,
+        )
+        if isinstance(outcome, OutOfOrderSequenceError):
+            self.out_of_order += 1
+            return wire.ErrorResponse(produce.request_id, wire.ErrorCode.OUT_OF_RANGE, str(outcome))
+        if not isinstance(outcome, ProduceOutcome):
+            return wire.ErrorResponse(produce.request_id, wire.ErrorCode.INTERNAL, str(outcome))
+        if outcome.duplicate:
+            return wire.ProduceResult(produce.request_id, outcome.base_offset, count, True)
         batch = wire.RecordBatch(
             producer_id=produce.producer_id,
             base_sequence=produce.base_sequence,
@@ -54,7 +72,6 @@ class FakePartition:
         base_offset = self.end
         self.entries.append((base_offset, wire.encode_record_batch(batch), len(produce.records)))
         self.end += len(produce.records)
-        self.sequences[produce.producer_id] = expected + len(produce.records)
         return wire.ProduceResult(produce.request_id, base_offset, len(produce.records))
 
     def fetch(self, fetch: wire.Fetch) -> wire.Frame:
@@ -148,6 +165,10 @@ class FakeStreamCluster:
     def remove_before(self, topic: str, partition: int, offset: int) -> None:
         with self.lock:
             self.partitions[(topic, partition)].remove_before(offset)
+
+    def out_of_order(self, topic: str, partition: int) -> int:
+        with self.lock:
+            return self.partitions[(topic, partition)].out_of_order
 
     def end_offset(self, topic: str, partition: int) -> int:
         with self.lock:

@@ -51,7 +51,7 @@ def test_source_defaults_follow_kafka() -> None:
     [
         ({"topic": ""}, False, "'topic'"),
         ({"topic": "a,b"}, False, "use 'subscribe'"),
-        ({"subscribe": "a"}, False, "not both"),
+        ({"subscribe": "a"}, False, "give only one of topic, subscribe"),
         ({"startingOffsets": "latest"}, False, "'startingOffsets': 'latest' is not allowed"),
         ({"endingOffsets": "latest"}, True, "'endingOffsets': applies only to batch"),
         ({"maxOffsetsPerTrigger": "0"}, True, "'maxOffsetsPerTrigger': must be at least 1"),

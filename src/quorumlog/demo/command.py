@@ -30,7 +30,16 @@ DEFAULT_DEMO_DIR = ".quorumlog-demo"
     help="How many flights to stream (the first N rows of the table).",
 )
 @click.option("--keep-cluster", is_flag=True, help="Leave the cluster running at the end.")
-def demo_command(directory: Path, records: int, keep_cluster: bool) -> None:
+@click.option(
+    "--spark-master",
+    default=None,
+    metavar="URL",
+    help="Run the Spark job on this cluster (spark://host:port of a standalone master) "
+    "instead of in this process (local[2]).",
+)
+def demo_command(
+    directory: Path, records: int, keep_cluster: bool, spark_master: str | None
+) -> None:
     """The main job, end to end: a local 3-node cluster, the NYC flights of 2013 streamed
     into a topic while a partition leader is killed, a Spark Structured Streaming job that
     aggregates them into the KV and a topic, and a check that each record counted once.
@@ -39,6 +48,11 @@ def demo_command(directory: Path, records: int, keep_cluster: bool) -> None:
     require_extra_for_command("demo", "quorumlog demo")
     from quorumlog.demo.main import DemoSettings, run_demo
 
-    settings = DemoSettings(directory=directory, records=records, keep_cluster=keep_cluster)
+    settings = DemoSettings(
+        directory=directory,
+        records=records,
+        keep_cluster=keep_cluster,
+        spark_master=spark_master,
+    )
     if not run_demo(settings):
         sys.exit(1)

@@ -65,6 +65,8 @@ class DemoSettings:
     directory: Path
     records: int = FLIGHT_COUNT
     keep_cluster: bool = False
+    spark_master: str | None = None
+    """A Spark master URL (spark://host:port) to run the job on; None: local[2]."""
 
 
 @dataclass
@@ -139,6 +141,7 @@ class DemoRun:
             self.directory / SPARK_LOG_FILE,
             self.clock,
             ClusterConnection(self.cluster.endpoints, CLUSTER_ID),
+            self.settings.spark_master,
         )
         with self.clock.stage("load dataset") as stage:
             records = encode_flights(read_flights(self.settings.records))

@@ -79,14 +79,23 @@ STREAM_SOURCE_FORMAT = "quorumlog"
 # --- the session ---------------------------------------------------------------------------
 
 
-def build_spark_session(app_name: str = "quorumlog-demo", cores: int = 2) -> SparkSession:
-    """A quiet, small local session: no UI, no console progress bars, few shuffle partitions.
+def build_spark_session(
+    app_name: str = "quorumlog-demo", cores: int = 2, master: str | None = None
+) -> SparkSession:
+    """A quiet, small session: no UI, no console progress bars, few shuffle partitions.
 
-    The JVM runs its JIT at tier 1 only: this job is short, and on a small machine the
-    full (C2) compiler spends more CPU compiling than it saves, doubling start-up."""
+    `master`: a cluster's master URL (spark://host:port for a standalone cluster), whose
+    executors take at most `cores` cores in all; None runs Spark in this process
+    (local[cores]). The JVM runs its JIT at tier 1 only: this job is short, and on a
+    small machine the full (C2) compiler spends more CPU compiling than it saves,
+    doubling start-up."""
+    builder = SparkSession.builder.master(master or f"local[{cores}]")
+    if master is not None:
+        builder = builder.config("spark.cores.max", str(cores)).config(
+            "spark.executor.extraJavaOptions", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+        )
     spark = (
-        SparkSession.builder.master(f"local[{cores}]")
-        .appName(app_name)
+        builder.appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", str(cores))

@@ -42,8 +42,15 @@ class SparkStarter:
     tens of seconds on its first use of each path; here that happens while the flights
     stream in. `ready()` waits for all of it."""
 
-    def __init__(self, log_path: Path, clock: StageClock, connection: ClusterConnection) -> None:
+    def __init__(
+        self,
+        log_path: Path,
+        clock: StageClock,
+        connection: ClusterConnection,
+        master: str | None = None,
+    ) -> None:
         self.log_path = log_path
+        self.master = master
         self.clock = clock
         self.connection = connection
         self.spark: SparkSession | None = None
@@ -62,8 +69,8 @@ class SparkStarter:
         try:
             self.phase = "starting the JVM and the session"
             with self.clock.stage("start Spark", overlapped=True) as stage:
-                spark = self.spark = start_spark(self.log_path)
-                stage.detail = f"local[2], its log in {self.log_path}"
+                spark = self.spark = start_spark(self.log_path, self.master)
+                stage.detail = f"{self.master or 'local[2]'}, its log in {self.log_path}"
             self.cluster_ready.wait()
             if self.abandoned:
                 return
@@ -113,7 +120,10 @@ class SparkStarter:
             self.spark = None
 
 
-def start_spark(log_path: Path) -> SparkSession:
+def start_spark(log_path: Path, master: str | None = None) -> SparkSession:
+    """A session in this process (local), or the driver of an application on `master`:
+    its executors must reach the cluster's endpoints and find this Python environment
+    (PYSPARK_PYTHON) on their machines, as they do on this one."""
     quiet_spark_warnings()
     # Loopback only: the job is local, and Spark warns when the hostname is a loopback name.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -123,7 +133,7 @@ def start_spark(log_path: Path) -> SparkSession:
     import quorumlog.spark
 
     with stderr_to(log_path):
-        spark = pipeline.build_spark_session()
+        spark = pipeline.build_spark_session(master=master)
     quorumlog.spark.register(spark)
     return spark
 

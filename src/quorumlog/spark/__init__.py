@@ -8,7 +8,7 @@
         .option("endpoints", "127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003")
         .option("topic", "events")
         .load()
-    )  # key, value, topic, partition, offset, timestamp, timestampType, headers
+    )  # key, value, topic, partition, offset, timestamp, timestampType (+ headers)
 
 Formats: `quorumlog` (batch and streaming reads and writes of topics, with the Kafka
 source's schema and option names; see `options.py`) and `quorumlog-kv` (the replicated
@@ -32,12 +32,17 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from quorumlog.spark.arrow import SPARK_SCHEMA
+from quorumlog.spark.arrow import source_schema
 from quorumlog.spark.batch_source import QuorumLogBatchReader
 from quorumlog.spark.cluster import ClusterAccess
 from quorumlog.spark.errors import DataLossError, OptionError
 from quorumlog.spark.kv_source import QuorumLogTableSource
-from quorumlog.spark.options import SinkOptions, parse_sink_options, parse_source_options
+from quorumlog.spark.options import (
+    SinkOptions,
+    parse_include_headers,
+    parse_sink_options,
+    parse_source_options,
+)
 from quorumlog.spark.sink import QuorumLogBatchWriter, QuorumLogStreamWriter, check_sink_schema
 from quorumlog.spark.stream_source import QuorumLogStreamReader
 
@@ -58,7 +63,8 @@ class QuorumLogSource(DataSource):
         return "quorumlog"
 
     def schema(self) -> StructType:
-        return SPARK_SCHEMA
+        """Kafka's source schema; the `headers` column only with includeHeaders true."""
+        return source_schema(parse_include_headers(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return QuorumLogBatchReader(parse_source_options(self.options, streaming=False))

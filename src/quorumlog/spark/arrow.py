@@ -5,6 +5,9 @@ The read schema is the Kafka source's, so users' habits carry over:
     key binary, value binary, topic string, partition int, offset bigint,
     timestamp timestamp, timestampType int, headers array<struct<key string, value binary>>
 
+The `headers` column is there only with the option `includeHeaders` true, as in Kafka
+(`SPARK_SCHEMA` has it, `SPARK_SCHEMA_WITHOUT_HEADERS` not).
+
 `timestampType` is 0 when the producer set the record's time (Kafka's CreateTime) and 1
 when the partition leader stamped it on append (LogAppendTime). `headers` is null for a
 record without headers, as in Kafka.
@@ -72,6 +75,14 @@ ARROW_SCHEMA = pa.schema(
         ("headers", pa.list_(HEADER_ARROW_TYPE)),
     ]
 )
+
+SPARK_SCHEMA_WITHOUT_HEADERS = StructType(SPARK_SCHEMA.fields[:-1])
+ARROW_SCHEMA_WITHOUT_HEADERS = ARROW_SCHEMA.remove(ARROW_SCHEMA.get_field_index("headers"))
+
+
+def source_schema(include_headers: bool) -> StructType:
+    return SPARK_SCHEMA if include_headers else SPARK_SCHEMA_WITHOUT_HEADERS
+
 
 TABLE_SPARK_SCHEMA = StructType(
     [StructField("key", StringType(), True), StructField("value", StringType(), True)]
@@ -175,9 +186,10 @@ class RecordColumns:
     carry headers (rare, converted one by one).
     """
 
-    def __init__(self, topic: str, partition: int) -> None:
+    def __init__(self, topic: str, partition: int, include_headers: bool = True) -> None:
         self.topic = topic
         self.partition = partition
+        self.include_headers = include_headers
         self.clear()
 
     def clear(self) -> None:
@@ -212,24 +224,26 @@ class RecordColumns:
         return self.count >= rows_max or self.encoded_bytes >= bytes_max
 
     def take(self) -> pa.RecordBatch:
-        """Everything gathered so far as one Arrow batch (ARROW_SCHEMA); starts afresh."""
+        """Everything gathered so far as one Arrow batch (ARROW_SCHEMA, or without the
+        headers column unless they are included); starts afresh."""
         count = self.count
         records = list(chain.from_iterable(run.records for run in self.runs))
         require(len(records) == count, "gathered %d records, counted %d", len(records), count)
         timestamps, timestamp_types = self.timestamp_columns()
-        batch = pa.RecordBatch.from_arrays(
-            [
-                key_column(records),
-                binary_array(list(map(value_of, records))),
-                repeated_string(self.topic, count),
-                pa.repeat(pa.scalar(self.partition, pa.int32()), count),
-                pa.array(self.offset_column(), pa.int64()),
-                timestamps,
-                timestamp_types,
-                headers_column(records),
-            ],
-            schema=ARROW_SCHEMA,
-        )
+        columns = [
+            key_column(records),
+            binary_array(list(map(value_of, records))),
+            repeated_string(self.topic, count),
+            pa.repeat(pa.scalar(self.partition, pa.int32()), count),
+            pa.array(self.offset_column(), pa.int64()),
+            timestamps,
+            timestamp_types,
+        ]
+        schema = ARROW_SCHEMA_WITHOUT_HEADERS
+        if self.include_headers:
+            columns.append(headers_column(records))
+            schema = ARROW_SCHEMA
+        batch = pa.RecordBatch.from_arrays(columns, schema=schema)
         self.clear()
         return batch
 

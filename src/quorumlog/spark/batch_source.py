@@ -1,7 +1,8 @@
 """Batch reads: `spark.read.format("quorumlog")`.
 
-The driver resolves `startingOffsets` / `endingOffsets` against each partition's bounds
-once, splits every partition's [start, end) into offset ranges of at most
+The driver resolves where to start and end (`startingOffsets` / `endingOffsets`, or the
+time options) against each partition's bounds once, splits every partition's
+[start, end) into offset ranges of at most
 `maxRecordsPerPartition` records (more, smaller ones if `minPartitions` asks for more),
 and each range becomes one Spark task that fetches exactly its offsets and hands them over
 as Arrow batches. `read_range` is shared with the streaming source.
@@ -22,7 +23,15 @@ from quorumlog.errors import UnavailableError
 from quorumlog.spark.arrow import RecordColumns, StoredRecordBatch, decode_stored_batch
 from quorumlog.spark.cluster import ClusterAccess
 from quorumlog.spark.errors import DataLossError, OptionError
-from quorumlog.spark.offsets import PartitionBounds, PartitionOffsets, TopicPartition, resolve_spec
+from quorumlog.spark.offsets import (
+    OffsetSpec,
+    PartitionBounds,
+    PartitionOffsets,
+    TopicPartition,
+    resolve_found_times,
+    resolve_spec,
+    times_to_search,
+)
 from quorumlog.spark.options import SourceOptions
 from quorumlog.stream.client_common import OffsetOutOfRangeError
 
@@ -125,6 +134,7 @@ class FetchSettings:
         self.fail_on_data_loss = options.fail_on_data_loss
         self.fetch_records_max = options.fetch_records_max
         self.fetch_bytes_max = options.fetch_bytes_max
+        self.include_headers = options.include_headers
 
 
 def read_range(
@@ -136,7 +146,7 @@ def read_range(
     the node serves it while this task turns the answer into Arrow columns and Spark
     takes them."""
     key = offset_range.topic_partition
-    columns = RecordColumns(offset_range.topic, offset_range.partition)
+    columns = RecordColumns(offset_range.topic, offset_range.partition, settings.include_headers)
     offset, end = offset_range.start, offset_range.end
     if offset >= end:
         return
@@ -254,17 +264,36 @@ class QuorumLogBatchReader(DataSourceReader):
 def resolve_batch_offsets(
     access: ClusterAccess, options: SourceOptions
 ) -> tuple[PartitionOffsets, PartitionOffsets]:
-    """Exact (starts, ends) for every partition of the topics read, checked."""
-    keys = access.topic_partitions(options.topics, options.topic_option)
+    """Exact (starts, ends) for every partition read, checked."""
+    keys = access.selected_partitions(options.selection)
     bounds = access.bounds_of(keys)
-    starts = resolve_spec(options.starting, bounds, "startingOffsets")
-    ends = resolve_spec(options.ending, bounds, "endingOffsets")
+    starts = resolve_offsets(
+        access, options.starting, bounds, options.starting_option, options.starting_none_found
+    )
+    # An ending time that no record reaches means latest, as in Kafka.
+    ends = resolve_offsets(access, options.ending, bounds, options.ending_option, "latest")
     starts = check_data_loss(starts, bounds, options.fail_on_data_loss)
     for key in keys:
         if starts[key] > ends[key]:
             topic, partition = key
             raise OptionError(
-                "startingOffsets",
-                f"{topic}/{partition}: starts at {starts[key]}, after endingOffsets {ends[key]}",
+                options.starting_option,
+                f"{topic}/{partition}: starts at {starts[key]}, after the end {ends[key]} "
+                f"({options.ending_option})",
             )
     return starts, ends
+
+
+def resolve_offsets(
+    access: ClusterAccess,
+    spec: OffsetSpec,
+    bounds: Mapping[TopicPartition, PartitionBounds],
+    option: str,
+    none_found: str,
+) -> PartitionOffsets:
+    """Exact offsets for every partition of `bounds`: by offset, or by searching times."""
+    if not spec.by_time:
+        return resolve_spec(spec, bounds, option)
+    times_ms = times_to_search(spec, bounds, option)
+    found = access.offsets_for_times(times_ms, dict(bounds))
+    return resolve_found_times(found, times_ms, bounds, option, none_found)

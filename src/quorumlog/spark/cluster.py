@@ -24,8 +24,10 @@ from quorumlog.errors import ClientError, UnavailableError
 from quorumlog.spark.errors import OptionError
 from quorumlog.spark.offsets import PartitionBounds, TopicPartition
 from quorumlog.spark.options import ConnectionOptions
+from quorumlog.spark.topic_selection import TopicSelection
 from quorumlog.stream.client_common import BlockingClient, TopicNotFoundError, leader_status
 from quorumlog.stream.consumer import fetch
+from quorumlog.stream.offsets_for_times import offset_for_time
 
 BOUNDS_CONCURRENCY_MAX = 64
 """Partition status requests in flight at once while planning."""
@@ -119,6 +121,34 @@ class ClusterAccess(BlockingClient):
             for partition in range(described[topic].settings.partitions)
         ]
 
+    def selected_partitions(self, selection: TopicSelection) -> list[TopicPartition]:
+        """The partitions `selection` reads now, sorted; OptionError naming its option for
+        a topic (or assigned partition) that does not exist. A pattern that matches no
+        topic selects nothing, as in Kafka (a stream waits for one to appear)."""
+        if selection.pattern is not None:
+            listed = self.list_topics()
+            return sorted(
+                (topic, partition)
+                for topic, descriptor in listed.items()
+                if selection.matches(topic)
+                for partition in range(descriptor.settings.partitions)
+            )
+        described = self.describe_topics(selection.topics, selection.option)
+        if not selection.assigned:
+            return sorted(
+                (topic, partition)
+                for topic in selection.topics
+                for partition in range(described[topic].settings.partitions)
+            )
+        missing = [
+            f"{topic}/{partition}"
+            for topic, partition in selection.assigned
+            if partition >= described[topic].settings.partitions
+        ]
+        if missing:
+            raise OptionError(selection.option, f"no such partitions: {', '.join(missing)}")
+        return list(selection.assigned)
+
     # --- partitions ---------------------------------------------------------------------
 
     def bounds(self, topic_partition: TopicPartition) -> PartitionBounds:
@@ -144,6 +174,31 @@ class ClusterAccess(BlockingClient):
             key: PartitionBounds(status.begin_offset, status.end_offset)
             for key, status in zip(topic_partitions, statuses, strict=True)
         }
+
+    def offsets_for_times(
+        self,
+        times_ms: dict[TopicPartition, int],
+        bounds: dict[TopicPartition, PartitionBounds],
+    ) -> dict[TopicPartition, int | None]:
+        """For each partition, the earliest offset whose record time is at or after its
+        time (None: every record is older); partitions searched concurrently."""
+        keys = sorted(times_ms)
+        found = self.run(
+            gather_bounded(
+                [
+                    offset_for_time(
+                        self.transport,
+                        topic,
+                        partition,
+                        times_ms[(topic, partition)],
+                        (bounds[(topic, partition)].begin, bounds[(topic, partition)].end),
+                    )
+                    for topic, partition in keys
+                ],
+                BOUNDS_CONCURRENCY_MAX,
+            )
+        )
+        return dict(zip(keys, found, strict=True))
 
     def fetch(
         self, topic_partition: TopicPartition, offset: int, records_max: int, bytes_max: int

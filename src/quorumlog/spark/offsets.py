@@ -34,12 +34,21 @@ class PartitionBounds(msgspec.Struct, frozen=True):
 
 
 class OffsetSpec(msgspec.Struct, frozen=True):
-    """A user's `startingOffsets` / `endingOffsets`: "earliest", "latest" or per partition."""
+    """Where a read starts or ends: "earliest", "latest", per partition, or by time."""
 
     kind: str
-    """"earliest", "latest" or "specific"."""
+    """"earliest", "latest", "specific" (`startingOffsets` JSON), "timestamp" (one time
+    for every partition: `startingTimestamp`) or "timestamps" (a time per partition:
+    `startingOffsetsByTimestamp`); the same for the ending options."""
     specific: PartitionOffsets = {}
-    """For "specific": an offset (or EARLIEST / LATEST) for every partition."""
+    """For "specific": an offset (or EARLIEST / LATEST) for every partition; for
+    "timestamps": a time in milliseconds since the epoch for every partition."""
+    timestamp_ms: int = 0
+    """For "timestamp": the time for every partition."""
+
+    @property
+    def by_time(self) -> bool:
+        return self.kind in ("timestamp", "timestamps")
 
 
 def parse_offset_spec(
@@ -109,6 +118,28 @@ def parse_partition(text: str, topic: str, option: str) -> int:
     return int(text)
 
 
+def parse_timestamp(text: str, option: str) -> OffsetSpec:
+    """`startingTimestamp` / `endingTimestamp`: milliseconds since the epoch."""
+    try:
+        timestamp_ms = int(text.strip())
+    except ValueError:
+        raise OptionError(
+            option, f"{text!r} is not a time in milliseconds since the epoch"
+        ) from None
+    if timestamp_ms < 0:
+        raise OptionError(option, f"a time is not negative, got {timestamp_ms}")
+    return OffsetSpec(kind="timestamp", timestamp_ms=timestamp_ms)
+
+
+def parse_timestamps_json(text: str, option: str) -> OffsetSpec:
+    """`startingOffsetsByTimestamp` / `endingOffsetsByTimestamp`: {"t": {"0": 1700000000000}}."""
+    times = parse_offsets_json(text, option)
+    for (topic, partition), timestamp_ms in times.items():
+        if timestamp_ms < 0:
+            raise OptionError(option, f"{topic}/{partition}: a time is not negative")
+    return OffsetSpec(kind="timestamps", specific=times)
+
+
 # --- the streaming offset form ------------------------------------------------------------
 
 
@@ -168,6 +199,44 @@ def resolve_spec(
             )
         else:
             resolved[key] = offset
+    return resolved
+
+
+def times_to_search(
+    spec: OffsetSpec, bounds: Mapping[TopicPartition, PartitionBounds], option: str
+) -> PartitionOffsets:
+    """The time to look up in each partition of `bounds`, for a by-time `spec` (whose
+    JSON, as `startingOffsets` JSON, must name exactly the partitions read)."""
+    if spec.kind == "timestamp":
+        return {key: spec.timestamp_ms for key in bounds}
+    check_same_partitions(spec.specific, bounds, option)
+    return dict(spec.specific)
+
+
+def resolve_found_times(
+    found: Mapping[TopicPartition, int | None],
+    times_ms: Mapping[TopicPartition, int],
+    bounds: Mapping[TopicPartition, PartitionBounds],
+    option: str,
+    none_found: str,
+) -> PartitionOffsets:
+    """Exact offsets from what the time search found in each partition. Where every record
+    is older than the time (nothing found): the partition's end when `none_found` is
+    "latest", else an OptionError naming `option`, as Kafka's default strategy "error"."""
+    resolved: PartitionOffsets = {}
+    for key, bound in bounds.items():
+        offset = found[key]
+        if offset is None:
+            if none_found != "latest":
+                topic, partition = key
+                raise OptionError(
+                    option,
+                    f"{topic}/{partition} has no record at or after time {times_ms[key]} "
+                    "(to start such partitions at their end, set "
+                    "startingOffsetsByTimestampStrategy to latest)",
+                )
+            offset = bound.end
+        resolved[key] = offset
     return resolved
 
 

@@ -10,16 +10,31 @@ Source options (`spark.read` / `spark.readStream`):
 | option | value | default |
 |---|---|---|
 | endpoints | "host:port,host:port,..." | env QUORUMLOG_ENDPOINTS |
-| topic / subscribe | one topic / comma-separated topics | required (one of them) |
+| topic, subscribe, subscribePattern, assign | what to read (topic_selection.py) | one |
 | startingOffsets | earliest, latest, or {"t":{"0":23,"1":-2}} | batch earliest, stream latest |
+| startingTimestamp | ms since the epoch, for every partition | none |
+| startingOffsetsByTimestamp | {"t":{"0":1700000000000}} | none |
+| startingOffsetsByTimestampStrategy | error / latest: where no record is that new | error |
 | endingOffsets | latest or JSON (batch only) | latest |
+| endingTimestamp / endingOffsetsByTimestamp | as the starting ones (batch only) | none |
 | maxOffsetsPerTrigger | records per micro-batch, over all partitions (stream only) | none |
+| minOffsetsPerTrigger | records to wait for before a micro-batch (stream only) | none |
+| maxTriggerDelay | how long to wait for them at most: 500ms, 30s, 15m, 1h | 15m |
 | failOnDataLoss | true / false | true |
-| minPartitions | at least this many Spark partitions | one per topic partition |
+| includeHeaders | true: a `headers` column (Kafka's schema) | false |
+| minPartitions | at least this many Spark partitions (batch and stream) | one per topic partition |
 | maxRecordsPerPartition | at most this many records per Spark partition | 1000000 |
 | fetchRecordsMax / fetchBytesMax | per Fetch request | 10000 / 4 MiB |
 | clusterId, timeoutMs | handshake cluster id; per-request deadline | quorumlog, 30000 |
 | user, password | with auth on: who reads or writes | env QUORUMLOG_USER, _PASSWORD |
+
+As in Kafka, a time option wins over the offsets one (startingTimestamp, then
+startingOffsetsByTimestamp, then startingOffsets; the same for the ending ones), and a
+time finds in each partition the earliest offset whose record time is at or after it
+(stream/offsets_for_times.py); an ending time where none is found means latest. Times
+apply when a stream starts afresh; a restarted stream goes on from its checkpoint.
+Kafka client spellings (`kafka.bootstrap.servers`, ...) are read as ours with a warning
+(kafka_names.py).
 
 Sink options: endpoints, topic (else a `topic` column), clusterId, timeoutMs, user,
 password. KV table options: endpoints, startKey, endKey, pageSize, stale, clusterId,
@@ -36,7 +51,18 @@ import msgspec
 
 from quorumlog.kv.connection import CLUSTER_ID_DEFAULT, parse_endpoints
 from quorumlog.spark.errors import OptionError
-from quorumlog.spark.offsets import OffsetSpec, parse_offset_spec
+from quorumlog.spark.kafka_names import kafka_hint, read_kafka_spellings
+from quorumlog.spark.offsets import (
+    OffsetSpec,
+    parse_offset_spec,
+    parse_timestamp,
+    parse_timestamps_json,
+)
+from quorumlog.spark.topic_selection import (
+    SELECTION_OPTIONS,
+    TopicSelection,
+    parse_topic_selection,
+)
 from quorumlog.tls.config import TLSConfig
 
 ENDPOINTS_ENVIRONMENT_VARIABLE = "QUORUMLOG_ENDPOINTS"
@@ -46,6 +72,18 @@ MAX_RECORDS_PER_PARTITION_DEFAULT = 1_000_000
 FETCH_RECORDS_MAX_DEFAULT = 10_000
 FETCH_BYTES_MAX_DEFAULT = 4 * 1024 * 1024
 PAGE_SIZE_DEFAULT = 1_000
+MAX_TRIGGER_DELAY_DEFAULT = "15m"
+TIMESTAMP_STRATEGIES = ("error", "latest")
+DURATION_UNITS_SECONDS = {
+    "us": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+}
+"""Units of a duration option, as Spark's `timeStringAsMs` reads them (no unit: ms)."""
 
 # Options Spark itself adds (or users add for Spark) that are not ours to judge.
 SPARK_OPTIONS = frozenset({"path", "paths", "checkpointlocation", "queryname"})
@@ -55,19 +93,26 @@ USER_ENVIRONMENT_VARIABLE = "QUORUMLOG_USER"
 PASSWORD_ENVIRONMENT_VARIABLE = "QUORUMLOG_PASSWORD"
 SOURCE_OPTIONS = (
     *CONNECTION_OPTIONS,
-    "topic",
-    "subscribe",
+    *SELECTION_OPTIONS,
     "startingOffsets",
+    "startingTimestamp",
+    "startingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy",
     "endingOffsets",
+    "endingTimestamp",
+    "endingOffsetsByTimestamp",
     "maxOffsetsPerTrigger",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
     "failOnDataLoss",
+    "includeHeaders",
     "minPartitions",
     "maxRecordsPerPartition",
     "fetchRecordsMax",
     "fetchBytesMax",
 )
-BATCH_ONLY_OPTIONS = ("endingOffsets",)
-STREAM_ONLY_OPTIONS = ("maxOffsetsPerTrigger",)
+BATCH_ONLY_OPTIONS = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
+STREAM_ONLY_OPTIONS = ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay")
 SINK_OPTIONS = (*CONNECTION_OPTIONS, "topic")
 TABLE_OPTIONS = (*CONNECTION_OPTIONS, "startKey", "endKey", "pageSize", "stale")
 
@@ -92,13 +137,19 @@ class ConnectionOptions(msgspec.Struct, frozen=True):
 
 class SourceOptions(msgspec.Struct, frozen=True):
     connection: ConnectionOptions
-    topics: list[str]
-    topic_option: str
-    """"topic" or "subscribe": the option that named the topics (for error messages)."""
+    selection: TopicSelection
     starting: OffsetSpec
+    starting_option: str
+    """The option `starting` came from (for error messages)."""
+    starting_none_found: str
+    """startingOffsetsByTimestampStrategy: "error" or "latest"."""
     ending: OffsetSpec
+    ending_option: str
     max_offsets_per_trigger: int | None
+    min_offsets_per_trigger: int | None
+    max_trigger_delay_seconds: float
     fail_on_data_loss: bool
+    include_headers: bool
     min_partitions: int | None
     max_records_per_partition: int
     fetch_records_max: int
@@ -123,13 +174,15 @@ class Options:
     """The user's options with case-insensitive lookup, checked against the known names."""
 
     def __init__(self, options: Mapping[str, str], known: tuple[str, ...], what: str) -> None:
-        self.values = {str(name).lower(): str(value) for name, value in options.items()}
+        renamed = read_kafka_spellings(options, known)
+        self.values = {name: str(value) for name, value in renamed.items()}
         self.names = {name.lower(): name for name in known}
         for given in self.values:
             if given in self.names or given in SPARK_OPTIONS:
                 continue
             close = difflib.get_close_matches(given, list(self.names), n=1)
             hint = f"; did you mean {self.names[close[0]]!r}?" if close else ""
+            hint += kafka_hint(given, known)
             raise OptionError(
                 given, f"not an option of {what}{hint} (known: {', '.join(sorted(known))})"
             )
@@ -164,6 +217,25 @@ class Options:
         if lowered not in ("true", "false"):
             raise OptionError(name, f"must be true or false, got {text!r}")
         return lowered == "true"
+
+    def choice(self, name: str, choices: tuple[str, ...]) -> str:
+        """One of `choices` (the first is the default), matched without case."""
+        text = self.text(name)
+        if text is None:
+            return choices[0]
+        lowered = text.strip().lower()
+        if lowered not in choices:
+            raise OptionError(name, f"is one of {', '.join(choices)}, not {text!r}")
+        return lowered
+
+    def duration_seconds(self, name: str, default: str) -> float:
+        """A duration such as 500ms, 30s, 15m or 1h (a bare number is milliseconds)."""
+        text = (self.text(name) or default).strip().lower()
+        number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = text[len(number) :].strip() or "ms"
+        if not number.strip().isdigit() or unit not in DURATION_UNITS_SECONDS:
+            raise OptionError(name, f"{text!r} is not a duration like 500ms, 30s, 15m or 1h")
+        return int(number) * DURATION_UNITS_SECONDS[unit]
 
 
 def parse_connection(options: Options) -> ConnectionOptions:
@@ -205,25 +277,6 @@ def parse_tls(options: Options) -> TLSConfig | None:
     return TLSConfig(ca_file=ca_file, cert_file=cert_file, key_file=key_file)
 
 
-def parse_topics(options: Options) -> list[str]:
-    topic = options.text("topic")
-    subscribe = options.text("subscribe")
-    if topic is not None and subscribe is not None:
-        raise OptionError("topic", "give either 'topic' or 'subscribe', not both")
-    if topic is None and subscribe is None:
-        raise OptionError("topic", 'required: .option("topic", "name") (or "subscribe")')
-    if topic is not None:
-        if not topic.strip() or "," in topic:
-            raise OptionError("topic", f"{topic!r} is not one topic name (use 'subscribe')")
-        return [topic.strip()]
-    topics = [name.strip() for name in (subscribe or "").split(",") if name.strip()]
-    if not topics:
-        raise OptionError("subscribe", "names no topic")
-    if len(set(topics)) != len(topics):
-        raise OptionError("subscribe", f"names a topic twice: {subscribe!r}")
-    return topics
-
-
 def parse_source_options(given: Mapping[str, str], streaming: bool) -> SourceOptions:
     what = "spark.readStream.format('quorumlog')" if streaming else "spark.read.format('quorumlog')"
     options = Options(given, SOURCE_OPTIONS, what)
@@ -233,23 +286,35 @@ def parse_source_options(given: Mapping[str, str], streaming: bool) -> SourceOpt
             kind = "batch" if streaming else "streaming"
             raise OptionError(name, f"applies only to {kind} reads, not to {what}")
     connection = parse_connection(options)
-    topics = parse_topics(options)
-    starting_text = options.text("startingOffsets") or ("latest" if streaming else "earliest")
-    # A batch read cannot start at "latest" (it would read nothing), as in Kafka.
-    starting = parse_offset_spec(starting_text, "startingOffsets", allow_latest=streaming)
-    ending = parse_offset_spec(
-        options.text("endingOffsets") or "latest", "endingOffsets", allow_earliest=False
-    )
-    check_spec_topics(starting, topics, "startingOffsets")
-    check_spec_topics(ending, topics, "endingOffsets")
+    selection = parse_topic_selection({name: options.text(name) for name in SELECTION_OPTIONS})
+    starting_option, starting = parse_starting(options, streaming)
+    ending_option, ending = parse_ending(options)
+    check_spec_topics(starting, selection, starting_option)
+    check_spec_topics(ending, selection, ending_option)
+    max_offsets = options.integer("maxOffsetsPerTrigger", None, minimum=1)
+    min_offsets = options.integer("minOffsetsPerTrigger", None, minimum=1)
+    if max_offsets is not None and min_offsets is not None and min_offsets > max_offsets:
+        raise OptionError(
+            "minOffsetsPerTrigger",
+            f"{min_offsets} is more than maxOffsetsPerTrigger {max_offsets}",
+        )
     return SourceOptions(
         connection=connection,
-        topics=topics,
-        topic_option="topic" if options.given("topic") else "subscribe",
+        selection=selection,
         starting=starting,
+        starting_option=starting_option,
+        starting_none_found=options.choice(
+            "startingOffsetsByTimestampStrategy", TIMESTAMP_STRATEGIES
+        ),
         ending=ending,
-        max_offsets_per_trigger=options.integer("maxOffsetsPerTrigger", None, minimum=1),
+        ending_option=ending_option,
+        max_offsets_per_trigger=max_offsets,
+        min_offsets_per_trigger=min_offsets,
+        max_trigger_delay_seconds=options.duration_seconds(
+            "maxTriggerDelay", MAX_TRIGGER_DELAY_DEFAULT
+        ),
         fail_on_data_loss=options.boolean("failOnDataLoss", True),
+        include_headers=options.boolean("includeHeaders", False),
         min_partitions=options.integer("minPartitions", None, minimum=1),
         max_records_per_partition=options.required_integer(
             "maxRecordsPerPartition", MAX_RECORDS_PER_PARTITION_DEFAULT, minimum=1
@@ -263,13 +328,52 @@ def parse_source_options(given: Mapping[str, str], streaming: bool) -> SourceOpt
     )
 
 
-def check_spec_topics(spec: OffsetSpec, topics: list[str], option: str) -> None:
-    """JSON offsets may only name topics the read subscribes to."""
+def parse_include_headers(given: Mapping[str, str]) -> bool:
+    """Only `includeHeaders` (the schema depends on it; the rest is checked at reading)."""
+    values = {str(name).lower(): str(value) for name, value in given.items()}
+    only = {"includeHeaders": values.get("includeheaders", "false")}
+    return Options(only, SOURCE_OPTIONS, "").boolean("includeHeaders", False)
+
+
+def parse_starting(options: Options, streaming: bool) -> tuple[str, OffsetSpec]:
+    """(the option that decides, its spec): the time options win, as in Kafka."""
+    timestamp = options.text("startingTimestamp")
+    if timestamp is not None:
+        return "startingTimestamp", parse_timestamp(timestamp, "startingTimestamp")
+    by_timestamp = options.text("startingOffsetsByTimestamp")
+    if by_timestamp is not None:
+        option = "startingOffsetsByTimestamp"
+        return option, parse_timestamps_json(by_timestamp, option)
+    text = options.text("startingOffsets") or ("latest" if streaming else "earliest")
+    # A batch read cannot start at "latest" (it would read nothing), as in Kafka.
+    return "startingOffsets", parse_offset_spec(text, "startingOffsets", allow_latest=streaming)
+
+
+def parse_ending(options: Options) -> tuple[str, OffsetSpec]:
+    timestamp = options.text("endingTimestamp")
+    if timestamp is not None:
+        return "endingTimestamp", parse_timestamp(timestamp, "endingTimestamp")
+    by_timestamp = options.text("endingOffsetsByTimestamp")
+    if by_timestamp is not None:
+        return "endingOffsetsByTimestamp", parse_timestamps_json(
+            by_timestamp, "endingOffsetsByTimestamp"
+        )
+    text = options.text("endingOffsets") or "latest"
+    return "endingOffsets", parse_offset_spec(text, "endingOffsets", allow_earliest=False)
+
+
+def check_spec_topics(spec: OffsetSpec, selection: TopicSelection, option: str) -> None:
+    """JSON offsets may only name topics the read subscribes to (a pattern's topics are
+    known only against the cluster: resolving checks them there)."""
+    topics = selection.named_topics()
+    if topics is None:
+        return
     named = {topic for topic, _ in spec.specific}
-    others = sorted(named - set(topics))
+    others = sorted(named - topics)
     if others:
         raise OptionError(
-            option, f"names topics that are not read: {', '.join(others)} (reading {topics})"
+            option,
+            f"names topics that are not read: {', '.join(others)} (reading {sorted(topics)})",
         )
 
 

@@ -16,6 +16,16 @@ order sends byte-for-byte the same Produce requests, and the cluster keeps only 
 A replayed micro-batch reads the same rows (see `stream_source.py`), so a stream from a
 replayable source into this sink is exactly once. A batch job is exactly once across task
 retries; running the whole job again is a new job (new uuid) and writes again.
+
+One attempt may cut differently, though: when a stage before the sink fails in the same
+task, Spark ends the sink's input as if it were complete, so the sink sends its last,
+partial request (say sequences [0, 400)) before the task fails. Its retry then sends
+[0, 1000), which straddles what the partition expects next (400) and is refused as out of
+order. The sink then splits the request in halves, recursively: a piece wholly below 400
+is answered as a duplicate, the piece that starts at 400 is appended, and every piece after
+it follows in order. A single record cannot straddle, so a refusal of one record is a real
+sequence gap and fails the task; the splitting costs about 2·log2(records) requests, only
+on such a retry.
 """
 
 from __future__ import annotations
@@ -39,8 +49,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from quorumlog.codec.wire import Record, TopicDescriptor
-from quorumlog.errors import QuorumLogError
+from quorumlog.codec.wire import ErrorCode, Record, TopicDescriptor
+from quorumlog.errors import QuorumLogError, RequestRejectedError
 from quorumlog.spark.cluster import ClusterAccess
 from quorumlog.spark.errors import OptionError
 from quorumlog.spark.offsets import TopicPartition
@@ -208,16 +218,27 @@ class TaskWriter:
         pending = self.pending[target]
         if not pending.records:
             return
-        result = self.access.produce(
-            target, self.producer_id, pending.next_sequence, pending.records
-        )
+        self.send(target, pending.next_sequence, pending.records)
         count = len(pending.records)
         pending.next_sequence += count
         self.records += count
-        if result.duplicate:
-            self.duplicates += count
         pending.records = []
         pending.bytes = 0
+
+    def send(self, target: TopicPartition, base_sequence: int, records: list[Record]) -> None:
+        """Produce `records` at `base_sequence`; split on an out-of-order refusal (an
+        earlier attempt cut its last request shorter: see the module docstring)."""
+        try:
+            result = self.access.produce(target, self.producer_id, base_sequence, records)
+        except RequestRejectedError as refusal:
+            if refusal.code != ErrorCode.OUT_OF_RANGE.value or len(records) == 1:
+                raise
+            half = len(records) // 2
+            self.send(target, base_sequence, records[:half])
+            self.send(target, base_sequence + half, records[half:])
+            return
+        if result.duplicate:
+            self.duplicates += len(records)
 
 
 def header_pairs(headers: list[dict[str, object]] | None) -> list[tuple[str, bytes]]:
