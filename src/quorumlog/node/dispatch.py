@@ -87,6 +87,12 @@ class RequestDispatcher:
         self.ha_controller: HAControllerService | None = None
 
     def on_client_request(self, request: wire.ClientRequest, reply: Replier) -> None:
+        if isinstance(request, wire.KVRangeRequest | wire.WatchPoll | wire.LeaseTimeToLiveRequest):
+            if request.group != KV_GROUP or self.kv is None:
+                self.unknown_group(reply, request.request_id, request.group)
+            else:
+                self.kv.read_v3(request, reply)
+            return
         if isinstance(request, wire.HAControllerRequest):
             if self.ha_controller is None:
                 self.unknown_group(reply, request.request_id, wire.HA_CONTROLLER_GROUP)

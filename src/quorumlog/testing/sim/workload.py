@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import msgspec
@@ -466,7 +466,7 @@ class Workload:
         return "put", key, value
 
 
-def appends_applied_twice(operations: list[Operation], data: dict[str, str]) -> list[str]:
+def appends_applied_twice(operations: list[Operation], data: Mapping[str, str]) -> list[str]:
     """The values of append operations that occur more than once in their key's value in
     `data`. Each append carries a value unique to its call ("c2.7;": only its own call's
     value starts at that "c" and ends at that ";"), so one found twice was applied twice:
