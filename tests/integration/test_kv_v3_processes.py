@@ -7,13 +7,16 @@ leader restart it before they end. Each test uses its own key prefix.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from quorumlog.cli.main import cli
 from quorumlog.codec.kv_v3 import WatchEvent
 from quorumlog.errors import ClientError, LeaseNotFoundError
 from quorumlog.kv.recipes import Election, Lock
@@ -176,3 +179,54 @@ def test_election_recipe_has_one_leader_and_fails_over(cluster: ProcessCluster) 
     bob.keeper_stop.set()  # bob dies: his lease runs out and alice takes over
     assert alice.campaign(timeout_seconds=WAIT_SECONDS)
     alice.resign()
+
+
+def run_cli(cluster: ProcessCluster, *arguments: str, stdin: str | None = None) -> str:
+    result = CliRunner().invoke(
+        cli,
+        list(arguments),
+        input=stdin,
+        env={
+            "QUORUMLOG_ENDPOINTS": ",".join(cluster.endpoints),
+            "QUORUMLOG_CLUSTER_ID": cluster.cluster_id,
+        },
+    )
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_the_commands(cluster: ProcessCluster) -> None:
+    for key, value in [("cli/a", "1"), ("cli/b", "2"), ("cli/c", "3"), ("clj", "4")]:
+        run_cli(cluster, "kv", "put", key, value)
+    assert run_cli(cluster, "kv", "get", "cli/", "--prefix") == "cli/a\n1\ncli/b\n2\ncli/c\n3\n"
+    assert run_cli(cluster, "kv", "get", "cli/b", "--from-key", "--keys-only") == (
+        "cli/b\ncli/c\nclj\n"
+    )
+    answer = json.loads(
+        run_cli(cluster, "kv", "get", "cli/", "--prefix", "--limit", "2", "-w", "json")
+    )
+    assert [kv["key"] for kv in answer["kvs"]] == ["cli/a", "cli/b"]
+    assert answer["count"] == 3 and answer["more"] is True
+    revision = answer["header"]["revision"]
+    transaction = (
+        'value("cli/a") = "1"\nmod("cli/b") > "0"\n\nput cli/a 10\nget cli/b\n\nget cli/a\n'
+    )
+    assert run_cli(cluster, "kv", "txn", stdin=transaction) == "SUCCESS\n\nOK\n\ncli/b\n2\n"
+    assert run_cli(cluster, "kv", "txn", stdin=transaction).startswith("FAILURE\n\ncli/a\n10\n")
+    watched = run_cli(cluster, "kv", "watch", "cli/a", "--rev", str(revision), "--max-events", "1")
+    assert watched == "PUT\ncli/a\n10\n"
+    assert run_cli(cluster, "kv", "del", "cli/", "--prefix") == "3\n"
+    granted = run_cli(cluster, "lease", "grant", "30")
+    lease_id = granted.split()[1]
+    assert granted == f"lease {lease_id} granted with TTL(30s)\n"
+    assert "remaining(" in run_cli(cluster, "lease", "timetolive", lease_id, "--keys")
+    assert run_cli(cluster, "lease", "keep-alive", lease_id, "--once") == (
+        f"lease {lease_id} keepalived with TTL(30)\n"
+    )
+    assert run_cli(cluster, "lease", "revoke", lease_id) == f"lease {lease_id} revoked\n"
+    assert (
+        run_cli(cluster, "lease", "timetolive", lease_id) == f"lease {lease_id} already expired\n"
+    )
+    assert run_cli(cluster, "kv", "compact", str(revision)) == f"compacted revision {revision}\n"
