@@ -75,6 +75,12 @@ def kv_service(
             else:
                 service.read(request, reply)
             return
+        if isinstance(request, wire.KVRangeRequest | wire.WatchPoll | wire.LeaseTimeToLiveRequest):
+            if request.group != KV_GROUP:
+                reply(unknown_group(request.request_id, request.group, group.node_id))
+            else:
+                service.read_v3(request, reply)
+            return
         reply(
             wire.ErrorResponse(
                 request_id=request.request_id,
