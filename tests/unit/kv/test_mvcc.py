@@ -168,11 +168,15 @@ def test_snapshot_round_trip_carries_revisions_leases_and_history() -> None:
     applier.v3(kv_v3.LeaseGrant(10), timestamp_ms=5)
     applier.put("a", b"\x00\xff", lease=1)
     applier.put("b", b"2")
+    applier.put("a", b"again", lease=1)
     snapshot = applier.machine.snapshot()
     restored = KVStateMachine()
     restored.restore(snapshot)
     assert restored.snapshot() == snapshot
-    assert restored.store.revision == 2
+    assert restored.store.revision == 3
+    # Each event's key-before is rebuilt (the snapshot leaves it out): old reads work.
+    assert restored.store.history[-1].prev_kv == KeyValue("a", b"\x00\xff", 1, 1, 1, 1)
+    assert restored.store.range("a", None, revision=2)[0][0].value == b"\x00\xff"
     assert restored.store.lease_keys == {1: {"a"}}
     assert restored.store.events_since(1, "", RANGE_END_ALL, 10) == applier.machine.store.history
 
