@@ -7,6 +7,7 @@ leader restart it before they end. Each test uses its own key prefix.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -19,6 +20,7 @@ from click.testing import CliRunner
 from quorumlog.cli.main import cli
 from quorumlog.codec.kv_v3 import WatchEvent
 from quorumlog.errors import ClientError, LeaseNotFoundError
+from quorumlog.kv.async_client import AsyncKVClient
 from quorumlog.kv.recipes import Election, Lock
 
 from .process_cluster import ProcessCluster, wait_until
@@ -201,7 +203,7 @@ def test_the_commands(cluster: ProcessCluster) -> None:
     for key, value in [("cli/a", "1"), ("cli/b", "2"), ("cli/c", "3"), ("clj", "4")]:
         run_cli(cluster, "kv", "put", key, value)
     assert run_cli(cluster, "kv", "get", "cli/", "--prefix") == "cli/a\n1\ncli/b\n2\ncli/c\n3\n"
-    assert run_cli(cluster, "kv", "get", "cli/b", "--from-key", "--keys-only") == (
+    assert run_cli(cluster, "kv", "get", "cli/b", "--from-key", "--keys-only", "--limit", "3") == (
         "cli/b\ncli/c\nclj\n"
     )
     answer = json.loads(
@@ -230,3 +232,32 @@ def test_the_commands(cluster: ProcessCluster) -> None:
         run_cli(cluster, "lease", "timetolive", lease_id) == f"lease {lease_id} already expired\n"
     )
     assert run_cli(cluster, "kv", "compact", str(revision)) == f"compacted revision {revision}\n"
+
+
+def test_the_async_client_has_the_same_calls(cluster: ProcessCluster) -> None:
+    async def scenario() -> None:
+        async with AsyncKVClient(
+            cluster.endpoints, timeout=WAIT_SECONDS, cluster_id=cluster.cluster_id
+        ) as client:
+            lease = await client.lease_grant(30)
+            start = (await client.range("async/", prefix=True)).revision + 1
+            await client.put("async/a", b"\x01", lease=lease)
+            assert await client.put("async/a", "two", prev_kv=True) is not None
+            result = await client.txn(
+                [("version", "async/a", "==", 2)], [("put", "async/b", "b")], []
+            )
+            assert result.succeeded
+            kvs = (await client.range("async/", prefix=True)).kvs
+            assert [(kv.key, kv.value) for kv in kvs] == [("async/a", b"two"), ("async/b", b"b")]
+            seen = []
+            async with client.watch("async/", prefix=True, start_revision=start) as watch:
+                async for event in watch:
+                    seen.append((event.type, event.kv.key))
+                    if len(seen) == 3:
+                        break
+            assert seen == [("PUT", "async/a"), ("PUT", "async/a"), ("PUT", "async/b")]
+            assert (await client.lease_time_to_live(lease)).granted_ttl_seconds == 30
+            await client.lease_revoke(lease)  # async/a was put again without it: it stays
+            assert await client.delete_range("async/", prefix=True) == 2
+
+    asyncio.run(scenario())
