@@ -107,6 +107,7 @@ class MVCCStore:
         self.next_lease_id = 1
         self.pending: list[WatchEvent] = []
         """Changes of the command being applied, all at revision + 1."""
+        self.pending_bytes = 0
 
     # --- changing keys (inside one command) --------------------------------------------
 
@@ -126,6 +127,7 @@ class MVCCStore:
         if lease:
             self.lease_keys.setdefault(lease, set()).add(key)
         self.pending.append(WatchEvent("PUT", record, previous))
+        self.pending_bytes += len(key) + len(value) + EVENT_OVERHEAD_BYTES
         return previous
 
     def delete(self, key: str) -> KeyValue | None:
@@ -136,6 +138,7 @@ class MVCCStore:
         self.detach(previous)
         tombstone = KeyValue(key, b"", 0, self.revision + 1, 0, 0)
         self.pending.append(WatchEvent("DELETE", tombstone, previous))
+        self.pending_bytes += len(key) + EVENT_OVERHEAD_BYTES
         return previous
 
     def detach(self, record: KeyValue) -> None:
@@ -150,8 +153,9 @@ class MVCCStore:
             return
         self.revision += 1
         self.history.extend(self.pending)
-        self.history_bytes += sum(event_bytes(event) for event in self.pending)
+        self.history_bytes += self.pending_bytes
         self.pending = []
+        self.pending_bytes = 0
         if (
             len(self.history) > self.history_events_max
             or self.history_bytes > self.history_bytes_max
@@ -163,13 +167,22 @@ class MVCCStore:
         # (a list shift) happens once per many commands, not on every one.
         events_target = self.history_events_max - self.history_events_max // 8
         bytes_target = self.history_bytes_max - self.history_bytes_max // 8
-        cut = max(len(self.history) - events_target, 0)
-        dropped_bytes = sum(event_bytes(event) for event in self.history[:cut])
-        while cut < len(self.history) and self.history_bytes - dropped_bytes > bytes_target:
-            dropped_bytes += event_bytes(self.history[cut])
+        history = self.history
+        cut = max(len(history) - events_target, 0)
+        dropped_bytes = sum(event_bytes(event) for event in history[:cut])
+        while cut < len(history) and self.history_bytes - dropped_bytes > bytes_target:
+            dropped_bytes += event_bytes(history[cut])
             cut += 1
-        if cut > 0:
-            self.compact_history(self.history[cut - 1].kv.mod_revision)
+        if cut == 0:
+            return
+        revision = history[cut - 1].kv.mod_revision
+        # Whole revisions: the rest of the last one cut goes too.
+        while cut < len(history) and history[cut].kv.mod_revision == revision:
+            dropped_bytes += event_bytes(history[cut])
+            cut += 1
+        del history[:cut]
+        self.history_bytes -= dropped_bytes
+        self.compacted_revision = max(self.compacted_revision, revision)
 
     def compact_history(self, revision: int) -> None:
         cut = bisect.bisect_right(self.history, revision, key=event_revision)
@@ -371,9 +384,11 @@ class MVCCStore:
                 self.lease_keys[record.lease].add(record.key)
         self.next_lease_id = next_lease_id
         self.pending = []
+        self.pending_bytes = 0
 
 
 def event_bytes(event: WatchEvent) -> int:
+    """What one event counts for against `history_bytes_max` (as `put`/`delete` count it)."""
     return len(event.kv.key) + len(event.kv.value) + EVENT_OVERHEAD_BYTES
 
 
