@@ -36,6 +36,7 @@ from quorumlog.errors import (
     CompactedError,
     LeaseNotFoundError,
     RequestRejectedError,
+    UnavailableError,
 )
 from quorumlog.kv.connection import ClientSession
 from quorumlog.kv.requests import prefix_end, write_request
@@ -395,8 +396,14 @@ class Watch:
                 raise StopIteration
             try:
                 self.buffered.extend(self.poll())
-            except ClientError:
+            except UnavailableError:
                 if self.closed:  # closed from another thread under a poll
+                    raise StopIteration from None
+                # No node answered for a whole client timeout: a watch outlasts outages
+                # (as etcd's does) and asks again from the same revision.
+                continue
+            except ClientError:
+                if self.closed:
                     raise StopIteration from None
                 raise
         return self.buffered.popleft()
