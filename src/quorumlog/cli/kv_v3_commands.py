@@ -19,7 +19,6 @@ import click
 
 from quorumlog.cli.kv_commands import ClientSettings, client_options, kv_group
 from quorumlog.codec.kv_v3 import RANGE_END_ALL, KeyValue, WatchEvent
-from quorumlog.errors import QuorumLogError
 from quorumlog.kv.v3_client import CompareTuple, OperationTuple, RangeResult, TxnResult
 
 COMPARE_LINE = re.compile(r'^(value|version|create|mod)\("(.*)"\)\s*(=|==|!=|<|>)\s*"(.*)"$')
@@ -290,4 +289,4 @@ def lease_keep_alive(settings: ClientSettings, lease_id: int, once: bool) -> Non
 COMMANDS = [lease_group]
 """Registered at the top level; the `kv` subcommands join `kv_group` on import."""
 
-__all__ = ["COMMANDS", "QuorumLogError", "delete_range", "get_range"]
+__all__ = ["COMMANDS", "delete_range", "get_range"]
