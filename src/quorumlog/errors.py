@@ -189,6 +189,15 @@ class PermissionDeniedError(RequestRejectedError):
         super().__init__("permission_denied", message)
 
 
+class CompactedError(ClientError):
+    """A KV read or watch asked for a revision the store has compacted away (its history
+    starts after it): read at a later revision, or watch from a later one."""
+
+
+class LeaseNotFoundError(ClientError, KeyError):
+    """The KV lease named does not exist (never granted, revoked, or expired)."""
+
+
 class LeadershipLostError(RaftError):
     """The leader lost its leadership before the proposal's fate was known: it may still
     commit under the next leader. Retry with the same client sequence (deduplicated)."""

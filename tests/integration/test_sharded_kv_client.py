@@ -154,6 +154,15 @@ def test_kv_methods_across_shards(cluster: InProcessCluster, admin: ShardAdmin) 
         client.delete("key-2")
         assert client.get("key-2") is None
         assert client.query().number == admin.query().number
+        # A range across shards comes in key order, paged within each shard.
+        expected = sorted(
+            {**values, "key-0": "value-0+more", "key-1": "swapped"}.items() - {("key-2", "value-2")}
+        )
+        assert client.range_items("key-", prefix=True, page_keys=3) == expected
+        assert client.range_items("key-1", "key-2") == [
+            item for item in expected if "key-1" <= item[0] < "key-2"
+        ]
+        assert client.range_items("", limit=2) == sorted([*expected, ("fresh", "created")])[:2]
 
 
 def test_wrong_group_after_a_move_routes_again(

@@ -91,6 +91,7 @@ def test_a_new_leader_without_the_committed_entries(cluster: SimCluster) -> None
 
 def test_diverging_state_machines(cluster: SimCluster) -> None:
     node = cluster.node(followers(cluster)[0])
-    node.machine.data["k"] = "tampered"
+    node.machine.store.put("k", b"tampered")
+    node.machine.store.finish()
     with pytest.raises(InvariantViolation, match="different states"):
         cluster.check_converged()

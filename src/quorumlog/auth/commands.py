@@ -14,6 +14,8 @@ the hash and the salt, never a password, and replicas never hash.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import msgspec
 
 from quorumlog.auth.model import (
@@ -36,6 +38,8 @@ AUTH_PREFIX = "__auth/"
 USERS_KEY = "__auth/users"
 ROLES_KEY = "__auth/roles"
 SWITCH_KEY = "__auth/switch"
+AUTH_KEYS = (USERS_KEY, ROLES_KEY, SWITCH_KEY)
+"""Every key the auth state is kept in (apply reads and writes only these)."""
 
 
 class UserAdd(msgspec.Struct, frozen=True, tag=True):
@@ -133,17 +137,17 @@ def auth_command(command: AuthCommand, sequence: int) -> KVCommand:
 # --- the state as stored --------------------------------------------------------------------
 
 
-def read_users(data: dict[str, str]) -> dict[str, User]:
+def read_users(data: Mapping[str, str]) -> dict[str, User]:
     text = data.get(USERS_KEY)
     return {} if text is None else _users_decoder.decode(text)
 
 
-def read_roles(data: dict[str, str]) -> dict[str, Role]:
+def read_roles(data: Mapping[str, str]) -> dict[str, Role]:
     text = data.get(ROLES_KEY)
     return {} if text is None else _roles_decoder.decode(text)
 
 
-def read_switch(data: dict[str, str]) -> AuthSwitch:
+def read_switch(data: Mapping[str, str]) -> AuthSwitch:
     text = data.get(SWITCH_KEY)
     return AuthSwitch(enabled=False) if text is None else _switch_decoder.decode(text)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from quorumlog.auth.commands import AUTH_PREFIX
 from quorumlog.auth.matcher import Rights
 from quorumlog.auth.model import Access, AdminRight, PermissionKind, prefix_range_end
-from quorumlog.codec import wire
+from quorumlog.codec import kv_v3, wire
 from quorumlog.shard.controller_commands import Query, decode_commands
 
 TOPIC_PREFIX = "__topics/"
@@ -157,16 +157,68 @@ def group_coordinator_denial(rights: Rights, request: wire.GroupCoordinatorReque
     return None
 
 
+def v3_range_denial(rights: Rights, key: str, end: str | None, access: Access) -> str | None:
+    """A v3 range (`end` as codec/kv_v3.py reads it: None one key, "\\0" to the last)."""
+    if end is None:
+        return key_denial(rights, key, access)
+    whole = None if end == kv_v3.RANGE_END_ALL else end
+    if access is Access.READ:
+        return scan_denial(rights, key, whole)
+    if rights.is_root and not (key < AUTH_RANGE_END and (whole is None or whole > AUTH_PREFIX)):
+        return None
+    if not rights.is_root and rights.permits_range(PermissionKind.KEY, key, whole, access):
+        return None
+    return f"no write permission on the whole range from {key!r}"
+
+
+def v3_write_denial(rights: Rights, payload: bytes | None) -> str | None:
+    """A v3 write (etcd's txn, leases, compaction) checked on what it reads and writes:
+    compares and gets need read, puts and deletes write; leases any authenticated user
+    (as etcd); compaction root only. Not even root writes the auth state this way."""
+    if payload is None:
+        return None
+    try:
+        command = kv_v3.decode_command(payload)
+    except wire.DECODE_ERRORS:
+        return None  # the machine refuses it
+    if isinstance(command, kv_v3.Compact):
+        return None if rights.is_root else "only root may compact the KV's history"
+    if not isinstance(command, kv_v3.Txn):
+        return None
+    for compare in command.compares:
+        if not rights.is_root:
+            denial = key_denial(rights, compare.key, Access.READ)
+            if denial is not None:
+                return denial
+    for operation in (*command.success, *command.failure):
+        if operation.kind == "get":
+            if rights.is_root:
+                continue
+            denial = v3_range_denial(rights, operation.key, operation.end, Access.READ)
+        else:
+            denial = v3_range_denial(rights, operation.key, operation.end, Access.WRITE)
+        if denial is not None:
+            return denial
+    return None
+
+
 def request_denial(rights: Rights, request: wire.ClientRequest) -> str | None:
     """Why `rights` do not allow `request`; None if they do."""
     if isinstance(request, wire.KVWrite):
         # Before root's shortcut: not even root writes the auth state through the KV.
         for command in request.commands:
-            denial = key_denial(rights, command.key, Access.WRITE)
+            if command.op == kv_v3.V3_OP:
+                denial = v3_write_denial(rights, command.payload)
+            else:
+                denial = key_denial(rights, command.key, Access.WRITE)
             if denial is not None:
                 return denial
         return None
     if rights.is_root:
+        return None
+    if isinstance(request, wire.KVRangeRequest | wire.WatchPoll):
+        return v3_range_denial(rights, request.key, request.end, Access.READ)
+    if isinstance(request, wire.LeaseTimeToLiveRequest):
         return None
     if isinstance(request, wire.KVRead):
         for key in request.keys:

@@ -8,7 +8,7 @@ decodes the state again only when that count moved, and keeps each user's compil
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import msgspec
 
@@ -30,7 +30,7 @@ class AuthState:
         self.rights_cache: dict[str, Rights] = {}
 
     @classmethod
-    def from_data(cls, data: dict[str, str]) -> AuthState:
+    def from_data(cls, data: Mapping[str, str]) -> AuthState:
         """The state as stored; if it does not decode (written as plain keys while auth
         was off, before the KV refused "__" keys), the state with auth off, logged: a
         node must not stop over bytes a client could write."""
@@ -58,7 +58,9 @@ class AuthState:
 class AuthStateView:
     """The current `AuthState` of one KV machine."""
 
-    def __init__(self, data: Callable[[], dict[str, str]], generation: Callable[[], int]) -> None:
+    def __init__(
+        self, data: Callable[[], Mapping[str, str]], generation: Callable[[], int]
+    ) -> None:
         self.data = data
         self.generation = generation
         self.seen_generation = -1

@@ -154,14 +154,49 @@ def kv_put(settings: ClientSettings, key: str, value: str) -> None:
 
 @kv_group.command("get")
 @click.argument("key")
+@click.argument("end", required=False)
 @click.option("--stale", is_flag=True, help="Let any node answer from its state (may be old).")
+@click.option("--prefix", is_flag=True, help="Every key starting with KEY.")
+@click.option("--from-key", is_flag=True, help="Every key from KEY on.")
+@click.option("--limit", type=click.IntRange(min=0), default=0, help="At most this many keys.")
+@click.option("--keys-only", is_flag=True, help="Keys without their values.")
+@click.option("--rev", "revision", type=click.IntRange(min=0), default=0, help="At this revision.")
+@click.option("-w", "--write-out", "write_out", type=click.Choice(["simple", "json"]), default=None)
 @client_options
-def kv_get(settings: ClientSettings, key: str, stale: bool) -> None:
-    """Print the value of KEY (nothing if it is missing)."""
-    with settings.client() as client:
-        value = client.get(key, stale=stale)
-    if value is not None:
-        click.echo(value)
+def kv_get(
+    settings: ClientSettings,
+    key: str,
+    end: str | None,
+    stale: bool,
+    prefix: bool,
+    from_key: bool,
+    limit: int,
+    keys_only: bool,
+    revision: int,
+    write_out: str | None,
+) -> None:
+    """Print the value of KEY (nothing if it is missing); with END or a range option, the
+    keys in [KEY, END) as etcdctl prints them (key line, value line)."""
+    if end is None and not (prefix or from_key or limit or keys_only or revision or write_out):
+        with settings.client() as client:
+            value = client.get(key, stale=stale)
+        if value is not None:
+            click.echo(value)
+        return
+    from quorumlog.cli.kv_v3_commands import get_range
+
+    get_range(
+        settings,
+        key,
+        end,
+        prefix,
+        from_key,
+        limit,
+        keys_only,
+        revision,
+        write_out or "simple",
+        stale,
+    )
 
 
 @kv_group.command("append")
@@ -177,9 +212,20 @@ def kv_append(settings: ClientSettings, key: str, value: str) -> None:
 
 @kv_group.command("del")
 @click.argument("key")
+@click.argument("end", required=False)
+@click.option("--prefix", is_flag=True, help="Every key starting with KEY.")
+@click.option("--from-key", is_flag=True, help="Every key from KEY on.")
 @client_options
-def kv_delete(settings: ClientSettings, key: str) -> None:
-    """Delete KEY; print how many keys were deleted (0 or 1), as etcdctl does."""
+def kv_delete(
+    settings: ClientSettings, key: str, end: str | None, prefix: bool, from_key: bool
+) -> None:
+    """Delete KEY (or the keys in [KEY, END), or the prefix); print how many keys were
+    deleted, as etcdctl does."""
+    if end is not None or prefix or from_key:
+        from quorumlog.cli.kv_v3_commands import delete_range
+
+        delete_range(settings, key, end, prefix, from_key)
+        return
     with settings.client() as client:
         result = client.write("delete", key, None, None)
     click.echo("1" if result.value is not None else "0")

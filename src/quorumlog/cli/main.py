@@ -283,9 +283,10 @@ register_stream_commands()
 
 def register_kv_commands() -> None:
     from quorumlog.cli.kv_commands import COMMANDS
+    from quorumlog.cli.kv_v3_commands import COMMANDS as KV_V3_COMMANDS
     from quorumlog.cli.shard_commands import COMMANDS as SHARD_COMMANDS
 
-    for command in [*COMMANDS, *SHARD_COMMANDS]:
+    for command in [*COMMANDS, *SHARD_COMMANDS, *KV_V3_COMMANDS]:
         cli.add_command(command)
 
 

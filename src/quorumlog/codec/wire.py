@@ -12,6 +12,7 @@ import enum
 
 import msgspec
 
+from quorumlog.codec.kv_v3 import KeyValue, V3Failure, WatchEvent
 from quorumlog.raft.messages import Message
 
 PROTOCOL_VERSION = 1
@@ -104,6 +105,9 @@ class KVCommand(msgspec.Struct, frozen=True, array_like=True):
     value: str | None = None
     expected: str | None = None
     """For "cas": the value the key must hold now (None: it must be missing)."""
+    payload: bytes | None = None
+    """For op "v3": one `codec.kv_v3.V3Command`, encoded. A trailing field with a default,
+    so commands from an older client decode here."""
 
 
 class KVCommandResult(msgspec.Struct, frozen=True, array_like=True):
@@ -115,6 +119,8 @@ class KVCommandResult(msgspec.Struct, frozen=True, array_like=True):
     error, not as an answer: SESSION_EXPIRED. `ok` is then False. A trailing field with a
     default, so results from an older node decode here, and an older client (which ignores
     the field) sees a refusal, which is true: nothing was done."""
+    payload: bytes | None = None
+    """For op "v3": one `codec.kv_v3.V3Response`, encoded."""
 
 
 FIRST_SEQUENCE = 1
@@ -678,6 +684,72 @@ class GroupCoordinatorResponse(msgspec.Struct, frozen=True, tag=True):
     """`stream.group_model.encode_results`: one result per command, in order."""
 
 
+# --- the etcd v3-style KV (reads; writes are KVWrite commands with op "v3") -------------
+
+
+class KVRangeRequest(msgspec.Struct, frozen=True, tag=True):
+    """Keys in a range (`end` as in `codec.kv_v3`), at `revision` (0: now)."""
+
+    request_id: int
+    key: str
+    end: str | None = None
+    limit: int = 0
+    keys_only: bool = False
+    count_only: bool = False
+    revision: int = 0
+    stale: bool = False
+    group: str = "kv"
+
+
+class KVRangeResult(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    kvs: list[KeyValue]
+    more: bool
+    count: int
+    revision: int
+    """The store's revision when it answered (not the one read at)."""
+    failure: V3Failure | None = None
+    """Set (and nothing read) when the revision was compacted or is in the future."""
+
+
+class WatchPoll(msgspec.Struct, frozen=True, tag=True):
+    """Events of keys in a range from `from_revision` on (0: from the next revision); the
+    leader holds the answer up to `wait_ms` while there are none (a long poll)."""
+
+    request_id: int
+    key: str
+    end: str | None = None
+    from_revision: int = 0
+    wait_ms: int = 0
+    group: str = "kv"
+
+
+class WatchPollResult(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    events: list[WatchEvent]
+    revision: int
+    """The store's revision when it answered: with no events, nothing in range changed up
+    to it, so the next poll may start after it."""
+    failure: V3Failure | None = None
+    """Set when `from_revision` was compacted."""
+
+
+class LeaseTimeToLiveRequest(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    lease_id: int
+    keys: bool = False
+    group: str = "kv"
+
+
+class LeaseTimeToLiveResult(msgspec.Struct, frozen=True, tag=True):
+    request_id: int
+    lease_id: int
+    ttl_seconds: int
+    """Seconds left by the leader's clock; -1 if there is no such lease."""
+    granted_ttl_seconds: int
+    keys: list[str] = []
+
+
 Frame = (
     Hello
     | Welcome
@@ -732,6 +804,12 @@ Frame = (
     | AuthQueryResult
     | GroupCoordinatorRequest
     | GroupCoordinatorResponse
+    | KVRangeRequest
+    | KVRangeResult
+    | WatchPoll
+    | WatchPollResult
+    | LeaseTimeToLiveRequest
+    | LeaseTimeToLiveResult
 )
 
 ClientRequest = (
@@ -761,6 +839,9 @@ ClientRequest = (
     | AuthAdmin
     | AuthQuery
     | GroupCoordinatorRequest
+    | KVRangeRequest
+    | WatchPoll
+    | LeaseTimeToLiveRequest
 )
 
 CLIENT_REQUEST_TYPES: tuple[type, ...] = (
@@ -790,6 +871,9 @@ CLIENT_REQUEST_TYPES: tuple[type, ...] = (
     AuthAdmin,
     AuthQuery,
     GroupCoordinatorRequest,
+    KVRangeRequest,
+    WatchPoll,
+    LeaseTimeToLiveRequest,
 )
 
 _batch_encoder = msgspec.msgpack.Encoder()

@@ -36,6 +36,7 @@ from quorumlog.auth.credentials import (
 )
 from quorumlog.codec import wire
 from quorumlog.codec.frame import FrameDecoder, FrameError, encode_frame
+from quorumlog.codec.kv_v3 import KeyValue
 from quorumlog.codec.wire import (
     AuthenticatedRequest,
     ClientRequest,
@@ -55,6 +56,7 @@ from quorumlog.codec.wire import (
     encode,
 )
 from quorumlog.errors import ClientError, SessionExpiredError, UnknownOutcomeError
+from quorumlog.kv.async_v3_client import AsyncV3Operations
 from quorumlog.kv.connection import (
     CLUSTER_ID_DEFAULT,
     ClientSession,
@@ -65,7 +67,6 @@ from quorumlog.kv.connection import (
     attempt_timeout_for,
     check_command_result,
     check_timeout,
-    command_identity,
     hello_frame,
     members_from_status,
     new_client_id,
@@ -85,7 +86,8 @@ BATCH_BYTES_MAX = 8 * 1024 * 1024
 
 def command_size_bound(command: KVCommand) -> int:
     """An upper bound of the command's encoded size (4 bytes per character covers UTF-8)."""
-    return 32 + 4 * (len(command.key) + len(command.value or "") + len(command.expected or ""))
+    text = len(command.key) + len(command.value or "") + len(command.expected or "")
+    return 32 + 4 * text + len(command.payload or b"")
 
 
 SEQUENCE_WINDOW_MAX_DEFAULT = 10_000
@@ -270,7 +272,7 @@ def fail_waiting(futures: list[asyncio.Future[Any]], error: BaseException) -> No
             future.set_exception(error)
 
 
-class AsyncKVClient(SessionHolder):
+class AsyncKVClient(AsyncV3Operations, SessionHolder):
     """An asyncio client of the replicated KV. See the module docstring.
 
     Use it from one event loop. `batch_commands_max` bounds the commands in one KVWrite
@@ -330,8 +332,15 @@ class AsyncKVClient(SessionHolder):
 
     # --- KV -----------------------------------------------------------------------------
 
-    async def put(self, key: str, value: str) -> None:
-        await self.write("put", key, value, None)
+    async def put(
+        self, key: str, value: str | bytes, lease: int = 0, prev_kv: bool = False
+    ) -> KeyValue | None:
+        """Set `key`: a plain put for text without a lease, else a v3 put (which answers
+        the key before when `prev_kv`). The other v3 calls: `kv.async_v3_client`."""
+        if isinstance(value, str) and not lease and not prev_kv:
+            await self.write("put", key, value, None)
+            return None
+        return await self.put_v3(key, value, lease, prev_kv)
 
     async def append(self, key: str, value: str) -> None:
         await self.write("append", key, value, None)
@@ -357,15 +366,25 @@ class AsyncKVClient(SessionHolder):
         return await future
 
     async def write(
-        self, op: str, key: str, value: str | None, expected: str | None
+        self,
+        op: str,
+        key: str,
+        value: str | None,
+        expected: str | None,
+        payload: bytes | None = None,
     ) -> KVCommandResult:
+        """One write. With a `payload` (a v3 command), `value` only names the call (its
+        digest) and is not sent."""
         self.check_open()
         loop = asyncio.get_running_loop()
         await self.wait_for_window()
         session = self.session
         identity = (op, key, value, expected)
         sequence = session.sequences.allocate(identity, loop.time())
-        command = KVCommand(sequence, op, key, value, expected)
+        if payload is None:
+            command = KVCommand(sequence, op, key, value, expected)
+        else:
+            command = KVCommand(sequence, op, key, payload=payload)
         future: asyncio.Future[KVCommandResult] = loop.create_future()
         self.pending_writes.append(
             PendingCommand(command, loop.time() + self.timeout, future, session)
@@ -377,7 +396,7 @@ class AsyncKVClient(SessionHolder):
         try:
             result = await future
         except UnknownOutcomeError:
-            session.sequences.hold_unknown(sequence, command_identity(command), loop.time())
+            session.sequences.hold_unknown(sequence, identity, loop.time())
             raise
         except BaseException:
             self.acknowledge(session, sequence)

@@ -37,6 +37,7 @@ from quorumlog.auth.credentials import (
 )
 from quorumlog.codec import wire
 from quorumlog.codec.frame import FrameDecoder, FrameError, encode_frame
+from quorumlog.codec.kv_v3 import KeyValue
 from quorumlog.codec.wire import (
     AuthenticatedRequest,
     ClientRequest,
@@ -81,6 +82,7 @@ from quorumlog.kv.requests import (
     read_value,
     write_request,
 )
+from quorumlog.kv.v3_client import WATCH_WAIT_SECONDS, V3Operations
 from quorumlog.tls.config import TLSConfig
 from quorumlog.tls.handshake import closed_after_handshake_error, open_blocking
 
@@ -267,13 +269,14 @@ class KVOperations(SessionHolder, ABC):
         identity: CommandIdentity,
         send: Callable[[ClientSession, KVCommand], KVWriteResult],
         answered_by: Callable[[], str],
+        payload: bytes | None = None,
     ) -> KVCommandResult:
         """Number the command of `identity` in the current session, `send` it, and read
         its one result (`answered_by`: who answered, for errors). If the cluster says the
         session is gone, later writes go under a new one; the refused command was not
         done and is not sent again."""
         session = self.session
-        pending = SessionCommand(session, identity, time.monotonic())
+        pending = SessionCommand(session, identity, time.monotonic(), payload)
         try:
             try:
                 response = send(session, pending.command)
@@ -285,8 +288,18 @@ class KVOperations(SessionHolder, ABC):
             self.renew_session(session)
             raise
 
-    def put(self, key: str, value: str) -> None:
-        self.write("put", key, value, None)
+    def put(
+        self, key: str, value: str | bytes, lease: int = 0, prev_kv: bool = False
+    ) -> KeyValue | None:
+        """Set `key`. A text value without a lease is a plain put; bytes, a lease or
+        `prev_kv` make it a v3 put, which answers the key before when `prev_kv`."""
+        if isinstance(value, str) and not lease and not prev_kv:
+            self.write("put", key, value, None)
+            return None
+        return self.put_v3(key, value, lease, prev_kv)
+
+    def put_v3(self, key: str, value: str | bytes, lease: int, prev_kv: bool) -> KeyValue | None:
+        raise ClientError("this client puts text values only (no leases, no prev_kv)")
 
     def append(self, key: str, value: str) -> None:
         self.write("append", key, value, None)
@@ -304,8 +317,11 @@ class KVOperations(SessionHolder, ABC):
     ) -> KVCommandResult: ...
 
 
-class KVClient(KVOperations, AttemptSender, Closing):
-    """A blocking client of the replicated KV. See the module docstring."""
+class KVClient(KVOperations, V3Operations, AttemptSender, Closing):
+    """A blocking client of the replicated KV. See the module docstring; the etcd v3-style
+    calls (range, txn, leases, watch, compact) are `kv.v3_client.V3Operations`."""
+
+    put_v3 = V3Operations.put_v3
 
     def __init__(
         self,
@@ -400,6 +416,18 @@ class KVClient(KVOperations, AttemptSender, Closing):
                 )
 
             return self.session_write((op, key, value, expected), send, self.selector.choose)
+
+    def answered_by(self) -> str:
+        return self.selector.choose()
+
+    def watch_client(self) -> KVClient:
+        # Polls are held up to WATCH_WAIT_SECONDS at the leader: attempts wait longer.
+        return KVClient(
+            self.selector.endpoints,
+            timeout=max(self.timeout, WATCH_WAIT_SECONDS + 10),
+            cluster_id=self.cluster_id,
+            attempt_timeout_seconds=WATCH_WAIT_SECONDS + 2,
+        )
 
     # --- cluster ------------------------------------------------------------------------
 

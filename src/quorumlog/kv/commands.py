@@ -21,6 +21,9 @@ class ClientBatch(msgspec.Struct, frozen=True, array_like=True):
 class KVEntry(msgspec.Struct, frozen=True, array_like=True):
     timestamp_ms: int
     batches: list[ClientBatch]
+    expired_leases: list[int] = []
+    """Leases the leader found expired by its clock: each replica revokes those that are
+    still expired by the entry's stamp (a trailing field: older entries decode)."""
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -10,10 +10,19 @@ A batch from a client whose session the machine no longer has (expired or evicte
 refused, not run: each of its commands gets `SESSION_EXPIRED_RESULT` (see `kv.sessions`
 for how a new client is told from such a one; the plain KV uses the `FIRST_SEQUENCE` rule).
 
+Values are bytes in a multi-version store (`kv.mvcc`: revisions, leases, the history
+kept for watches); the plain text commands (put, append, delete, cas) are thin layers over
+it (text in as UTF-8; `get`/`read`/`data` show values as text, `get_bytes` as stored).
+Internal users (streams' metadata, auth's `__auth/` keys) keep reading text through `get`.
+
 Snapshots are msgspec MessagePack of the whole state — keys sorted, sessions in activity
 order — so the same state always gives the same bytes (replicas can compare checksums).
-Format 2 added the records of dropped sessions (`SessionRecord.expired`); format 1 (none)
-is still read. A build that knows neither refuses the snapshot, naming both formats.
+Format 3 carries revisions, leases and the history. Formats 1 (no dropped sessions) and 2
+(text values) are still read: values become their UTF-8 bytes, and revisions are made up
+from the snapshot alone, so every replica makes up the same ones: the keys in key order get
+revisions 1, 2, ... as their create and mod revision, version 1, no lease; the store's
+revision is the key count, and history starts there (compacted to it). A build that knows
+none of these refuses the snapshot, naming the formats.
 """
 
 from __future__ import annotations
@@ -23,11 +32,23 @@ from typing import TypeVar
 
 import msgspec
 
-from quorumlog.auth.commands import AUTH_OP, apply_auth
-from quorumlog.codec import wire
+from quorumlog.auth.commands import AUTH_KEYS, AUTH_OP, apply_auth
+from quorumlog.codec import kv_v3, wire
+from quorumlog.codec.kv_v3 import V3_OP, KeyValue, WatchEvent
 from quorumlog.codec.wire import KVCommand, KVCommandResult
 from quorumlog.errors import QuorumLogError
 from quorumlog.kv.commands import KVEntry, decode_entry
+from quorumlog.kv.mvcc import (
+    HISTORY_BYTES_MAX_DEFAULT,
+    HISTORY_EVENTS_MAX_DEFAULT,
+    Lease,
+    MVCCStore,
+    StoreFailure,
+    TextView,
+    history_for_snapshot,
+    relink_history,
+    text,
+)
 from quorumlog.kv.sessions import (
     EXPIRED_COUNT_MAX_DEFAULT,
     EXPIRED_TTL_MS_DEFAULT,
@@ -41,11 +62,11 @@ from quorumlog.kv.sessions import (
     lookup_duplicate,
 )
 
-SNAPSHOT_FORMAT_VERSION = 2
+SNAPSHOT_FORMAT_VERSION = 3
 """The format `snapshot` writes."""
-SNAPSHOT_FORMAT_VERSIONS_READ = frozenset({1, SNAPSHOT_FORMAT_VERSION})
+SNAPSHOT_FORMAT_VERSIONS_READ = frozenset({1, 2, SNAPSHOT_FORMAT_VERSION})
 """1: before dropped sessions were recorded; its records read as live sessions, which is
-what they are."""
+what they are. 2: text values, no revisions (`KVSnapshot`)."""
 
 REJECTED_RESULT = KVCommandResult(ok=False, value=None)
 OK_RESULT = KVCommandResult(ok=True, value=None)
@@ -82,8 +103,34 @@ class KVSnapshot(msgspec.Struct, frozen=True, array_like=True):
     sessions: list[SessionRecord]
 
 
+class KVSnapshotV3(msgspec.Struct, frozen=True, array_like=True):
+    format_version: int
+    applied_index: int
+    clock_ms: int
+    sessions: list[SessionRecord]
+    revision: int
+    compacted_revision: int
+    kvs: list[KeyValue]
+    """In key order."""
+    history: list[WatchEvent]
+    """Without each event's key-before (`kv.mvcc.history_for_snapshot`)."""
+    history_base: list[KeyValue]
+    """Each key in the history as it was before its first event there (if it existed)."""
+    leases: list[Lease]
+    """In id order."""
+    next_lease_id: int
+
+
+class SnapshotFormat(msgspec.Struct, frozen=True, array_like=True):
+    """Every format starts with its number (the rest of the array is skipped here)."""
+
+    format_version: int
+
+
 _snapshot_encoder = msgspec.msgpack.Encoder()
+_format_decoder = msgspec.msgpack.Decoder(SnapshotFormat)
 _snapshot_decoder = msgspec.msgpack.Decoder(KVSnapshot)
+_snapshot_v3_decoder = msgspec.msgpack.Decoder(KVSnapshotV3)
 
 
 class KVStateMachine:
@@ -96,8 +143,13 @@ class KVStateMachine:
         session_results_max: int = SESSION_RESULTS_MAX_DEFAULT,
         expired_ttl_ms: int = EXPIRED_TTL_MS_DEFAULT,
         expired_count_max: int = EXPIRED_COUNT_MAX_DEFAULT,
+        history_events_max: int = HISTORY_EVENTS_MAX_DEFAULT,
+        history_bytes_max: int = HISTORY_BYTES_MAX_DEFAULT,
     ) -> None:
-        self.data: dict[str, str] = {}
+        self.store = MVCCStore(history_events_max, history_bytes_max)
+        self.revision_listeners: list[Callable[[], None]] = []
+        """Called after an entry that changed the store's revision or its leases (the
+        service wakes its watches and lease timer; they must not change the machine)."""
         self.sessions = SessionTable(
             session_ttl_ms,
             session_count_max,
@@ -124,18 +176,33 @@ class KVStateMachine:
 
     @property
     def key_count(self) -> int:
-        return len(self.data)
+        return len(self.store.records)
+
+    @property
+    def data(self) -> TextView:
+        """Keys and their values as text (read-only)."""
+        return TextView(self.store.records)
+
+    @property
+    def revision(self) -> int:
+        return self.store.revision
 
     @property
     def session_count(self) -> int:
         return len(self.sessions)
 
     def get(self, key: str) -> str | None:
-        return self.data.get(key)
+        """The value of `key` as text (for internal keys and the plain text API)."""
+        record = self.store.records.get(key)
+        return None if record is None else text(record.value)
+
+    def get_bytes(self, key: str) -> bytes | None:
+        """The value of `key` as stored."""
+        record = self.store.records.get(key)
+        return None if record is None else record.value
 
     def read(self, keys: list[str]) -> list[str | None]:
-        data = self.data
-        return [data.get(key) for key in keys]
+        return [self.get(key) for key in keys]
 
     # --- apply --------------------------------------------------------------------------
 
@@ -160,6 +227,8 @@ class KVStateMachine:
     def apply_entry(self, entry: KVEntry) -> list[list[KVCommandResult]]:
         sessions = self.sessions
         sessions.advance_clock(entry.timestamp_ms)
+        revision = self.store.revision
+        lease_count = len(self.store.leases)
         all_results: list[list[KVCommandResult]] = []
         for batch in entry.batches:
             if not sessions.admits(batch.client_id, batch.first_unacknowledged):
@@ -177,6 +246,11 @@ class KVStateMachine:
                     self.duplicate_count += 1
                 batch_results.append(result)
             all_results.append(batch_results)
+        if entry.expired_leases:
+            self.store.expire(entry.expired_leases, sessions.clock_ms)
+        if self.store.revision != revision or len(self.store.leases) != lease_count:
+            for listener in self.revision_listeners:
+                listener()
         return all_results
 
     def execute(self, command: KVCommand) -> KVCommandResult:
@@ -184,38 +258,40 @@ class KVStateMachine:
         if command.op == AUTH_OP:
             # Users, roles and the auth switch (quorumlog.auth): only nodes build these.
             self.auth_generation += 1
-            result = apply_auth(self.data, command)
+            result = execute_auth(self.store, command)
             if self.auth_changed is not None:
                 self.auth_changed()
             return result
-        return execute_write(self.data, command)
+        if command.op == V3_OP:
+            return execute_v3(self.store, command, self.sessions.clock_ms)
+        result = execute_text_write(self.store, command)
+        self.store.finish()
+        return result
 
     # --- snapshots ----------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
         """The whole state (data, sessions, applied index) as deterministic bytes."""
-        snapshot = KVSnapshot(
+        store = self.store
+        history, history_base = history_for_snapshot(store.history)
+        snapshot = KVSnapshotV3(
             format_version=SNAPSHOT_FORMAT_VERSION,
             applied_index=self._applied_index,
             clock_ms=self.sessions.clock_ms,
-            data=dict(sorted(self.data.items())),
             sessions=self.sessions.to_records(),
+            revision=store.revision,
+            compacted_revision=store.compacted_revision,
+            kvs=[store.records[key] for key in store.sorted_keys],
+            history=history,
+            history_base=history_base,
+            leases=[store.leases[lease_id] for lease_id in sorted(store.leases)],
+            next_lease_id=store.next_lease_id,
         )
         return _snapshot_encoder.encode(snapshot)
 
     def restore(self, data: bytes) -> None:
         """Replace the whole state with a snapshot's; the state is unchanged if it fails."""
-        try:
-            snapshot = _snapshot_decoder.decode(data)
-        except wire.DECODE_ERRORS as error:
-            raise MalformedEntryError(
-                f"KV snapshot ({len(data)} bytes) does not decode: {error}"
-            ) from error
-        if snapshot.format_version not in SNAPSHOT_FORMAT_VERSIONS_READ:
-            raise MalformedEntryError(
-                f"KV snapshot format {snapshot.format_version}; this build reads formats "
-                f"{sorted(SNAPSHOT_FORMAT_VERSIONS_READ)}"
-            )
+        snapshot = decode_snapshot(data)
         current = self.sessions
         restored = SessionTable(
             current.session_ttl_ms,
@@ -229,15 +305,143 @@ class KVStateMachine:
             restored.load_records(snapshot.clock_ms, snapshot.sessions)
         except ValueError as error:
             raise MalformedEntryError(f"KV snapshot: {error}") from error
+        store = MVCCStore(self.store.history_events_max, self.store.history_bytes_max)
+        store.load(
+            snapshot.kvs,
+            snapshot.revision,
+            snapshot.compacted_revision,
+            relink_history(snapshot.history, snapshot.history_base),
+            snapshot.leases,
+            snapshot.next_lease_id,
+        )
         self.sessions = restored
-        self.data = snapshot.data
+        self.store = store
         self._applied_index = snapshot.applied_index
         self.auth_generation += 1
         if self.auth_changed is not None:
             self.auth_changed()
+        for listener in self.revision_listeners:
+            listener()
 
 
-__all__ = ["KVSnapshot", "KVStateMachine", "MalformedEntryError"]
+__all__ = ["KVSnapshot", "KVSnapshotV3", "KVStateMachine", "MalformedEntryError"]
+
+
+def decode_snapshot(data: bytes) -> KVSnapshotV3:
+    """A snapshot of any format read, as format 3 (see the module docstring)."""
+    try:
+        format_version = _format_decoder.decode(data).format_version
+        if format_version == SNAPSHOT_FORMAT_VERSION:
+            snapshot: KVSnapshotV3 = _snapshot_v3_decoder.decode(data)
+            return snapshot
+        if format_version in SNAPSHOT_FORMAT_VERSIONS_READ:
+            return upgrade_snapshot(_snapshot_decoder.decode(data))
+    except wire.DECODE_ERRORS as error:
+        raise MalformedEntryError(
+            f"KV snapshot ({len(data)} bytes) does not decode: {error}"
+        ) from error
+    raise MalformedEntryError(
+        f"KV snapshot format {format_version}; this build reads formats "
+        f"{sorted(SNAPSHOT_FORMAT_VERSIONS_READ)}"
+    )
+
+
+def upgrade_snapshot(snapshot: KVSnapshot) -> KVSnapshotV3:
+    """A format 1 or 2 snapshot as format 3, revisions made up from it alone."""
+    kvs = [
+        KeyValue(key, value.encode(), revision, revision, 1, 0)
+        for revision, (key, value) in enumerate(sorted(snapshot.data.items()), start=1)
+    ]
+    return KVSnapshotV3(
+        format_version=SNAPSHOT_FORMAT_VERSION,
+        applied_index=snapshot.applied_index,
+        clock_ms=snapshot.clock_ms,
+        sessions=snapshot.sessions,
+        revision=len(kvs),
+        compacted_revision=len(kvs),
+        kvs=kvs,
+        history=[],
+        history_base=[],
+        leases=[],
+        next_lease_id=1,
+    )
+
+
+def execute_auth(store: MVCCStore, command: KVCommand) -> KVCommandResult:
+    """One auth command over the store: applied to the auth keys' text, and what changed
+    written back as one revision (a refused command changes nothing)."""
+    records = store.records
+    before = {key: text(records[key].value) for key in AUTH_KEYS if key in records}
+    data = dict(before)
+    result = apply_auth(data, command)
+    if result.ok:
+        for key in AUTH_KEYS:
+            value = data.get(key)
+            if value is not None and value != before.get(key):
+                store.put(key, value.encode())
+        store.finish()
+    return result
+
+
+def execute_text_write(store: MVCCStore, command: KVCommand) -> KVCommandResult:
+    """The plain text commands over the multi-version store, answering as `execute_write`
+    answers over a dict (the shard groups' rules), so both KVs behave alike."""
+    key = command.key
+    operation = command.op
+    if operation in ("put", "append"):
+        if command.value is None:
+            return REJECTED_RESULT
+        value = command.value.encode()
+        previous = store.records.get(key)
+        if operation == "append" and previous is not None:
+            value = previous.value + value
+        store.put(key, value)
+        return OK_RESULT
+    if operation == "delete":
+        deleted = store.delete(key)
+        return KVCommandResult(ok=True, value=None if deleted is None else text(deleted.value))
+    if operation == "cas":
+        record = store.records.get(key)
+        current = None if record is None else text(record.value)
+        if current != command.expected:
+            return KVCommandResult(ok=False, value=current)
+        # A new value of None deletes: "cas to missing".
+        if command.value is None:
+            store.delete(key)
+        else:
+            store.put(key, command.value.encode())
+        return KVCommandResult(ok=True, value=current)
+    return REJECTED_RESULT
+
+
+def execute_v3(store: MVCCStore, command: KVCommand, clock_ms: int) -> KVCommandResult:
+    """One v3 command; its answer (or its refusal, `V3Failure`) rides in `payload`."""
+    if command.payload is None:
+        return REJECTED_RESULT
+    try:
+        v3_command = kv_v3.decode_command(command.payload)
+    except wire.DECODE_ERRORS:
+        # The service checks payloads before proposing; an older build's leader may not.
+        return REJECTED_RESULT
+    response: kv_v3.V3Response
+    try:
+        if isinstance(v3_command, kv_v3.Txn):
+            response = store.txn(v3_command)
+        elif isinstance(v3_command, kv_v3.LeaseGrant):
+            lease = store.lease_grant(v3_command.ttl_seconds, clock_ms)
+            response = kv_v3.LeaseResponse(lease.lease_id, lease.ttl_seconds, store.revision)
+        elif isinstance(v3_command, kv_v3.LeaseKeepAlive):
+            lease = store.lease_keepalive(v3_command.lease_id, clock_ms)
+            response = kv_v3.LeaseResponse(lease.lease_id, lease.ttl_seconds, store.revision)
+        elif isinstance(v3_command, kv_v3.LeaseRevoke):
+            store.lease_revoke(v3_command.lease_id)
+            response = kv_v3.LeaseResponse(v3_command.lease_id, 0, store.revision)
+        else:
+            store.compact(v3_command.revision)
+            response = kv_v3.CompactResponse(store.revision)
+    except StoreFailure as failure:
+        response = failure.failure
+    return KVCommandResult(ok=True, value=None, payload=kv_v3.encode_response(response))
 
 
 def execute_write(data: dict[str, str], command: KVCommand) -> KVCommandResult:

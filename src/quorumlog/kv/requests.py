@@ -70,12 +70,20 @@ class SessionCommand:
     __slots__ = ("command", "identity", "session")
 
     def __init__(
-        self, session: ClientSession, identity: CommandIdentity, now_seconds: float
+        self,
+        session: ClientSession,
+        identity: CommandIdentity,
+        now_seconds: float,
+        payload: bytes | None = None,
     ) -> None:
         self.session = session
         self.identity = identity
         sequence = session.sequences.allocate(identity, now_seconds)
-        self.command = KVCommand(sequence, *identity)
+        if payload is None:
+            self.command = KVCommand(sequence, *identity)
+        else:
+            # A v3 command: the identity names it (op, what, digest), the payload is it.
+            self.command = KVCommand(sequence, identity[0], identity[1], payload=payload)
 
     def request(self, request_id: int, group: str = KV_GROUP) -> KVWrite:
         """The frame of one attempt (each attempt reads `first_unacknowledged` afresh)."""

@@ -105,6 +105,12 @@ class RequestDispatcher:
             else:
                 self.group_coordinator.handle(request, reply)
             return
+        if isinstance(request, wire.KVRangeRequest | wire.WatchPoll | wire.LeaseTimeToLiveRequest):
+            if request.group != KV_GROUP or self.kv is None:
+                self.unknown_group(reply, request.request_id, request.group)
+            else:
+                self.kv.read_v3(request, reply)
+            return
         if isinstance(request, wire.HAControllerRequest):
             if self.ha_controller is None:
                 self.unknown_group(reply, request.request_id, wire.HA_CONTROLLER_GROUP)

@@ -9,18 +9,32 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from quorumlog.codec import wire
+import msgspec
+
+from quorumlog.codec import kv_v3, wire
+from quorumlog.codec.kv_v3 import V3_OP, KeyValue
 from quorumlog.errors import NotLeaderError, QuorumLogError
 from quorumlog.kv.commands import ClientBatch, KVEntry, encode_entry
 from quorumlog.kv.machine import KVStateMachine
-from quorumlog.kv.reserved import RESERVED_KEY_PREFIX, is_reserved_key
+from quorumlog.kv.mvcc import StoreFailure
+from quorumlog.kv.reserved import (
+    RESERVED_KEY_PREFIX,
+    is_reserved_key,
+    user_ranges,
+    v3_reserved_problem,
+)
 from quorumlog.node.errors_to_wire import after_read_barrier, error_response
+from quorumlog.node.kv_leases import LeaseKeeper
+from quorumlog.node.kv_watches import WatchPolls
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.handle import GroupHandle
 
 Replier = Callable[[wire.Frame], None]
 WRITE_OPS = frozenset({"put", "append", "delete", "cas"})
 SCAN_LIMIT_MAX = 10_000
+RANGE_LIMIT_MAX = 10_000
+"""Keys one range answer carries at most (the client pages past it, at one revision)."""
+V3ReadRequest = wire.KVRangeRequest | wire.WatchPoll | wire.LeaseTimeToLiveRequest
 
 
 class KVLimits:
@@ -53,6 +67,8 @@ class KVRequestService:
         self.limits = limits or KVLimits()
         self.pending_writes: list[tuple[wire.KVWrite, Replier]] = []
         self.flush_scheduled = False
+        self.write_ops = WRITE_OPS
+        """The write ops this group carries out (the plain KV adds "v3")."""
 
     # --- errors -------------------------------------------------------------------------
 
@@ -103,7 +119,7 @@ class KVRequestService:
         key_bound = limits.key_bytes_max // 4
         value_bound = limits.value_bytes_max // 4
         for command in request.commands:
-            if command.op not in WRITE_OPS:
+            if command.op not in self.write_ops:
                 return wire.ErrorCode.BAD_REQUEST, f"unknown write op {command.op!r}"
             key = command.key
             if len(key) > key_bound and len(key.encode()) > limits.key_bytes_max:
@@ -123,6 +139,10 @@ class KVRequestService:
                     )
             if command.op in ("put", "append") and command.value is None:
                 return wire.ErrorCode.BAD_REQUEST, f"{command.op} needs a value"
+            if command.op == V3_OP:
+                problem = check_v3_payload(command.payload, limits)
+                if problem is not None:
+                    return problem
         return None
 
     def flush_writes(self) -> None:
@@ -133,7 +153,7 @@ class KVRequestService:
         chunk_bytes = 0
         for request, reply in pending:
             size = 64 + sum(
-                len(c.key) + len(c.value or "") + len(c.expected or "") + 16
+                len(c.key) + len(c.value or "") + len(c.expected or "") + len(c.payload or b"") + 16
                 for c in request.commands
             )
             if chunk and chunk_bytes + size > self.limits.entry_bytes_max:
@@ -209,6 +229,12 @@ class KVService(KVRequestService):
     ) -> None:
         super().__init__(group, leader_address, limits)
         self.machine = machine
+        self.write_ops = WRITE_OPS | {V3_OP}
+        self.leases = LeaseKeeper(group, lambda: self.machine, self.propose_expired)
+        self.watches = WatchPolls(group, lambda: self.machine)
+        machine.revision_listeners.append(self.leases.changed)
+        machine.revision_listeners.append(self.watches.changed)
+        self.leases.changed()  # leases restored from disk before the service started
 
     def check_write(self, request: wire.KVWrite) -> tuple[wire.ErrorCode, str] | None:
         """As every KV group checks, and: keys starting with "__" are quorumlog's own
@@ -217,6 +243,11 @@ class KVService(KVRequestService):
         if problem is not None or request.internal:
             return problem
         for command in request.commands:
+            if command.op == V3_OP:
+                reason = v3_reserved_problem(command.payload)
+                if reason is not None:
+                    return wire.ErrorCode.RESERVED_KEY, reason
+                continue
             if is_reserved_key(command.key):
                 return (
                     wire.ErrorCode.RESERVED_KEY,
@@ -258,3 +289,114 @@ class KVService(KVRequestService):
             items=[(key, data[key]) for key in page],
             next_start=next_start,
         )
+
+    # --- the etcd v3-style KV -------------------------------------------------------------
+
+    def read_v3(self, request: V3ReadRequest, reply: Replier) -> None:
+        """Range, watch and lease reads: behind the same read barrier as `read` (a stale
+        range is answered from this node's state)."""
+        if isinstance(request, wire.KVRangeRequest) and request.stale:
+            self.answer_v3(request, reply)
+            return
+        after_read_barrier(
+            self.group.linearizable_read,
+            request.request_id,
+            reply,
+            self.leader_address,
+            lambda: self.answer_v3(request, reply),
+        )
+
+    def answer_v3(self, request: V3ReadRequest, reply: Replier) -> None:
+        if isinstance(request, wire.KVRangeRequest):
+            reply(self.range(request))
+        elif isinstance(request, wire.WatchPoll):
+            self.watches.poll(request, reply)
+        else:
+            reply(self.time_to_live(request))
+
+    def range(self, request: wire.KVRangeRequest) -> wire.KVRangeResult:
+        store = self.machine.store
+        limit = RANGE_LIMIT_MAX if request.limit <= 0 else min(request.limit, RANGE_LIMIT_MAX)
+        try:
+            kvs: list[KeyValue] = []
+            count = 0
+            # A user's range leaves quorumlog's own keys out (kv/reserved.py).
+            for start, end in user_ranges(request.key, request.end):
+                piece, piece_count = store.range(
+                    start, end, max(limit - len(kvs), 1), request.revision
+                )
+                kvs += piece[: limit - len(kvs)]
+                count += piece_count
+        except StoreFailure as failure:
+            return wire.KVRangeResult(
+                request_id=request.request_id,
+                kvs=[],
+                more=False,
+                count=0,
+                revision=store.revision,
+                failure=failure.failure,
+            )
+        more = count > len(kvs)
+        if request.count_only:
+            kvs = []
+        elif request.keys_only:
+            kvs = [msgspec.structs.replace(kv, value=b"") for kv in kvs]
+        return wire.KVRangeResult(
+            request_id=request.request_id,
+            kvs=kvs,
+            more=more,
+            count=count,
+            revision=store.revision,
+        )
+
+    def time_to_live(self, request: wire.LeaseTimeToLiveRequest) -> wire.LeaseTimeToLiveResult:
+        store = self.machine.store
+        lease = store.leases.get(request.lease_id)
+        if lease is None:
+            return wire.LeaseTimeToLiveResult(
+                request_id=request.request_id,
+                lease_id=request.lease_id,
+                ttl_seconds=-1,
+                granted_ttl_seconds=0,
+            )
+        keys = sorted(store.lease_keys.get(lease.lease_id, set())) if request.keys else []
+        return wire.LeaseTimeToLiveResult(
+            request_id=request.request_id,
+            lease_id=lease.lease_id,
+            ttl_seconds=self.leases.remaining_seconds(lease),
+            granted_ttl_seconds=lease.ttl_seconds,
+            keys=keys,
+        )
+
+    def propose_expired(self, lease_ids: list[int], settled: Callable[[], None]) -> None:
+        """Propose the entry that expires `lease_ids` (the leader's decision)."""
+        timestamp_ms = self.group.scheduler.wall_time_ms()
+        entry = KVEntry(timestamp_ms=timestamp_ms, batches=[], expired_leases=lease_ids)
+        try:
+            future = self.group.propose(encode_entry(entry))
+        except QuorumLogError:  # not the leader any more, or busy: the next check retries
+            settled()
+            return
+        future.add_done_callback(lambda _: settled())
+
+
+def check_v3_payload(payload: bytes | None, limits: KVLimits) -> tuple[wire.ErrorCode, str] | None:
+    """A v3 command that decodes and keeps to the limits, or the refusal."""
+    if payload is None:
+        return wire.ErrorCode.BAD_REQUEST, "a v3 command needs a payload"
+    if len(payload) > limits.entry_bytes_max:
+        return wire.ErrorCode.TOO_LARGE, f"v3 command of {len(payload)} bytes"
+    try:
+        command = kv_v3.decode_command(payload)
+    except wire.DECODE_ERRORS as error:
+        return wire.ErrorCode.BAD_REQUEST, f"v3 command does not decode: {error}"
+    if not isinstance(command, kv_v3.Txn):
+        return None
+    for operation in (*command.success, *command.failure):
+        if len(operation.key.encode()) > limits.key_bytes_max:
+            return wire.ErrorCode.TOO_LARGE, f"key of {len(operation.key.encode())} bytes"
+        if len(operation.value) > limits.value_bytes_max:
+            return wire.ErrorCode.TOO_LARGE, f"value of {len(operation.value)} bytes"
+        if operation.kind not in ("put", "delete", "get"):
+            return wire.ErrorCode.BAD_REQUEST, f"unknown txn operation {operation.kind!r}"
+    return None

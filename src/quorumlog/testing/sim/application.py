@@ -75,6 +75,12 @@ def kv_service(
             else:
                 service.read(request, reply)
             return
+        if isinstance(request, wire.KVRangeRequest | wire.WatchPoll | wire.LeaseTimeToLiveRequest):
+            if request.group != KV_GROUP:
+                reply(unknown_group(request.request_id, request.group, group.node_id))
+            else:
+                service.read_v3(request, reply)
+            return
         reply(
             wire.ErrorResponse(
                 request_id=request.request_id,
@@ -104,10 +110,20 @@ def kv_command_identities(data: bytes) -> Iterable[tuple[str, int]]:
             yield batch.client_id, command.sequence
 
 
+SIM_HISTORY_BYTES_MAX = 2048
+"""The simulated KV keeps a small watch history: the simulated networks move snapshots in
+chunks as small as 64 bytes, and the history rides in every snapshot (its workload has no
+watches; `tests/unit/kv/test_mvcc.py` covers the history)."""
+
+
+def sim_kv_machine() -> KVStateMachine:
+    return KVStateMachine(history_bytes_max=SIM_HISTORY_BYTES_MAX)
+
+
 KV_APPLICATION: SimApplication[KVStateMachine] = SimApplication(
-    KVStateMachine, kv_service, KV_MARKER_ENTRY, kv_command_identities
+    sim_kv_machine, kv_service, KV_MARKER_ENTRY, kv_command_identities
 )
-"""The default: the shipped KV machine and service."""
+"""The default: the shipped KV machine (with a small history) and service."""
 
 
 __all__ = ["KV_APPLICATION", "KV_MARKER_ENTRY", "SimApplication", "kv_service"]

@@ -31,7 +31,11 @@ from quorumlog.raft.configuration import Configuration, MembershipChange
 from quorumlog.raft.messages import Message
 from quorumlog.storage.entry import EntryType, LogEntry
 from quorumlog.testing.history import History, Operation, OperationStatus
-from quorumlog.testing.linearizability import LinearizabilityResult, check_linearizable
+from quorumlog.testing.linearizability import (
+    KV_MODEL,
+    LinearizabilityResult,
+    check_linearizable,
+)
 from quorumlog.testing.sim.application import KV_APPLICATION, SimApplication
 from quorumlog.testing.sim.checks import InvariantViolation, SimulationError, require
 from quorumlog.testing.sim.events import EventQueue, derive_random
@@ -41,6 +45,7 @@ from quorumlog.testing.sim.network import NetworkFaults, SimNetwork
 from quorumlog.testing.sim.node import NodeOptions, SimNode, client_address
 from quorumlog.testing.sim.trace import TraceRecorder
 from quorumlog.testing.sim.workload import SimClient, Workload, WorkloadOptions
+from quorumlog.testing.txn_model import TXN_MODEL
 
 SCRIPT_CLIENT = "script"
 """The client of the scripted helpers (`put`, `get`, ...), apart from workload clients."""
@@ -316,7 +321,10 @@ class SimCluster:
     # --- end-of-run checks -------------------------------------------------------------
 
     def check_linearizable(self, time_budget_steps: int = 1_000_000) -> LinearizabilityResult:
-        return check_linearizable(self.resolved_operations(), time_budget_steps=time_budget_steps)
+        model = TXN_MODEL if self.options.workload.v3 else KV_MODEL
+        return check_linearizable(
+            self.resolved_operations(), model, time_budget_steps=time_budget_steps
+        )
 
     def note_applied(self, entry: LogEntry) -> None:
         identities = self.application.command_identities

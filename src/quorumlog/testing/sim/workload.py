@@ -16,13 +16,23 @@ other refusal is a defect of the system under test and stops the run.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import msgspec
 
-from quorumlog.codec.wire import ClientRequest, Frame, KVReadResult, KVWriteResult
+from quorumlog.codec import kv_v3
+from quorumlog.codec.wire import (
+    ClientRequest,
+    Frame,
+    KVCommandResult,
+    KVRangeRequest,
+    KVRangeResult,
+    KVReadResult,
+    KVWriteResult,
+)
 from quorumlog.errors import (
     ClientError,
     SessionExpiredError,
@@ -38,6 +48,7 @@ from quorumlog.kv.connection import (
     SessionHolder,
 )
 from quorumlog.kv.requests import SessionCommand, read_request, read_value
+from quorumlog.kv.v3_client import compare_from, operation_from
 from quorumlog.testing.history import History, Operation
 from quorumlog.testing.sim.checks import InvariantViolation
 from quorumlog.testing.sim.events import EventQueue, draw_int
@@ -67,6 +78,9 @@ class WorkloadOptions(msgspec.Struct, frozen=True):
     nodes in a seeded order: it asks a random node first (and follows hints from there).
     Without it every client soon sticks to the leader, and no client sees a new leader
     while an old one still answers."""
+    v3: bool = False
+    """Run the v3 KV's operations instead: multi-key txns and ranges (`testing.txn_model`),
+    ranges at `read_fraction`."""
 
 
 class QueueTimers:
@@ -107,8 +121,22 @@ class FrameClientTransport:
         self.frames.call(self.name, node_id, request, on_answer)
 
 
+def txn_payload(argument: Any) -> bytes:
+    """The v3 command of a history "txn" operation."""
+    compares, success, failure = argument
+    return kv_v3.encode_command(
+        kv_v3.Txn(
+            [compare_from(compare) for compare in compares],
+            [operation_from(operation) for operation in success],
+            [operation_from(operation) for operation in failure],
+        )
+    )
+
+
 def write_identity(kind: str, key: str, argument: Any) -> CommandIdentity:
     """The KV client call (op, key, value, expected) of a history operation."""
+    if kind == "txn":
+        return (kv_v3.V3_OP, key, hashlib.sha256(txn_payload(argument)).hexdigest(), None)
     if kind == "cas":
         expected, new = argument
         return ("cas", key, new, expected)
@@ -209,11 +237,16 @@ class SimClient(SessionHolder):
         reconnect = self.options.reconnect_fraction
         if reconnect and self.rng.random() < reconnect:
             self.selector = self.new_selector()
-        is_read = kind == "get"
+        is_read = kind in ("get", "range")
         command = (
             None
             if is_read
-            else SessionCommand(self.session, write_identity(kind, key, argument), now_ms / 1000)
+            else SessionCommand(
+                self.session,
+                write_identity(kind, key, argument),
+                now_ms / 1000,
+                txn_payload(argument) if kind == "txn" else None,
+            )
         )
         if command is not None:
             self.stats.write_identities[operation_id] = (
@@ -230,7 +263,14 @@ class SimClient(SessionHolder):
             side_effects=not is_read,
         )
         loop: AttemptLoop[Any]
-        if command is None:
+        if kind == "range":
+            start, end = argument
+            loop = self.attempt_loop(
+                attempts,
+                KVRangeResult,
+                lambda request_id: KVRangeRequest(request_id=request_id, key=start, end=end),
+            )
+        elif command is None:
             loop = self.attempt_loop(
                 attempts, KVReadResult, lambda request_id: read_request(key, request_id)
             )
@@ -274,12 +314,20 @@ class SimClient(SessionHolder):
         command = operation.command
         output: Any = None
         try:
-            if command is None:
+            if operation.kind == "range":
+                output = range_output(response)
+                self.last_seen = dict(output)
+            elif command is None:
                 output = read_value(response)
                 self.last_seen[operation.key] = output
             else:
                 result = command.answered(response, endpoint)
                 output = result.ok if operation.kind == "cas" else None
+                if operation.kind == "txn":
+                    output = txn_output(result)
+                    if output[0]:  # the first put of the success branch took effect
+                        _, key, value = operation.argument[1][0]
+                        self.last_seen[key] = value
         except ClientError as error:  # a refusal in the answer (sequence acknowledged)
             self.ended_unanswered(operation, error)
             return
@@ -448,6 +496,8 @@ class Workload:
         client.begin(kind, key, argument, on_finish)
 
     def _choose(self, client: SimClient) -> tuple[str, str, Any]:
+        if self.options.v3:
+            return self._choose_v3(client)
         options = self.options
         rng = self.rng
         key = self.keys[rng.randrange(len(self.keys))]
@@ -465,8 +515,53 @@ class Workload:
             return "cas", key, (client.last_seen.get(key), value)
         return "put", key, value
 
+    def _choose_v3(self, client: SimClient) -> tuple[str, str, Any]:
+        """A range over the keys, or a txn over one or two of them: a compare (the value
+        this client last saw, or "missing"), then puts, a delete and gets."""
+        rng = self.rng
+        keys = self.keys
+        if rng.random() < self.options.read_fraction:
+            return "range", MULTI_KEY, (keys[0], keys[-1] + "\x00")
+        first = keys[rng.randrange(len(keys))]
+        second = keys[rng.randrange(len(keys))]
+        value = f"{client.name}.{client.operations_begun + 1}"
+        seen = client.last_seen.get(first)
+        compare = ("create", first, "==", 0) if seen is None else ("value", first, "==", seen)
+        success: tuple[tuple[Any, ...], ...] = (("put", first, value), ("get", second))
+        if second != first and rng.random() < 0.3:
+            success = (("put", first, value), ("delete", second), ("get", second))
+        elif second != first:
+            success = (("put", first, value), ("put", second, value + "b"), ("get", first))
+        failure = (("get", first),)
+        return "txn", MULTI_KEY, ((compare,), success, failure)
 
-def appends_applied_twice(operations: list[Operation], data: dict[str, str]) -> list[str]:
+
+MULTI_KEY = "*"
+"""The history key of v3 operations: each may touch every key (one partition)."""
+
+
+def range_output(response: KVRangeResult) -> tuple[tuple[str, str], ...]:
+    if response.failure is not None:
+        raise ClientError(f"range refused: {response.failure.message}")
+    return tuple((kv.key, kv.value.decode()) for kv in response.kvs)
+
+
+def txn_output(result: KVCommandResult) -> tuple[bool, tuple[str | None, ...]]:
+    """(succeeded, the values the gets read) of an answered txn."""
+    if result.payload is None:
+        raise ClientError("txn answered without a v3 result")
+    response = kv_v3.decode_response(result.payload)
+    if not isinstance(response, kv_v3.TxnResponse):
+        raise ClientError(f"txn refused: {response!r}")
+    gets = tuple(
+        (item.kvs[0].value.decode() if item.kvs else None)
+        for item in response.responses
+        if item.kind == "get"
+    )
+    return response.succeeded, gets
+
+
+def appends_applied_twice(operations: list[Operation], data: Mapping[str, str]) -> list[str]:
     """The values of append operations that occur more than once in their key's value in
     `data`. Each append carries a value unique to its call ("c2.7;": only its own call's
     value starts at that "c" and ends at that ";"), so one found twice was applied twice:
