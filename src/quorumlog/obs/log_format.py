@@ -66,3 +66,6 @@ def configure_logging(
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # The level is the root's alone: a level left on quorumlog's own logger (the simulator
+    # silences it) would filter records before they reach the handler.
+    logging.getLogger("quorumlog").setLevel(logging.NOTSET)
