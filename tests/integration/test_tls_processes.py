@@ -53,6 +53,7 @@ class Certificates:
         self.node = ours.issue("node", NODE_COMMON_NAME)
         self.client = ours.issue("client", "alice")
         self.wrong_name = ours.issue("intruder", "intruder")
+        self.nobody = ours.issue("nobody", "nobody")
         self.other_ca_file = other.cert_file
         self.other_node = other.issue("node", NODE_COMMON_NAME)
         self.other_client = other.issue("client", "alice")
@@ -355,3 +356,52 @@ def test_a_peer_without_a_valid_certificate_cannot_join(
 def test_a_status_query_without_tls_gets_nothing(cluster: ProcessCluster) -> None:
     """The test kit's own plaintext probe is refused as any plaintext client is."""
     assert query_status(cluster.endpoints[0], CLUSTER_ID) is None
+
+
+def test_with_auth_on_a_client_certificate_names_its_user(
+    cluster: ProcessCluster, certificates: Certificates
+) -> None:
+    """--client-cert-auth with auth enabled (etcd's rule): a client that sends no user or
+    password is served with the rights of the user its certificate's common name names;
+    a certificate naming no user gets AuthenticationRequiredError. Runs last: it turns
+    auth on, and off again at the end."""
+    from quorumlog.auth.client import AuthClient
+    from quorumlog.auth.model import Access, Permission, PermissionKind
+    from quorumlog.errors import AuthenticationRequiredError, PermissionDeniedError
+
+    nobody = certificates.nobody
+    client_tls = certificates.client_tls()  # CN "alice"
+    admin = AuthClient(
+        cluster.endpoints, cluster_id=CLUSTER_ID, timeout=CLIENT_TIMEOUT_SECONDS, tls=client_tls
+    )
+    with admin:
+        admin.user_add("root", "rootpw")
+        admin.user_grant_role("root", "root")
+        admin.role_add("app")
+        admin.role_grant_permission(
+            "app", Permission(PermissionKind.KEY, Access.READWRITE, "app/", "app0")
+        )
+        admin.user_add("alice", "alicepw")
+        admin.user_grant_role("alice", "app")
+        admin.auth_enable()
+    try:
+        with tls_client(cluster, client_tls) as alice:
+            alice.put("app/x", "by certificate")
+            assert alice.get("app/x") == "by certificate"
+            with pytest.raises(PermissionDeniedError):
+                alice.put("other/x", "no")
+        stranger = TLSConfig(
+            ca_file=certificates.ca_file, cert_file=nobody.cert_file, key_file=nobody.key_file
+        )
+        with tls_client(cluster, stranger) as client, pytest.raises(AuthenticationRequiredError):
+            client.get("app/x")
+    finally:
+        with AuthClient(
+            cluster.endpoints,
+            cluster_id=CLUSTER_ID,
+            timeout=CLIENT_TIMEOUT_SECONDS,
+            tls=client_tls,
+            user="root",
+            password="rootpw",
+        ) as root:
+            root.auth_disable()

@@ -144,9 +144,9 @@ class AuthGuard:
 
         `peer_common_name`: the common name of the client's certificate, verified by the
         transport, when the node runs with client certificate authentication (etcd's
-        --client-cert-auth). An `Authenticate` of that user with an empty password is then
-        taken without a password check. (The transport's TLS work passes it; until it
-        does, every client authenticates with a password.)"""
+        --client-cert-auth). As etcd does, a request with no token is then served with the
+        rights of the user that name names (if there is one), and an `Authenticate` of that
+        user with an empty password is taken without a password check."""
         state = self.view.current()
         if isinstance(request, wire.Authenticate):
             if peer_common_name is not None and self.by_certificate(
@@ -175,6 +175,10 @@ class AuthGuard:
             return self.authorize(request, ALL_RIGHTS, state, reply)
         if isinstance(request, UNCHECKED_REQUEST_TYPES):
             return request
+        if peer_common_name is not None:
+            certified = state.rights_of(peer_common_name)
+            if certified is not None:
+                return self.authorize(request, certified, state, reply)
         reply(
             error(
                 request.request_id,

@@ -100,7 +100,9 @@ class _OnlyBookieFrames:
     def on_peer_batch(self, batch: wire.PeerBatch) -> None:
         """A bookie has no Raft peers; a peer batch here is a misdirected node."""
 
-    def on_client_request(self, request: wire.ClientRequest, reply: Replier) -> None:
+    def on_client_request(
+        self, request: wire.ClientRequest, reply: Replier, peer_common_name: str = ""
+    ) -> None:
         if isinstance(request, BOOKIE_REQUEST_TYPES):
             self.server.handle(request, reply)
             return

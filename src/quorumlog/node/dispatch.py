@@ -92,10 +92,12 @@ class RequestDispatcher:
         self.auth: AuthGuard | None = None
         """Checks tokens and rights (quorumlog.auth); None: nothing is checked."""
 
-    def on_client_request(self, request: wire.ClientRequest, reply: Replier) -> None:
+    def on_client_request(
+        self, request: wire.ClientRequest, reply: Replier, peer_common_name: str = ""
+    ) -> None:
         auth = self.auth
         if auth is not None and (auth.active or type(request) in AUTH_FRAME_TYPES):
-            admitted = auth.admit(request, reply)
+            admitted = auth.admit(request, reply, peer_common_name or None)
             if admitted is None:
                 return
             request = admitted

@@ -533,8 +533,10 @@ class Node:
                 continue
             group.step(envelope.message)
 
-    def on_client_request(self, request: wire.ClientRequest, reply: Replier) -> None:
-        self.dispatcher.on_client_request(request, reply)
+    def on_client_request(
+        self, request: wire.ClientRequest, reply: Replier, peer_common_name: str = ""
+    ) -> None:
+        self.dispatcher.on_client_request(request, reply, peer_common_name)
 
 
 def is_dialable(address: str) -> bool:

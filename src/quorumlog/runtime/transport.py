@@ -78,7 +78,12 @@ LISTEN_BACKLOG = 100
 class Handler(Protocol):
     def on_peer_batch(self, batch: wire.PeerBatch) -> None: ...
 
-    def on_client_request(self, request: wire.ClientRequest, reply: Replier) -> None: ...
+    def on_client_request(
+        self, request: wire.ClientRequest, reply: Replier, peer_common_name: str = ""
+    ) -> None:
+        """`peer_common_name`: with client certificate auth, the CN of the client's
+        verified certificate ("" without one, or without that auth)."""
+        ...
 
     def on_peer_address(self, peer: str, address: str) -> None:
         """`peer` says, on a live connection, that it listens at `address`."""
@@ -125,6 +130,8 @@ class Connection(asyncio.Protocol):
         self.closed = asyncio.get_running_loop().create_future()
         self.description = "?"
         self.remote_host: str | None = None
+        self.client_common_name: str | None = None
+        """The CN of a client's certificate, read once ("" if none), with client cert auth."""
 
     def certificate_common_name(self) -> str | None:
         """The CN of the certificate the other end presented over TLS, if any (for
@@ -200,7 +207,14 @@ class Connection(asyncio.Protocol):
             endpoint.round_trip_frame(self, frame)
             return True
         if self.is_client and isinstance(frame, wire.CLIENT_REQUEST_TYPES):
-            endpoint.handler.on_client_request(cast(wire.ClientRequest, frame), self.write)
+            request = cast(wire.ClientRequest, frame)
+            if endpoint.tls.client_cert_auth:
+                # The client's verified certificate names its user (etcd's --client-cert-auth).
+                if self.client_common_name is None:
+                    self.client_common_name = self.certificate_common_name() or ""
+                endpoint.handler.on_client_request(request, self.write, self.client_common_name)
+            else:
+                endpoint.handler.on_client_request(request, self.write)
             return True
         self.abort(f"unexpected {type(frame).__name__} on a {self.kind()} connection")
         return False
