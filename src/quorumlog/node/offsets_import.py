@@ -86,7 +86,8 @@ def parse_previous_offsets(items: KeyValues) -> tuple[dict[str, list[PartitionOf
     offsets: dict[str, list[PartitionOffset]] = {}
     malformed: KeyValues = []
     for key, value in items:
-        group, _, topic_and_partition = key.removeprefix(PREVIOUS_OFFSETS_PREFIX).partition("/")
+        group = group_of(key)
+        topic_and_partition = key.removeprefix(PREVIOUS_OFFSETS_PREFIX).partition("/")[2]
         topic, _, partition = topic_and_partition.rpartition("/")
         named = key.startswith(PREVIOUS_OFFSETS_PREFIX) and bool(group) and bool(topic)
         if named and is_decimal(partition) and is_decimal(value.strip()):
@@ -104,8 +105,8 @@ def is_decimal(text: str) -> bool:
     return text.isascii() and text.isdecimal()
 
 
-def key_of(group: str, item: PartitionOffset) -> str:
-    return f"{PREVIOUS_OFFSETS_PREFIX}{group}/{item.topic}/{item.partition}"
+def group_of(key: str) -> str:
+    return key.removeprefix(PREVIOUS_OFFSETS_PREFIX).partition("/")[0]
 
 
 class OffsetsImport:
@@ -170,7 +171,10 @@ class OffsetsImport:
             self.finished(leadership)
             return
         commands = [ImportOffsets(group, group_offsets) for group, group_offsets in offsets.items()]
-        self.propose(leadership, commands, 0, [])
+        unparsed = set(malformed)
+        # Deleted as read (not rebuilt from the offsets): "07" or " 7" must match to go.
+        well_formed = [item for item in items if item not in unparsed]
+        self.propose(leadership, commands, 0, [], well_formed)
 
     def propose(
         self,
@@ -178,11 +182,13 @@ class OffsetsImport:
         commands: list[ImportOffsets],
         start: int,
         imported: list[ImportOffsets],
+        well_formed: KeyValues,
     ) -> None:
         """Propose the imports from `start` on, one entry after another; then delete the
         keys of those the coordinator applied."""
         if start >= len(commands):
-            self.delete(leadership, imported)
+            groups = {command.group for command in imported}
+            self.delete(leadership, [i for i in well_formed if group_of(i[0]) in groups])
             return
         chunk = commands[start : start + IMPORTS_PER_ENTRY_MAX]
         entry = GroupEntry(self.group.scheduler.wall_time_ms(), [list(chunk)])
@@ -199,16 +205,12 @@ class OffsetsImport:
                 return
             [results] = done.result()
             imported.extend(accepted(chunk, results))
-            self.propose(leadership, commands, start + len(chunk), imported)
+            self.propose(leadership, commands, start + len(chunk), imported, well_formed)
 
         proposal.add_done_callback(applied)
 
-    def delete(self, leadership: int, imported: list[ImportOffsets]) -> None:
-        items = [
-            (key_of(command.group, item), str(item.offset))
-            for command in imported
-            for item in command.offsets
-        ]
+    def delete(self, leadership: int, items: KeyValues) -> None:
+        """Delete the keys imported, each only if it still holds the value read."""
         try:
             deleting = self.previous.delete(items)
         except QuorumLogError as error:
@@ -221,9 +223,8 @@ class OffsetsImport:
                 self.failed(leadership, error)
                 return
             log.info(
-                "group coordinator: carried over %d offsets of %d groups from the previous release",
+                "group coordinator: carried over %d offsets from the previous release",
                 len(items),
-                len(imported),
             )
             self.finished(leadership)
 

@@ -176,7 +176,8 @@ def test_keys_that_do_not_parse_are_left_alone() -> None:
         "__offsets/g",
         "__offsets//t/0",
     ]
-    harness = Harness({"__offsets/g/t/0": "7", "__offsets/g/t/x": "1"})
+    harness = Harness({"__offsets/g/t/0": " 7\n", "__offsets/g/t/x": "1"})
     harness.scheduler.advance(CHECK_SECONDS)
     assert harness.offsets("g") == [("t", 0, 7)]
+    # The imported key went as it was read (" 7\n"); the one that does not parse stayed.
     assert harness.keys.items == {"__offsets/g/t/x": "1"}
