@@ -474,3 +474,9 @@ class UnknownConsumerGroupError(GroupCoordinatorRefusedError, KeyError):
     def __str__(self) -> str:
         # KeyError would quote the message; show it as written.
         return str(self.args[0])
+
+
+class GroupCoordinatorLoadingError(UnavailableError):
+    """A new coordinator leader has not yet carried over the offsets the previous release
+    kept in the "kv" group (Kafka's COORDINATOR_LOAD_IN_PROGRESS): nothing was done; retry
+    shortly. Travels as UNAVAILABLE, which clients retry."""

@@ -128,7 +128,8 @@ def group_coordinator_denial(rights: Rights, request: wire.GroupCoordinatorReque
     """Consumer groups (Kafka's ACLs, in our rights): joining, committing and resetting
     need read on each topic named; deleting a group, the "topics" admin right; leaving,
     describing and listing, any authenticated user; the coordinator leader's own commands
-    (expiry, partition counts), root (nodes) only."""
+    (expiry, partition counts, offsets imported from the previous release), root (nodes)
+    only: any command not named below falls to that refusal."""
     from quorumlog.stream import group_model
 
     try:

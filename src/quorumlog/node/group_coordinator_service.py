@@ -11,7 +11,9 @@ Heartbeats do not go through the log: a join that changes nothing is answered by
 leader from its applied state, and the leader notes the member's last heartbeat in memory
 (by its monotonic clock). Only what changes the group is logged: a new member or
 subscription, a changed partition count, a leave, a commit, and `ExpireMembers` naming the
-members the leader found silent. A new leader knows no heartbeats yet, so it counts every
+members the leader found silent. A new leader first carries over the offsets the previous
+release kept in the "kv" group, holding client requests back meanwhile
+(node/offsets_import.py). A new leader knows no heartbeats yet, so it counts every
 member as heard from when it first looks (one session timeout of grace, as a new etcd
 leader extends leases): a member is never removed for the time the coordinator had no
 leader. Partition counts come from this node's view of the topics (the metadata group it
@@ -25,9 +27,10 @@ from collections.abc import Callable
 from typing import Any
 
 from quorumlog.codec import wire
-from quorumlog.errors import NotLeaderError, QuorumLogError
+from quorumlog.errors import GroupCoordinatorLoadingError, NotLeaderError, QuorumLogError
 from quorumlog.node.batched_proposals import BatchedProposals
 from quorumlog.node.errors_to_wire import after_read_barrier, error_response
+from quorumlog.node.offsets_import import OffsetsImport, PreviousOffsets
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.handle import GroupHandle
 from quorumlog.runtime.resources import Timer
@@ -62,9 +65,12 @@ class GroupCoordinatorService:
         leader_address: Callable[[], str | None],
         partition_count: Callable[[str], int],
         check_interval_seconds: float = CHECK_INTERVAL_SECONDS_DEFAULT,
+        previous_offsets: PreviousOffsets | None = None,
     ) -> None:
         """`partition_count(topic)`: the topic's partitions as this node knows them (0 for
-        a topic it does not know)."""
+        a topic it does not know). `previous_offsets`: where the previous release kept
+        committed offsets, carried over once per leadership (node/offsets_import.py);
+        None: nothing to carry over."""
         if check_interval_seconds <= 0:
             raise ValueError(
                 f"check_interval_seconds must be positive, got {check_interval_seconds}"
@@ -82,6 +88,9 @@ class GroupCoordinatorService:
         """(group, member) → when this leader last heard from the member (monotonic)."""
         self.changes_in_flight: set[tuple[str, str]] = set()
         """(group, kind) of expiries and partition updates proposed and not yet applied."""
+        self.offsets_import = (
+            None if previous_offsets is None else OffsetsImport(group, previous_offsets)
+        )
 
     # --- client requests -------------------------------------------------------------------
 
@@ -104,6 +113,15 @@ class GroupCoordinatorService:
         if not self.group.is_leader:
             self.reject(
                 reply, request.request_id, NotLeaderError(self.group.node_id, self.group.leader_id)
+            )
+            return
+        if self.offsets_import is not None and self.offsets_import.loading:
+            self.reject(
+                reply,
+                request.request_id,
+                GroupCoordinatorLoadingError(
+                    "the coordinator leader is carrying over the previous release's offsets"
+                ),
             )
             return
         if all(isinstance(command, QUERY_TYPES) for command in commands):
@@ -183,9 +201,14 @@ class GroupCoordinatorService:
     def check(self) -> None:
         """While leading: remove silent members, and start a generation for any group
         whose subscribed topics changed partition count."""
+        if self.offsets_import is not None:
+            self.offsets_import.check()
         if not self.group.is_leader:
             # Heartbeats heard while leading before are stale for a later term.
             self.heard_seconds.clear()
+            return
+        if self.offsets_import is not None and self.offsets_import.loading:
+            # Heartbeats are held back meanwhile: nobody is counted silent until it ends.
             return
         now_seconds = self.group.scheduler.monotonic_seconds()
         for name in sorted(self.machine.groups):

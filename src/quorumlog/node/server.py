@@ -63,6 +63,7 @@ from quorumlog.node.ha_controller_service import (
     HAControllerService,
 )
 from quorumlog.node.kv_service import KVLimits, KVService
+from quorumlog.node.offsets_import import KVPreviousOffsets
 from quorumlog.node.peer_requests import AsyncioPeerRequests, PeerRequester
 from quorumlog.node.preferred_leaders import PreferredLeaders
 from quorumlog.node.shard_migration import (
@@ -187,6 +188,7 @@ class Node:
         self.registrar: BookieRegistrar | None = None
         self.ha_controller: HAControllerService | None = None
         self.group_coordinator: GroupCoordinatorService | None = None
+        self.previous_offsets: KVPreviousOffsets | None = None
         self.ticker: GroupTicker | None = None
         self.auth_view: AuthStateView | None = None
         self.liveness = PeerLiveness(
@@ -422,11 +424,20 @@ class Node:
         """Host the consumer-group coordinator group (not started) and serve it."""
         machine = GroupCoordinatorMachine()
         group = self.add_group(wire.GROUP_COORDINATOR_GROUP, machine, voters)
+        # The previous release's offsets are read through the "kv" leader, wherever it is.
+        self.previous_offsets = KVPreviousOffsets(
+            group.host.scheduler,
+            self.metadata_endpoints,
+            self.settings.cluster_id,
+            credentials=self.node_credentials,
+            tls=self.settings.tls.dialing_tls(),
+        )
         self.group_coordinator = GroupCoordinatorService(
             group.host,
             machine,
             lambda: self.address_of(group.core.leader_id),
             self.streams.partition_count,
+            previous_offsets=self.previous_offsets,
         )
         self.dispatcher.group_coordinator = self.group_coordinator
 
@@ -467,6 +478,8 @@ class Node:
             self.ha_controller.stop()
         if self.group_coordinator is not None:
             self.group_coordinator.stop()
+        if self.previous_offsets is not None:
+            self.previous_offsets.close()
         if self.peers is not None:
             await self.peers.close()
         await self.requester.close()

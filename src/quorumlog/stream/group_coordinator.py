@@ -14,7 +14,9 @@ assignor keeps what it can). Commits are fenced by generation (`group_model` doc
 
 Snapshots are msgspec MessagePack of the whole state, groups sorted by name: the same state
 always gives the same bytes. A well-formed entry never makes `apply` raise; bytes that do
-not decode are corruption.
+not decode are corruption. `ImportOffsets` (offsets carried over from the previous
+release's `__offsets/` keys) writes only into the committed offsets, so it left the
+snapshot format as it was.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from quorumlog.stream.group_model import (
     GroupCommand,
     GroupInfo,
     GroupResult,
+    ImportOffsets,
     JoinGroup,
     LeaveGroup,
     ListGroups,
@@ -156,6 +159,8 @@ class GroupCoordinatorMachine:
             return self.commit(command)
         if isinstance(command, ResetOffsets):
             return self.reset(command)
+        if isinstance(command, ImportOffsets):
+            return self.import_offsets(command)
         return self.delete(command)
 
     def join(self, command: JoinGroup) -> GroupResult:
@@ -239,6 +244,24 @@ class GroupCoordinatorMachine:
             state = self.groups[command.group] = ConsumerGroupState(group=command.group)
         store_offsets(state, command.offsets)
         return GroupResult(ok=True, group=view(state))
+
+    def import_offsets(self, command: ImportOffsets) -> GroupResult:
+        """Set the previous release's offsets only where the group has none (see
+        `ImportOffsets`); members, generation and assignment are left as they are."""
+        if any(item.offset < 0 or item.partition < 0 for item in command.offsets):
+            return refused(Refusal.BAD_REQUEST, "offsets and partitions are not negative")
+        state = self.groups.get(command.group)
+        if state is None:
+            if len(self.groups) >= GROUP_COUNT_MAX:
+                return refused(Refusal.BAD_REQUEST, f"at most {GROUP_COUNT_MAX} groups")
+            state = self.groups[command.group] = ConsumerGroupState(group=command.group)
+        missing = [
+            item
+            for item in command.offsets
+            if item.partition not in state.offsets.get(item.topic, {})
+        ]
+        store_offsets(state, missing)
+        return GroupResult(ok=True, generation=state.generation)
 
     def delete(self, command: DeleteGroup) -> GroupResult:
         state = self.groups.get(command.group)

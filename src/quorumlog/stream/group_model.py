@@ -158,6 +158,17 @@ class ListGroups(msgspec.Struct, frozen=True, array_like=True, tag="list"):
     pass
 
 
+class ImportOffsets(msgspec.Struct, frozen=True, array_like=True, tag="import"):
+    """Offsets a group committed before the coordinator existed (the previous release kept
+    them in the "kv" group under `__offsets/<group>/<topic>/<partition>`), carried over by
+    the coordinator leader. Applying it sets an offset only where the group has none for
+    that partition: a commit made since the upgrade wins, and applying it again changes
+    nothing. The coordinator's own command, like `ExpireMembers`: never a client's."""
+
+    group: str
+    offsets: list[PartitionOffset]
+
+
 GroupCommand = (
     JoinGroup
     | LeaveGroup
@@ -168,6 +179,7 @@ GroupCommand = (
     | DeleteGroup
     | DescribeGroup
     | ListGroups
+    | ImportOffsets
 )
 QUERY_TYPES: tuple[type, ...] = (DescribeGroup, ListGroups)
 
@@ -241,6 +253,7 @@ __all__ = [
     "GroupEntry",
     "GroupInfo",
     "GroupResult",
+    "ImportOffsets",
     "JoinGroup",
     "LeaveGroup",
     "ListGroups",

@@ -44,5 +44,13 @@ def test_deleting_a_group_needs_the_topics_right_and_expiry_is_roots() -> None:
     expire = group_model.ExpireMembers("g", ["m1"])
     assert request_denial(READER, request(expire)) is not None
     assert request_denial(Rights([], ["root"]), request(expire)) is None
+    # Importing the previous release's offsets would let a user set any group's offsets.
+    imported = group_model.ImportOffsets("g", [group_model.PartitionOffset("orders", 0, 7)])
+    admin_reader = rights(
+        Permission(PermissionKind.TOPIC, Access.READ, "orders"),
+        Permission(PermissionKind.ADMIN, Access.READWRITE, "topics"),
+    )
+    assert "only root" in str(request_denial(admin_reader, request(imported)))
+    assert request_denial(Rights([], ["root"]), request(imported)) is None
     describe = group_model.DescribeGroup("g")
     assert request_denial(rights(), request(describe, group_model.ListGroups())) is None

@@ -15,6 +15,7 @@ from quorumlog.stream.group_model import (
     GroupCommand,
     GroupEntry,
     GroupResult,
+    ImportOffsets,
     JoinGroup,
     LeaveGroup,
     PartitionOffset,
@@ -105,10 +106,43 @@ def test_new_partitions_start_a_generation() -> None:
     assert log.run(join("a", partitions=2)).assignment == [("t", 0), ("t", 1)]
 
 
+def offsets_of(log: Log, group: str) -> list[tuple[str, int, int]]:
+    info = log.run(DescribeGroup(group)).group
+    assert info is not None
+    return [(o.topic, o.partition, o.offset) for o in info.offsets]
+
+
+def test_an_import_sets_only_missing_offsets_and_a_second_changes_nothing() -> None:
+    log = Log()
+    imported = ImportOffsets("g", [PartitionOffset("t", 0, 7), PartitionOffset("t", 1, 3)])
+    assert log.run(imported).ok  # no such group yet: the import makes it
+    assert offsets_of(log, "g") == [("t", 0, 7), ("t", 1, 3)]
+    before = log.machine.list_groups()
+    assert log.run(imported).ok
+    assert log.machine.list_groups() == before  # applied twice (a crash before the delete)
+    # A commit made since the upgrade wins over an import applied after it.
+    log.run(join("a", partitions=2))
+    generation = log.run(join("a", partitions=2)).generation
+    assert log.run(CommitOffsets("g", "a", generation, [PartitionOffset("t", 1, 40)])).ok
+    later = ImportOffsets("g", [PartitionOffset("t", 1, 3), PartitionOffset("u", 0, 9)])
+    assert log.run(later).ok
+    assert offsets_of(log, "g") == [("t", 0, 7), ("t", 1, 40), ("u", 0, 9)]
+    # Members and generation are the group's own: an import leaves them be.
+    info = log.run(DescribeGroup("g")).group
+    assert info is not None and info.generation == generation
+    assert [m.member_id for m in info.members] == ["a"]
+    negative = ImportOffsets("g", [PartitionOffset("t", 2, -1)])
+    assert log.run(negative).refusal is Refusal.BAD_REQUEST
+    restored = GroupCoordinatorMachine()
+    restored.restore(log.machine.snapshot())
+    assert restored.group_info("g") == log.machine.group_info("g")
+    assert restored.snapshot() == log.machine.snapshot()
+
+
 def random_command(rng: random.Random) -> GroupCommand:
     member = rng.choice("abcd")
     group = rng.choice(["g", "h"])
-    kind = rng.randrange(6)
+    kind = rng.randrange(7)
     if kind == 0:
         topics = rng.sample(["t", "u"], rng.randint(1, 2))
         counts = {"t": rng.randint(0, 4), "u": rng.randint(0, 4)}
@@ -123,7 +157,9 @@ def random_command(rng: random.Random) -> GroupCommand:
     offsets = [PartitionOffset("t", rng.randint(0, 3), rng.randint(0, 100))]
     if kind == 4:
         return CommitOffsets(group, member, rng.randint(-1, 6), offsets)
-    return ResetOffsets(group, offsets)
+    if kind == 5:
+        return ResetOffsets(group, offsets)
+    return ImportOffsets(group, offsets)
 
 
 def test_apply_is_deterministic_and_snapshots_round_trip() -> None:
