@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from quorumlog.codec import wire
-from quorumlog.errors import NotLeaderError
 from quorumlog.node.batched_proposals import BatchedProposals
+from quorumlog.node.command_requests import accepted_commands
 from quorumlog.node.errors_to_wire import after_read_barrier, error_response
 from quorumlog.raft.invariants import InvariantViolation
 from quorumlog.runtime.handle import GroupHandle
@@ -50,32 +50,17 @@ class ControllerService:
         reply(error_response(request_id, error, self.leader_address))
 
     def handle(self, request: wire.ControllerRequest, reply: Replier) -> None:
-        try:
-            commands = decode_commands(request.commands)
-        except wire.DECODE_ERRORS as error:
-            reply(
-                wire.ErrorResponse(
-                    request_id=request.request_id,
-                    code=wire.ErrorCode.BAD_REQUEST,
-                    message=f"controller commands do not decode: {error}",
-                )
-            )
-            return
-        if not commands or len(commands) > COMMANDS_PER_REQUEST_MAX:
-            reply(
-                wire.ErrorResponse(
-                    request_id=request.request_id,
-                    code=wire.ErrorCode.BAD_REQUEST,
-                    message=f"{len(commands)} commands; send 1 to {COMMANDS_PER_REQUEST_MAX}",
-                )
-            )
-            return
-        if not self.group.is_leader:
-            self.reject(
-                reply,
-                request.request_id,
-                NotLeaderError(self.group.node_id, self.group.leader_id),
-            )
+        commands = accepted_commands(
+            request.request_id,
+            request.commands,
+            decode_commands,
+            COMMANDS_PER_REQUEST_MAX,
+            self.group,
+            self.leader_address,
+            reply,
+            "controller commands",
+        )
+        if commands is None:
             return
         if all(isinstance(command, Query) for command in commands):
             self.query(request, commands, reply)

@@ -27,8 +27,9 @@ from collections.abc import Callable
 from typing import Any
 
 from quorumlog.codec import wire
-from quorumlog.errors import GroupCoordinatorLoadingError, NotLeaderError, QuorumLogError
+from quorumlog.errors import GroupCoordinatorLoadingError, QuorumLogError
 from quorumlog.node.batched_proposals import BatchedProposals
+from quorumlog.node.command_requests import accepted_commands
 from quorumlog.node.errors_to_wire import after_read_barrier, error_response
 from quorumlog.node.offsets_import import OffsetsImport, PreviousOffsets
 from quorumlog.runtime.completion import Completion
@@ -98,22 +99,17 @@ class GroupCoordinatorService:
         reply(error_response(request_id, error, self.leader_address))
 
     def handle(self, request: wire.GroupCoordinatorRequest, reply: Replier) -> None:
-        try:
-            commands = decode_commands(request.commands)
-        except wire.DECODE_ERRORS as error:
-            self.bad_request(reply, request.request_id, f"commands do not decode: {error}")
-            return
-        if not commands or len(commands) > COMMANDS_PER_REQUEST_MAX:
-            self.bad_request(
-                reply,
-                request.request_id,
-                f"{len(commands)} commands; send 1 to {COMMANDS_PER_REQUEST_MAX}",
-            )
-            return
-        if not self.group.is_leader:
-            self.reject(
-                reply, request.request_id, NotLeaderError(self.group.node_id, self.group.leader_id)
-            )
+        commands = accepted_commands(
+            request.request_id,
+            request.commands,
+            decode_commands,
+            COMMANDS_PER_REQUEST_MAX,
+            self.group,
+            self.leader_address,
+            reply,
+            "commands",
+        )
+        if commands is None:
             return
         if self.offsets_import is not None and self.offsets_import.loading:
             self.reject(
@@ -162,13 +158,6 @@ class GroupCoordinatorService:
             self.group.scheduler.monotonic_seconds()
         )
         return self.machine.heartbeat_answer(command)
-
-    def bad_request(self, reply: Replier, request_id: int, message: str) -> None:
-        reply(
-            wire.ErrorResponse(
-                request_id=request_id, code=wire.ErrorCode.BAD_REQUEST, message=message
-            )
-        )
 
     def query(self, request_id: int, commands: list[GroupCommand], reply: Replier) -> None:
         def respond() -> None:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from quorumlog.codec import wire
-from quorumlog.errors import NotLeaderError, QuorumLogError
+from quorumlog.errors import QuorumLogError
 from quorumlog.ha.controller_machine import HAControllerMachine
 from quorumlog.ha.controller_model import (
     HA_CONTROLLER_QUERY_TYPES,
@@ -48,6 +48,7 @@ from quorumlog.ha.controller_model import (
     encode_results,
 )
 from quorumlog.node.batched_proposals import BatchedProposals
+from quorumlog.node.command_requests import accepted_commands
 from quorumlog.node.errors_to_wire import after_read_barrier, error_response
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.handle import GroupHandle
@@ -98,35 +99,23 @@ class HAControllerService:
         reply(error_response(request_id, error, self.leader_address))
 
     def handle(self, request: wire.HAControllerRequest, reply: Replier) -> None:
-        try:
-            commands = decode_commands(request.commands)
-        except wire.DECODE_ERRORS as error:
-            self.bad_request(reply, request.request_id, f"commands do not decode: {error}")
-            return
-        if not commands or len(commands) > COMMANDS_PER_REQUEST_MAX:
-            self.bad_request(
-                reply,
-                request.request_id,
-                f"{len(commands)} commands; send 1 to {COMMANDS_PER_REQUEST_MAX}",
-            )
-            return
-        if not self.group.is_leader:
-            self.reject(
-                reply, request.request_id, NotLeaderError(self.group.node_id, self.group.leader_id)
-            )
+        commands = accepted_commands(
+            request.request_id,
+            request.commands,
+            decode_commands,
+            COMMANDS_PER_REQUEST_MAX,
+            self.group,
+            self.leader_address,
+            reply,
+            "commands",
+        )
+        if commands is None:
             return
         if all(isinstance(command, HA_CONTROLLER_QUERY_TYPES) for command in commands):
             self.query(request, commands, reply)
             return
         batch = HAControllerBatch(request.client_id, request.first_unacknowledged, commands)
         self.proposals.add(request.request_id, batch, reply)
-
-    def bad_request(self, reply: Replier, request_id: int, message: str) -> None:
-        reply(
-            wire.ErrorResponse(
-                request_id=request_id, code=wire.ErrorCode.BAD_REQUEST, message=message
-            )
-        )
 
     def query(
         self,
