@@ -22,7 +22,7 @@ RANGE_END_ALL = "\x00"
 """A range end meaning "to the last key" (etcd's "\\0")."""
 
 
-class KeyValue(msgspec.Struct, frozen=True, array_like=True):
+class KeyValue(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """One key as the store holds it at some revision (etcd's mvccpb.KeyValue)."""
 
     key: str
@@ -34,7 +34,7 @@ class KeyValue(msgspec.Struct, frozen=True, array_like=True):
     lease: int = 0
 
 
-class WatchEvent(msgspec.Struct, frozen=True, array_like=True):
+class WatchEvent(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """One change: `kv` is the key after a PUT; after a DELETE it carries the key, the
     deletion's revision as `mod_revision`, an empty value and version 0 (as etcd)."""
 

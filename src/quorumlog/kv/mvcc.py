@@ -18,6 +18,7 @@ No I/O, no clock: the machine calls this while it applies an entry.
 from __future__ import annotations
 
 import bisect
+import heapq
 from collections.abc import Iterator, Mapping
 
 import msgspec
@@ -98,7 +99,13 @@ class MVCCStore:
         self.history_bytes_max = history_bytes_max
         self.history_bytes = 0
         self.records: dict[str, KeyValue] = {}
-        self.sorted_keys: list[str] = []
+        self.ordered_keys: list[str] = []
+        """The keys in order as of the last read that needed them; with `keys_added` and
+        `keys_removed`, every key now. Kept lazily: inserting each new key into a sorted
+        list moves the list (O(keys)) on every put, which cost more than the rest of
+        applying a put; a read brings the order up to date once for all changes since."""
+        self.keys_added: set[str] = set()
+        self.keys_removed: set[str] = set()
         self.revision = 0
         self.compacted_revision = 0
         self.history: list[WatchEvent] = []
@@ -117,7 +124,10 @@ class MVCCStore:
         previous = self.records.get(key)
         if previous is None:
             record = KeyValue(key, value, revision, revision, 1, lease)
-            bisect.insort(self.sorted_keys, key)
+            if key in self.keys_removed:
+                self.keys_removed.discard(key)  # still in ordered_keys
+            else:
+                self.keys_added.add(key)
         else:
             record = KeyValue(
                 key, value, previous.create_revision, revision, previous.version + 1, lease
@@ -134,7 +144,10 @@ class MVCCStore:
         previous = self.records.pop(key, None)
         if previous is None:
             return None
-        del self.sorted_keys[bisect.bisect_left(self.sorted_keys, key)]
+        if key in self.keys_added:
+            self.keys_added.discard(key)  # never reached ordered_keys
+        else:
+            self.keys_removed.add(key)
         self.detach(previous)
         tombstone = KeyValue(key, b"", 0, self.revision + 1, 0, 0)
         self.pending.append(WatchEvent("DELETE", tombstone, previous))
@@ -192,13 +205,27 @@ class MVCCStore:
 
     # --- reads -------------------------------------------------------------------------
 
+    @property
+    def sorted_keys(self) -> list[str]:
+        """Every key, in order (brought up to date with the puts and deletes since the last
+        read that asked: one merge for all of them)."""
+        if self.keys_removed:
+            removed = self.keys_removed
+            self.ordered_keys = [key for key in self.ordered_keys if key not in removed]
+            self.keys_removed = set()
+        if self.keys_added:
+            self.ordered_keys = list(heapq.merge(self.ordered_keys, sorted(self.keys_added)))
+            self.keys_added = set()
+        return self.ordered_keys
+
     def keys_in(self, key: str, end: str | None) -> list[str]:
         if end is None:
             return [key] if key in self.records else []
-        low = bisect.bisect_left(self.sorted_keys, key)
+        ordered = self.sorted_keys
+        low = bisect.bisect_left(ordered, key)
         if end == RANGE_END_ALL:
-            return self.sorted_keys[low:]
-        return self.sorted_keys[low : bisect.bisect_left(self.sorted_keys, end, lo=low)]
+            return ordered[low:]
+        return ordered[low : bisect.bisect_left(ordered, end, lo=low)]
 
     def range(
         self, key: str, end: str | None, limit: int = 0, revision: int = 0
@@ -372,7 +399,9 @@ class MVCCStore:
         next_lease_id: int,
     ) -> None:
         self.records = {record.key: record for record in records}
-        self.sorted_keys = sorted(self.records)
+        self.ordered_keys = sorted(self.records)
+        self.keys_added = set()
+        self.keys_removed = set()
         self.revision = revision
         self.compacted_revision = compacted_revision
         self.history = list(history)
