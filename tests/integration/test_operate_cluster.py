@@ -94,10 +94,15 @@ def test_clients_are_told_the_advertised_address(cluster: WildcardCluster) -> No
     assert status is not None
     assert status.addresses == {node_id: cluster.address(node_id) for node_id in cluster.nodes}
 
-    refusal = one_request(
-        cluster.address(follower), KVRead(request_id=7, keys=["k"]), "integration"
-    )
-    assert isinstance(refusal, ErrorResponse)
+    def hinted_refusal() -> ErrorResponse | None:
+        # A follower knows the leader from its first message: a moment after the election.
+        answer = one_request(
+            cluster.address(follower), KVRead(request_id=7, keys=["k"]), "integration"
+        )
+        assert isinstance(answer, ErrorResponse)
+        return answer if answer.leader_hint is not None else None
+
+    refusal = wait_until(hinted_refusal, WAIT_SECONDS, "the follower to know its leader")
     assert refusal.leader_hint == cluster.address(leader)
 
     with Admin(cluster.endpoints, timeout=WAIT_SECONDS, cluster_id="integration") as admin:
