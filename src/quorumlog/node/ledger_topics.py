@@ -49,11 +49,10 @@ from quorumlog.ledger.driver import LedgerDriver
 from quorumlog.ledger.links import AsyncioBookieLinks
 from quorumlog.ledger.managed import ManagedLedger, ManagedLedgerConfig
 from quorumlog.ledger.managed_format import (
-    ManagedLedgerRecord,
     managed_ledger_key,
 )
 from quorumlog.ledger.managed_kv import KVManagedLedgerStore, compare_and_set
-from quorumlog.ledger.metadata_kv import KVMetadataStore
+from quorumlog.ledger.metadata_kv import KeyValueStore, KVMetadataStore
 from quorumlog.ledger.ownership import (
     LeaseMove,
     OwnerLease,
@@ -81,6 +80,8 @@ ResultType = TypeVar("ResultType")
 METADATA_THREADS = 4
 """Threads for blocking metadata calls: the driver's, the managed ledgers' and the leases'
 (each KV client serves one call at a time, so they do not queue behind each other)."""
+DELETE_ATTEMPTS = 5
+"""Tries at deleting a deleted partition's ledgers and keys, spaced by growing waits."""
 
 
 class LedgerTopicSettings(msgspec.Struct, frozen=True, kw_only=True):
@@ -254,6 +255,7 @@ class LedgerTopicService:
         self.parts: LedgerParts | None = None
         self.task: asyncio.Task[None] | None = None
         self.stopping = False
+        self.deletions: set[asyncio.Task[None]] = set()
 
     # --- hosting ---------------------------------------------------------------------------
 
@@ -285,28 +287,33 @@ class LedgerTopicService:
     def delete_partition(
         self, parts: LedgerParts, part: LedgerPartition, closing: Completion[None] | None
     ) -> None:
-        """Best effort: what a failure leaves behind is only space (the topic is gone)."""
-        held = part.held_value
+        """Delete in the background, again after a failure (a metadata leader change, a
+        lease renewal that was in flight): what is left behind would never be collected,
+        since no node hosts the deleted topic any more."""
+        task = asyncio.create_task(self.delete_until_done(parts, part.name, closing))
+        self.deletions.add(task)
+        task.add_done_callback(self.deletions.discard)
 
-        def record_read(done: Completion[ManagedLedgerRecord | None]) -> None:
-            error = done.exception()
-            record = None if error is not None else done.result()
-            if error is not None:
-                log.info("%s: left its ledgers behind: %s", part.name, error)
+    async def delete_until_done(
+        self, parts: LedgerParts, name: str, closing: Completion[None] | None
+    ) -> None:
+        if closing is not None:
+            with contextlib.suppress(QuorumLogError):
+                await completion_future(closing)
+        for attempt in range(1, DELETE_ATTEMPTS + 1):
+            try:
+                record = await completion_future(parts.store.read_record(name))
+                for ledger in [] if record is None else record.ledgers:
+                    await completion_future(parts.store.delete_ledger(ledger.ledger_id))
+                forget = functools.partial(forget_keys, parts.ledger_keys, name, self.node_id)
+                await completion_future(parts.call(forget))
                 return
-            for ledger in [] if record is None else record.ledgers:
-                parts.store.delete_ledger(ledger.ledger_id).add_done_callback(
-                    functools.partial(logged_failure, part.name)
-                )
-            parts.call(functools.partial(forget_keys, parts.ledger_keys, part.name, held))
-
-        def closed(_: Completion[None] | None = None) -> None:
-            parts.store.read_record(part.name).add_done_callback(record_read)
-
-        if closing is None:
-            closed()
-        else:
-            closing.add_done_callback(closed)
+            except QuorumLogError as error:
+                if attempt == DELETE_ATTEMPTS or self.stopping:
+                    log.warning("%s: deleted topic's ledgers left behind: %s", name, error)
+                    return
+                log.info("%s: deleting (attempt %d) failed, again soon: %s", name, attempt, error)
+                await asyncio.sleep(self.settings.renew_seconds * attempt)
 
     def serves(self, topic: str, partition: int) -> LedgerPartition | None:
         return self.partitions.get((topic, partition))
@@ -593,6 +600,8 @@ class LedgerTopicService:
         self.stopping = True
         if self.task is not None:
             self.task.cancel()
+        for deletion in self.deletions:
+            deletion.cancel()
         closing = [
             completion_future(closed)
             for part in self.partitions.values()
@@ -666,18 +675,23 @@ def produce_refusal(request_id: int, problem: BaseException) -> wire.ErrorRespon
     return wire.ErrorResponse(request_id=request_id, code=code, message=str(problem))
 
 
-def forget_keys(kv: InternalKeys, name: str, held_lease: str | None) -> None:
-    """Delete a deleted partition's ledger list and (if still ours) its lease."""
+def forget_keys(kv: KeyValueStore, name: str, node_id: str) -> None:
+    """Delete a deleted partition's ledger list and its lease if this node holds it. The
+    lease is compared by holder, not by value: a renewal in flight may have changed it."""
     value = kv.get(managed_ledger_key(name))
     if value is not None:
-        kv.cas(managed_ledger_key(name), value, None)
-    if held_lease is not None:
-        kv.cas(owner_key(name), held_lease, None)
-
-
-def logged_failure(name: str, done: Completion[None]) -> None:
-    if done.exception() is not None:
-        log.info("%s: a ledger was left behind: %s", name, done.exception())
+        compare_and_set(kv, managed_ledger_key(name), value, None)
+    for _ in range(DELETE_ATTEMPTS):
+        lease_value = kv.get(owner_key(name))
+        try:
+            lease = decode_lease(lease_value)
+        except LedgerMetadataFormatError:
+            return
+        if lease is None or lease.owner != node_id:
+            return
+        if compare_and_set(kv, owner_key(name), lease_value, None):
+            return
+    raise LedgerError(f"{name}: its ownership lease kept changing while being deleted")
 
 
 def trimmed(name: str, done: Completion[list[int]]) -> None:
