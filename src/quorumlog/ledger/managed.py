@@ -17,12 +17,14 @@ service again and retries if it still owns the partition).
 
 Appends. A batch is decided against the producer table (`admit_batch`, shared with Raft
 partitions: a duplicate gets its original offsets, a gap OutOfOrderSequenceError), then
-becomes one entry of the current ledger (entry format 2; a batch beyond the slice bounds
-becomes several), and the open ledger's `EntryIndex` (managed_index.py) records where
+becomes one entry of the current ledger (entry format 3; a batch beyond the slice bounds
+becomes several; a compressed batch is one entry, as it came, unless it is larger than a
+slice), and the open ledger's `EntryIndex` (managed_index.py) records where
 each entry starts. Batches complete in order once every entry of theirs is acknowledged;
 `end_offset` moves a whole batch at a time and is as far as reads go. Ledgers written by
 the previous release (entry format 1, a record per entry) are read, and a takeover
-replays one as it replays its own; new ledgers are always format 2.
+replays one as it replays its own; so are those of format 2; new ledgers are always
+format 3.
 
 While a new ledger is being opened (at open, at a rollover) appends wait in a queue,
 undecided, and are decided in arrival order once it is ready: the producer table copied
@@ -64,17 +66,20 @@ from quorumlog.errors import (
 )
 from quorumlog.ledger.driver import DriverWriter, LedgerDriver
 from quorumlog.ledger.managed_format import (
-    ENTRY_FORMAT_V2,
+    ENTRY_FORMAT_WRITTEN,
     PRODUCERS_PROPERTY,
     SLICE_BYTES_MAX,
     SLICE_RECORDS_MAX,
     TOPIC_PROPERTY,
+    CompressedRecords,
     ManagedLedgerInfo,
     ManagedLedgerRecord,
     ManagedSlice,
     ProducerTable,
     decode_producer_table,
     decode_slice,
+    decompressed_records,
+    encode_compressed_slice,
     encode_producer_table,
     encode_slices,
     replay_batch,
@@ -175,6 +180,14 @@ class QueuedAppend:
     producer_id: str
     base_sequence: int
     completion: Completion[ProduceOutcome]
+    compressed: CompressedRecords | None = None
+    """Set (and `records` empty) for a batch that came compressed."""
+    timestamp_ms: int | None = None
+    """The owner's stamp given at append; None: its clock when the batch is written."""
+
+    @property
+    def count(self) -> int:
+        return len(self.records) if self.compressed is None else self.compressed.count
 
 
 @dataclass(slots=True)
@@ -446,7 +459,9 @@ class ManagedLedger:
                 if closed.entry_count == 0:
                     ledgers.pop()  # an empty ledger holds no offsets: keep the list short
             ledgers.append(
-                ManagedLedgerInfo(created.ledger_id, first_offset, entry_format=ENTRY_FORMAT_V2)
+                ManagedLedgerInfo(
+                    created.ledger_id, first_offset, entry_format=ENTRY_FORMAT_WRITTEN
+                )
             )
             epoch = record.owner_epoch + 1 if take_over else record.owner_epoch
             return record.updated(ledgers=ledgers, owner_epoch=epoch, owner=owner)
@@ -496,31 +511,50 @@ class ManagedLedger:
     # --- appends -------------------------------------------------------------------------
 
     def append(
-        self, records: list[Record], producer_id: str, base_sequence: int
+        self,
+        records: list[Record],
+        producer_id: str,
+        base_sequence: int,
+        compressed: CompressedRecords | None = None,
+        timestamp_ms: int | None = None,
     ) -> Completion[ProduceOutcome]:
-        """Append one producer batch; completes with its offsets once it is acknowledged
-        (a duplicate with the original's), in order. Fails with OutOfOrderSequenceError,
-        LedgerPendingFullError, NotPartitionOwnerError, LedgerClosedError."""
-        if not records:
-            raise ValueError("a batch needs at least one record")
+        """Append one producer batch (`records`, or with `records` empty the `compressed`
+        batch); completes with its offsets once it is acknowledged (a duplicate with the
+        original's), in order. `timestamp_ms`: the stamp its records sent without one get
+        (default: the scheduler's wall clock when the batch is written). Fails with
+        OutOfOrderSequenceError, LedgerPendingFullError, NotPartitionOwnerError,
+        LedgerClosedError; LedgerMetadataFormatError for a compressed batch that does not
+        decompress (the node checks every batch before, so only a bug gets it)."""
+        if compressed is not None and len(compressed.data) > self.config.slice_bytes_max:
+            # Kept whole it would pass the entry bound: written as plain slices instead.
+            try:
+                records = decompressed_records(compressed)
+            except LedgerMetadataFormatError as problem:
+                return Completion.failed(self.scheduler, problem)
+            compressed = None
+        queued = QueuedAppend(
+            records, producer_id, base_sequence, Completion(self.scheduler), compressed
+        )
+        queued.timestamp_ms = timestamp_ms
+        count = queued.count
+        if count < 1 or (compressed is not None and records):
+            raise ValueError("a batch needs at least one record, plain or compressed")
         if self.failure is not None:
             return Completion.failed(self.scheduler, self.failure)
         if self.close_completion is not None or self.state is ManagedState.CLOSED:
             return Completion.failed(self.scheduler, LedgerClosedError(f"{self.name} is closed"))
-        if self.pending_records + len(records) > self.config.pending_entries_max:
+        if self.pending_records + count > self.config.pending_entries_max:
             error = LedgerPendingFullError(f"{self.name}: {self.pending_records} records pending")
             return Completion.failed(self.scheduler, error)
-        completion: Completion[ProduceOutcome] = Completion(self.scheduler)
-        self.pending_records += len(records)
-        queued = QueuedAppend(records, producer_id, base_sequence, completion)
+        self.pending_records += count
         if self.state is ManagedState.WRITABLE:
             self.write(queued)
         else:
             self.queued.append(queued)
-        return completion
+        return queued.completion
 
     def write(self, queued: QueuedAppend) -> None:
-        count = len(queued.records)
+        count = queued.count
         outcome = admit_batch(
             self.producers,
             queued.producer_id,
@@ -538,16 +572,7 @@ class ManagedLedger:
             return
         writer = present(self.writer, "writing without a writer")
         require(outcome.base_offset == self.next_offset, "a batch admitted elsewhere")
-        config = self.config
-        datas, counts = encode_slices(
-            queued.records,
-            queued.producer_id,
-            queued.base_sequence,
-            outcome.base_offset,
-            self.scheduler.wall_time_ms(),
-            config.slice_records_max,
-            config.slice_bytes_max,
-        )
+        datas, counts = self.entries_of(queued, outcome.base_offset)
         try:
             first_entry_id = writer.append_many(datas)
         except LedgerError as error:
@@ -563,11 +588,35 @@ class ManagedLedger:
         self.ledger_data_bytes += sum(map(len, datas))
         last_entry_id = first_entry_id + len(datas) - 1
         self.inflight.append(InflightBatch(last_entry_id, outcome, queued.completion))
+        config = self.config
         if (
             self.next_offset - self.ledger_first_offset >= config.rollover_records_max
             or self.ledger_data_bytes >= config.rollover_bytes_max
         ):
             self.roll_over()
+
+    def entries_of(self, queued: QueuedAppend, base_offset: int) -> tuple[list[bytes], list[int]]:
+        """The batch's entries and the records each holds: a compressed batch as one entry
+        (`append` made one too large for that plain), a plain batch as slices."""
+        config = self.config
+        timestamp_ms = queued.timestamp_ms
+        if timestamp_ms is None:
+            timestamp_ms = self.scheduler.wall_time_ms()
+        compressed = queued.compressed
+        if compressed is not None:
+            data = encode_compressed_slice(
+                compressed, queued.producer_id, queued.base_sequence, base_offset, timestamp_ms
+            )
+            return [data], [compressed.count]
+        return encode_slices(
+            queued.records,
+            queued.producer_id,
+            queued.base_sequence,
+            base_offset,
+            timestamp_ms,
+            config.slice_records_max,
+            config.slice_bytes_max,
+        )
 
     def answer_duplicate(
         self, outcome: ProduceOutcome, completion: Completion[ProduceOutcome]
@@ -652,7 +701,7 @@ class ManagedLedger:
             last_entry_id=metadata.last_entry_id,
             data_bytes=metadata.length,
             closed_ms=self.scheduler.wall_time_ms(),
-            entry_format=ENTRY_FORMAT_V2,
+            entry_format=ENTRY_FORMAT_WRITTEN,
             record_count=self.acknowledged_offset - self.ledger_first_offset,
         )
 

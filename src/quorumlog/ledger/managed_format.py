@@ -15,8 +15,18 @@ producer table it hands from one ledger to the next.
   the entries it recovers, can tell a batch that recovery found only part of (its writer
   was cut off before all its slices were acknowledged) from a whole one, and a reader maps
   an offset to its entry (managed_index.py). The bytes start with the format number.
+- Entry format 3 (what this version writes): format 2's layout with two trailing fields,
+  the codec and the compressed bytes of a batch a producer compressed (`codec.compression`).
+  A compressed batch is one entry, kept as the producer sent it (no record is decoded on
+  the write path): its `records` are empty, `batch_count` says how many it holds, and a
+  reader decompresses. An uncompressed batch is encoded exactly as in format 2 (the
+  trailing fields left out) but for its first byte. A compressed batch larger than a
+  slice (`SLICE_BYTES_MAX`) is decompressed by the owner and written as plain slices, so
+  an entry stays within the bound. A ledger's format is in the record: a ledger of
+  format 2 holds only format-2 entries, one of format 3 only format-3 entries.
 - Entry format 1 (`ManagedEntry`, the previous release): one record per entry, so offset =
   first_offset + entry_id. Ledgers written so still read; nothing writes them any more.
+  Ledgers of entry format 2 (the release before compression) still read likewise.
 - The producer table as it stood when a ledger was created rides in that ledger's metadata
   (property `PRODUCERS_PROPERTY`): a new owner starts from the last ledger's copy and
   replays only that ledger's entries, so the work of a takeover is bounded by one ledger.
@@ -30,6 +40,7 @@ from collections import OrderedDict
 
 import msgspec
 
+from quorumlog.codec.compression import NONE, CompressionError, decompress
 from quorumlog.codec.wire import Record
 from quorumlog.errors import LedgerMetadataFormatError
 from quorumlog.stream.partition import ProducerState
@@ -41,8 +52,12 @@ RECORD_FORMATS_READ = (1, 2)
 ENTRY_FORMAT_V1 = 1
 """One record per ledger entry (`ManagedEntry`): read, never written."""
 ENTRY_FORMAT_V2 = 2
-"""One producer batch (or a slice of one) per ledger entry (`ManagedSlice`): written."""
-ENTRY_FORMATS_READ = (ENTRY_FORMAT_V1, ENTRY_FORMAT_V2)
+"""One producer batch (or a slice of one) per ledger entry (`ManagedSlice`): read, never
+written any more."""
+ENTRY_FORMAT_V3 = 3
+"""Format 2, and a compressed batch as one entry (`CompressedSlice`): written."""
+ENTRY_FORMAT_WRITTEN = ENTRY_FORMAT_V3
+ENTRY_FORMATS_READ = (ENTRY_FORMAT_V1, ENTRY_FORMAT_V2, ENTRY_FORMAT_V3)
 SLICE_RECORDS_MAX = 4096
 """Records one entry holds at most (a larger batch is sliced)."""
 SLICE_BYTES_MAX = 1024 * 1024
@@ -236,10 +251,37 @@ class ManagedSlice(msgspec.Struct, frozen=True, array_like=True, gc=False):
         ]
 
 
-_V2_PREFIX = bytes([ENTRY_FORMAT_V2])
+class CompressedSlice(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """Entry format 3: `ManagedSlice`'s fields, then a compressed batch's codec and bytes
+    (absent for an uncompressed slice, which then reads as format 2's)."""
+
+    producer_id: str
+    base_sequence: int
+    batch_index: int
+    batch_count: int
+    first_offset: int
+    timestamp_ms: int
+    records: list[Record]
+    compression: str = NONE
+    compressed: bytes = b""
+
+
+class CompressedRecords(msgspec.Struct, frozen=True):
+    """A producer's compressed batch as the owner appends it: the codec, its bytes (the
+    msgpack list of the records, compressed) and how many records they hold (checked by
+    the node when the batch came in, `node.compressed_batches`)."""
+
+    codec: str
+    data: bytes
+    count: int
+
+
+_WRITTEN_PREFIX = bytes([ENTRY_FORMAT_WRITTEN])
 _entry_encoder = msgspec.msgpack.Encoder()
 _v1_entry_decoder = msgspec.msgpack.Decoder(ManagedEntry)
 _slice_decoder = msgspec.msgpack.Decoder(ManagedSlice)
+_v3_slice_decoder = msgspec.msgpack.Decoder(CompressedSlice)
+_records_decoder = msgspec.msgpack.Decoder(list[Record])
 _RECORD_OVERHEAD_BYTES = 16
 """What `record_bytes` adds for a record's framing (array header, timestamp, lengths)."""
 
@@ -281,7 +323,7 @@ def encode_slices(
     records_max: int = SLICE_RECORDS_MAX,
     bytes_max: int = SLICE_BYTES_MAX,
 ) -> tuple[list[bytes], list[int]]:
-    """A batch as format-2 entries: their bytes and the records each holds.
+    """A batch as entries of the format written (3): their bytes and the records each holds.
 
     The batch is cut by count (`records_max`) and each piece encoded at once; only a piece
     whose bytes exceed `bytes_max` is cut again by its records' sizes. Batches as producers
@@ -293,7 +335,7 @@ def encode_slices(
 
     def encoded(start: int, stop: int) -> bytes:
         piece = records if start == 0 and stop == batch_count else records[start:stop]
-        return _V2_PREFIX + encode(
+        return _WRITTEN_PREFIX + encode(
             (
                 producer_id,
                 base_sequence,
@@ -320,8 +362,46 @@ def encode_slices(
     return datas, counts
 
 
+def encode_compressed_slice(
+    compressed: CompressedRecords,
+    producer_id: str,
+    base_sequence: int,
+    first_offset: int,
+    timestamp_ms: int,
+) -> bytes:
+    """A compressed batch as one format-3 entry, its bytes as the producer sent them."""
+    return _WRITTEN_PREFIX + _entry_encoder.encode(
+        (
+            producer_id,
+            base_sequence,
+            0,
+            compressed.count,
+            first_offset,
+            timestamp_ms,
+            (),
+            compressed.codec,
+            compressed.data,
+        )
+    )
+
+
+def decompressed_records(compressed: CompressedRecords) -> list[Record]:
+    """The records of a compressed batch; LedgerMetadataFormatError if its bytes do not
+    decompress into `count` records."""
+    try:
+        records = _records_decoder.decode(decompress(compressed.codec, compressed.data))
+    except (CompressionError, msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise LedgerMetadataFormatError(f"a compressed batch does not decode: {error}") from error
+    if len(records) != compressed.count:
+        raise LedgerMetadataFormatError(
+            f"a compressed batch says {compressed.count} records and holds {len(records)}"
+        )
+    return records
+
+
 def entry_format_refusal(entry_format: int) -> str:
-    readable = " and ".join(map(str, ENTRY_FORMATS_READ))
+    *earlier, last = map(str, ENTRY_FORMATS_READ)
+    readable = f"{', '.join(earlier)} and {last}"
     return f"managed ledger entry format {entry_format} (this version reads {readable})"
 
 
@@ -340,6 +420,8 @@ def decode_slice(data: bytes, entry_format: int, v1_offset: int) -> ManagedSlice
             f"a managed ledger entry of format {found} in a ledger of format {entry_format}"
         )
     try:
+        if found == ENTRY_FORMAT_V3:
+            return slice_of_v3(_v3_slice_decoder.decode(memoryview(data)[1:]))
         if found == ENTRY_FORMAT_V2:
             decoded: ManagedSlice = _slice_decoder.decode(memoryview(data)[1:])
             return decoded
@@ -355,6 +437,27 @@ def decode_slice(data: bytes, entry_format: int, v1_offset: int) -> ManagedSlice
         v1_offset,
         entry.timestamp_ms,
         [record],
+    )
+
+
+def slice_of_v3(entry: CompressedSlice) -> ManagedSlice:
+    """A format-3 entry as the slice it holds, its records decompressed."""
+    records = entry.records
+    if entry.compression != NONE:
+        if records or entry.batch_index != 0:
+            raise LedgerMetadataFormatError(
+                "a compressed managed ledger entry holds plain records or a part of a batch"
+            )
+        whole = CompressedRecords(entry.compression, entry.compressed, entry.batch_count)
+        records = decompressed_records(whole)
+    return ManagedSlice(
+        entry.producer_id,
+        entry.base_sequence,
+        entry.batch_index,
+        entry.batch_count,
+        entry.first_offset,
+        entry.timestamp_ms,
+        records,
     )
 
 

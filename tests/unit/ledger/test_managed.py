@@ -10,14 +10,16 @@ import msgspec
 import pytest
 
 import quorumlog.ledger.managed_index as managed_index_module
+from quorumlog.codec.compression import compress
 from quorumlog.codec.wire import Record
 from quorumlog.errors import BadPasswordError, NotPartitionOwnerError
 from quorumlog.ledger.managed import ManagedLedger, ManagedLedgerConfig
 from quorumlog.ledger.managed_format import (
     ENTRY_FORMAT_V1,
-    ENTRY_FORMAT_V2,
+    ENTRY_FORMAT_V3,
     PRODUCERS_PROPERTY,
     TOPIC_PROPERTY,
+    CompressedRecords,
     ManagedLedgerRecord,
     ProducerTable,
     encode_producer_table,
@@ -158,7 +160,7 @@ def test_a_batch_recovered_only_in_part_is_left_out_and_its_retry_written_whole(
     slice_records: int,
 ) -> None:
     """Each batch is three entries of `slice_records` records (1: as entry format 1 held
-    them; 2: a batch sliced across entries in format 2)."""
+    them; 2: a batch sliced across entries in format 3)."""
     world = ManagedWorld()
     first_client = world.client(1)
     first = first_client.managed("node-a", config(slice_records_max=slice_records))
@@ -379,13 +381,13 @@ def test_a_topic_written_in_entry_format_1_keeps_working() -> None:
     assert [ledger.entry_format for ledger in record.ledgers] == [
         ENTRY_FORMAT_V1,
         ENTRY_FORMAT_V1,
-        ENTRY_FORMAT_V2,
+        ENTRY_FORMAT_V3,
     ]
     expected = [(n, b"p-%d" % n) for n in range(3)] + [(3, b"q-0"), (4, b"q-1")]
     expected += [(n, b"p-%d" % (n - 2)) for n in range(5, 11)]
     assert read_all(world, managed) == expected
     assert [n for n, _ in world.wait(managed.read(6, 3))] == [6, 7, 8]
-    successor = opened(world, "node-next", 4)  # takes over from the format-2 ledger
+    successor = opened(world, "node-next", 4)  # takes over from the format-3 ledger
     assert read_all(world, successor) == expected
     assert world.wait(successor.append(batch("q", 0, 2), "q", 0)).base_offset == 3
 
@@ -516,3 +518,41 @@ def test_a_wrong_password_fails_the_takeover_typed() -> None:
     world.settle(intruder.open())
     assert isinstance(intruder.open().exception(), BadPasswordError)
     assert world.wait(managed.append(batch("p", 1, 1), "p", 1)).base_offset == 1
+
+
+def compressed_batch(producer_id: str, base_sequence: int, count: int) -> CompressedRecords:
+    records = batch(producer_id, base_sequence, count)
+    return CompressedRecords("zstd", compress("zstd", msgspec.msgpack.encode(records)), count)
+
+
+def test_compressed_batches_are_kept_whole_read_decompressed_and_replayed_by_a_new_owner() -> None:
+    world = ManagedWorld()
+    # Slices of 300 bytes: the larger compressed batch does not fit one and goes in plain.
+    first = opened(world, "node-a", 1, slice_bytes_max=300, slice_records_max=8)
+    small = compressed_batch("p", 0, 20)
+    noise = random.Random(5)
+    values = [noise.randbytes(60) for _ in range(12)]  # incompressible
+    large_records = [Record(value) for value in values]
+    large = CompressedRecords("lz4", compress("lz4", msgspec.msgpack.encode(large_records)), 12)
+    assert len(small.data) <= 300 < len(large.data)
+    assert world.wait(first.append([], "p", 0, small, timestamp_ms=1234)) == ProduceOutcome(0, 20)
+    assert world.wait(first.append(batch("q", 0, 3), "q", 0)) == ProduceOutcome(20, 3)
+    assert world.wait(first.append([], "r", 0, large)) == ProduceOutcome(23, 12)
+    ledger_index = first.ledger_index
+    assert ledger_index.entry_count > 1 + 1 + 1, "the small one whole, the large one sliced"
+    expected = [(n, b"p-%d" % n) for n in range(20)] + [(20 + n, b"q-%d" % n) for n in range(3)]
+    expected += [(23 + n, value) for n, value in enumerate(values)]
+    assert read_all(world, first) == expected
+    middle = world.wait(first.read(5, 3))
+    assert [(offset, record.timestamp_ms) for offset, record in middle] == [
+        (5, 1234),
+        (6, 1234),
+        (7, 1234),
+    ]
+    second = opened(world, "node-b", 2)  # replays the compressed entry from the bookies
+    assert read_all(world, second) == expected
+    retried = world.wait(second.append([], "p", 0, compressed_batch("p", 0, 20)))
+    assert retried == ProduceOutcome(0, 20, duplicate=True)
+    assert world.wait(second.append([], "p", 20, compressed_batch("p", 20, 2))).base_offset == 35
+    with pytest.raises(ValueError, match="at least one record"):
+        second.append(batch("p", 22, 1), "p", 22, compressed_batch("p", 22, 1))

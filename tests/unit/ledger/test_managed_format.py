@@ -1,6 +1,6 @@
-"""The managed ledger record and entry formats (ledger/managed_format.py): format 2 as
-written, format 1 as the previous release left it (tests/unit/ledger/managed_v1.py), and
-the in-memory store's compare-and-set."""
+"""The managed ledger record and entry formats (ledger/managed_format.py): entry format 3
+as written (with compressed batches), formats 2 and 1 as earlier releases left them
+(tests/unit/ledger/managed_v1.py), and the in-memory store's compare-and-set."""
 
 from __future__ import annotations
 
@@ -12,17 +12,21 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 
+from quorumlog.codec.compression import compress
 from quorumlog.codec.wire import Record
 from quorumlog.errors import LedgerMetadataFormatError, ManagedLedgerConflictError
 from quorumlog.ledger.managed_format import (
     ENTRY_FORMAT_V1,
     ENTRY_FORMAT_V2,
+    ENTRY_FORMAT_V3,
+    CompressedRecords,
     ManagedLedgerInfo,
     ManagedLedgerRecord,
     ManagedSlice,
     decode_producer_table,
     decode_record,
     decode_slice,
+    encode_compressed_slice,
     encode_producer_table,
     encode_record,
     encode_slices,
@@ -115,9 +119,9 @@ def test_a_batch_is_one_entry_naming_its_batch_and_offset() -> None:
     datas, counts = encode_slices(records, "p", 7, 40, 1000)
     assert counts == [2]
     assert datas == [
-        b"\x02" + msgspec.msgpack.encode(ManagedSlice("p", 7, 0, 2, 40, 1000, records))
+        b"\x03" + msgspec.msgpack.encode(ManagedSlice("p", 7, 0, 2, 40, 1000, records))
     ]
-    entry = decode_slice(datas[0], ENTRY_FORMAT_V2, -1)
+    entry = decode_slice(datas[0], ENTRY_FORMAT_V3, -1)
     assert (entry.first_offset, entry.batch_base_offset, entry.end_offset) == (40, 40, 42)
     assert entry.ends_batch
     assert entry.stamped_records() == [Record(b"a", None, 1000), records[1]]
@@ -127,18 +131,51 @@ def test_a_batch_is_one_entry_naming_its_batch_and_offset() -> None:
 def test_garbage_an_unknown_entry_format_or_one_of_the_wrong_format_is_refused() -> None:
     data = encode_slices([Record(b"a")], "p", 0, 0, 1)[0][0]
     with pytest.raises(LedgerMetadataFormatError, match="not a managed ledger entry"):
-        decode_slice(b"\x02\xff\x00garbage", ENTRY_FORMAT_V2, 0)
+        decode_slice(b"\x03\xff\x00garbage", ENTRY_FORMAT_V3, 0)
     with pytest.raises(LedgerMetadataFormatError, match="empty"):
-        decode_slice(b"", ENTRY_FORMAT_V2, 0)
+        decode_slice(b"", ENTRY_FORMAT_V3, 0)
     with pytest.raises(
-        LedgerMetadataFormatError, match=r"entry format 7 \(this version reads 1 and 2\)"
+        LedgerMetadataFormatError, match=r"entry format 7 \(this version reads 1, 2 and 3\)"
     ):
-        decode_slice(b"\x07" + data[1:], ENTRY_FORMAT_V2, 0)
-    with pytest.raises(LedgerMetadataFormatError, match="format 2 in a ledger of format 1"):
+        decode_slice(b"\x07" + data[1:], ENTRY_FORMAT_V3, 0)
+    with pytest.raises(LedgerMetadataFormatError, match="format 3 in a ledger of format 1"):
         decode_slice(data, ENTRY_FORMAT_V1, 0)
+    with pytest.raises(LedgerMetadataFormatError, match="format 3 in a ledger of format 2"):
+        decode_slice(data, ENTRY_FORMAT_V2, 0)
     v1 = encode_batch_v1([Record(b"a")], "p", 0, 1)[0]
-    with pytest.raises(LedgerMetadataFormatError, match="format 1 in a ledger of format 2"):
-        decode_slice(v1, ENTRY_FORMAT_V2, 0)
+    with pytest.raises(LedgerMetadataFormatError, match="format 1 in a ledger of format 3"):
+        decode_slice(v1, ENTRY_FORMAT_V3, 0)
+
+
+def test_entries_of_format_2_still_read() -> None:
+    """Entry format 2 as the release before compression wrote it: its own first byte, the
+    slice's seven fields."""
+    records = [Record(b"a"), Record(b"b", key=b"k", timestamp_ms=5)]
+    data = b"\x02" + msgspec.msgpack.encode(("p", 7, 0, 2, 40, 1000, records))
+    entry = decode_slice(data, ENTRY_FORMAT_V2, -1)
+    assert entry == ManagedSlice("p", 7, 0, 2, 40, 1000, records)
+    with pytest.raises(LedgerMetadataFormatError, match="format 2 in a ledger of format 3"):
+        decode_slice(data, ENTRY_FORMAT_V3, -1)
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+def test_a_compressed_batch_is_one_entry_kept_as_sent_and_read_decompressed(codec: str) -> None:
+    records = [Record(b"value-%d" % n, key=b"k", timestamp_ms=n % 2) for n in range(50)]
+    payload = compress(codec, msgspec.msgpack.encode(records))
+    data = encode_compressed_slice(CompressedRecords(codec, payload, 50), "p", 3, 100, 777)
+    assert data[0] == ENTRY_FORMAT_V3
+    assert payload in data, "the producer's compressed bytes, as they came"
+    entry = decode_slice(data, ENTRY_FORMAT_V3, -1)
+    assert (entry.first_offset, entry.batch_count, entry.end_offset) == (100, 50, 150)
+    assert entry.ends_batch and entry.batch_base_offset == 100
+    assert entry.records == records
+    assert [record.timestamp_ms for record in entry.stamped_records(0, 3)] == [777, 1, 777]
+    wrong_count = encode_compressed_slice(CompressedRecords(codec, payload, 49), "p", 3, 0, 1)
+    with pytest.raises(LedgerMetadataFormatError, match="says 49 records and holds 50"):
+        decode_slice(wrong_count, ENTRY_FORMAT_V3, -1)
+    damaged = encode_compressed_slice(CompressedRecords(codec, b"not " + payload, 50), "p", 3, 0, 1)
+    with pytest.raises(LedgerMetadataFormatError, match="does not decode"):
+        decode_slice(damaged, ENTRY_FORMAT_V3, -1)
 
 
 def test_entries_of_the_previous_release_read_as_one_record_slices() -> None:
@@ -179,7 +216,7 @@ def test_slices_cover_the_batch_in_order_within_their_bounds(
     records: list[Record], records_max: int, bytes_max: int, first_offset: int
 ) -> None:
     datas, counts = encode_slices(records, "p", 11, first_offset, 99, records_max, bytes_max)
-    slices = [decode_slice(data, ENTRY_FORMAT_V2, -1) for data in datas]
+    slices = [decode_slice(data, ENTRY_FORMAT_V3, -1) for data in datas]
     assert [len(entry.records) for entry in slices] == counts
     assert [record for entry in slices for record in entry.records] == records
     offset = first_offset
