@@ -400,7 +400,7 @@ class Produce(msgspec.Struct, frozen=True, tag=True):
     records: list[Record]
     compression: str = "none"
     """Set (with `compressed` and `record_count`, and no `records`) for a compressed batch:
-    the node stores the bytes as they came (see RecordBatch). Raft topics only."""
+    the node stores the bytes as they came (see RecordBatch), on every storage mode."""
     compressed: bytes = b""
     record_count: int = 0
 

@@ -290,7 +290,7 @@ class HATopicService:
         if refusal is not None:
             refuse(reply, request.request_id, refusal_code(refusal), str(refusal))
             return
-        count = len(request.records)
+        count = len(request.records) if request.compression == "none" else request.record_count
         outcome = index.admit(request.producer_id, request.base_sequence, count)
         if isinstance(outcome, OutOfOrderSequenceError):
             refuse(reply, request.request_id, wire.ErrorCode.OUT_OF_RANGE, str(outcome))
@@ -298,16 +298,12 @@ class HATopicService:
         if isinstance(outcome, QuorumLogError):
             refuse(reply, request.request_id, wire.ErrorCode.UNAVAILABLE, str(outcome))
             return
+        timestamp_ms = int(time.time() * 1000)
         if outcome.duplicate:
             end = index.end_of_records(outcome.base_offset) if outcome.base_offset >= 0 else 0
             waiting = host.wait_acknowledged(end or 0)
         else:
-            batch = wire.RecordBatch(
-                producer_id=request.producer_id,
-                base_sequence=request.base_sequence,
-                timestamp_ms=int(time.time() * 1000),
-                records=request.records,
-            )
+            batch = stored_batch(request, timestamp_ms)
             message = encode_message(outcome.base_offset, count, wire.encode_record_batch(batch))
             start = part.commit_log.max_offset
             end = host.append([message])
@@ -323,6 +319,7 @@ class HATopicService:
                         base_offset=outcome.base_offset,
                         count=outcome.count,
                         duplicate=outcome.duplicate,
+                        timestamp_ms=timestamp_ms,
                     )
                 )
             elif isinstance(problem, MasterFencedError):
@@ -424,6 +421,25 @@ class HATopicService:
             return
         status = msgspec.json.encode(part.host.status())
         reply(wire.HABrokerStatusResponse(request_id=request.request_id, status=status))
+
+
+def stored_batch(request: wire.Produce, timestamp_ms: int) -> wire.RecordBatch:
+    """The commit log message's batch: the records, or the producer's compressed bytes as
+    they came (RecordBatch version 2, which every reader since compression decodes; the
+    message layout around it is unchanged)."""
+    if request.compression == "none":
+        return wire.RecordBatch(
+            request.producer_id, request.base_sequence, timestamp_ms, request.records
+        )
+    return wire.RecordBatch(
+        producer_id=request.producer_id,
+        base_sequence=request.base_sequence,
+        timestamp_ms=timestamp_ms,
+        records=[],
+        compression=request.compression,
+        compressed=request.compressed,
+        record_count=request.record_count,
+    )
 
 
 def refusal_code(refusal: QuorumLogError) -> wire.ErrorCode:

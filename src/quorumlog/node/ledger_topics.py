@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -48,9 +49,7 @@ from quorumlog.ledger.client import BookieDirectory, ThreadedMetadataAccess, cal
 from quorumlog.ledger.driver import LedgerDriver
 from quorumlog.ledger.links import AsyncioBookieLinks
 from quorumlog.ledger.managed import ManagedLedger, ManagedLedgerConfig
-from quorumlog.ledger.managed_format import (
-    managed_ledger_key,
-)
+from quorumlog.ledger.managed_format import CompressedRecords, managed_ledger_key
 from quorumlog.ledger.managed_kv import KVManagedLedgerStore, compare_and_set
 from quorumlog.ledger.metadata_kv import KeyValueStore, KVMetadataStore
 from quorumlog.ledger.ownership import (
@@ -499,8 +498,19 @@ class LedgerTopicService:
         if managed is None or managed.failure is not None:
             self.refuse_not_owner(part, request.request_id, reply)
             return
+        # Stamped here, so the answer can say it (records sent without a time get it).
+        timestamp_ms = int(time.time() * 1000)
+        compressed = None
+        if request.compression != "none":
+            compressed = CompressedRecords(
+                request.compression, request.compressed, request.record_count
+            )
         completion = managed.append(
-            list(request.records), request.producer_id, request.base_sequence
+            list(request.records),
+            request.producer_id,
+            request.base_sequence,
+            compressed,
+            timestamp_ms,
         )
 
         def answer(done: Completion[ProduceOutcome]) -> None:
@@ -513,6 +523,7 @@ class LedgerTopicService:
                         base_offset=outcome.base_offset,
                         count=outcome.count,
                         duplicate=outcome.duplicate,
+                        timestamp_ms=timestamp_ms,
                     )
                 )
             elif isinstance(problem, NotPartitionOwnerError | LedgerClosedError):

@@ -297,11 +297,6 @@ class StreamService:
             )
             log.info("dropped %s partition %d", descriptor.name, partition)
 
-    def raft_hosted(self, request: wire.Produce) -> bool:
-        """Whether the produce is for a raft-storage topic (the only ones that compress)."""
-        descriptor = self.topics.get(request.topic)
-        return descriptor is None or not (is_ledger_topic(descriptor) or is_ha_topic(descriptor))
-
     def partition_count(self, topic: str) -> int:
         """The topic's partitions as this node knows them; 0 for a topic it does not know."""
         descriptor = self.topics.get(topic)
@@ -504,15 +499,6 @@ class StreamService:
     def produce(self, request: wire.Produce, reply: Replier) -> None:
         size = batch_bytes(request.records)  # once: it costs about what encoding does
         reply = self.counting_produce(request, reply, size)
-        if request.compression != "none" and not self.raft_hosted(request):
-            error(
-                reply,
-                request.request_id,
-                wire.ErrorCode.BAD_REQUEST,
-                "compressed batches are for raft-storage topics (ledger and HA topics "
-                "store records as they are)",
-            )
-            return
         ledger_partition = self.ledger_topics.serves(request.topic, request.partition)
         if ledger_partition is not None:
             if not refuse_batch(request, reply, size):

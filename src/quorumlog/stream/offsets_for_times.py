@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from quorumlog.errors import UnavailableError
 from quorumlog.stream.client_common import OffsetOutOfRangeError, StreamTransport, leader_status
 from quorumlog.stream.consumer import batch_decoder, fetch
+from quorumlog.stream.fetching import batch_records
 
 PROBE_RECORDS_MAX = 1
 """A probe asks for one record: the node answers with the one batch that holds it."""
@@ -53,7 +54,8 @@ async def probe(
     fetched = result.batches[0]
     batch = batch_decoder.decode(fetched.data)
     stamp = batch.timestamp_ms
-    return fetched.base_offset, [record.timestamp_ms or stamp for record in batch.records]
+    # batch_records: a compressed batch holds its records only in its compressed bytes.
+    return fetched.base_offset, [record.timestamp_ms or stamp for record in batch_records(batch)]
 
 
 async def offset_for_time(

@@ -42,8 +42,8 @@ How it works:
   handed to the sender, with offset -1, and reports no failure (the batch is still sent,
   and retried, idempotently). acks=1 (the leader alone) is not offered: no storage here
   acknowledges a write that its quorum may still lose. `compression` ("none", "zstd" or
-  "lz4") compresses each batch once, on its first send, for raft topics (the log keeps
-  the compressed bytes; ledger and HA topics take records uncompressed).
+  "lz4") compresses each batch once, on its first send, on every storage mode (the log,
+  the ledger entry or the HA commit log keeps the compressed bytes; readers decompress).
 
 Futures complete on the producer's I/O thread: keep their callbacks short.
 """
@@ -560,7 +560,7 @@ class Producer(BlockingClient):
 
     async def produce(self, queue: PartitionQueue, batch: Batch) -> ProduceResult:
         records = batch.records
-        codec = await self.codec_for(queue.topic)
+        codec = self.compression  # every storage mode keeps compressed batches
         if codec != NONE and batch.compressed is None:
             batch.compressed = compress(codec, records_encoder.encode(records))
         compressed = batch.compressed if codec != NONE else None
@@ -586,14 +586,6 @@ class Producer(BlockingClient):
         )
         self.batches_sent += 1
         return result
-
-    async def codec_for(self, topic: str) -> str:
-        """The producer's compression for a raft topic; none for ledger and HA topics
-        (their storage keeps records as they are)."""
-        if self.compression == NONE:
-            return NONE
-        descriptor = await self.transport.topic(topic)
-        return self.compression if descriptor.settings.storage == "raft" else NONE
 
     def acknowledged(self, queue: PartitionQueue, batch: Batch, result: ProduceResult) -> None:
         count = len(batch.records)
