@@ -26,6 +26,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from quorumlog.codec import wire
 from quorumlog.errors import GroupCoordinatorLoadingError, QuorumLogError
 from quorumlog.node.batched_proposals import BatchedProposals
@@ -140,15 +142,7 @@ class GroupCoordinatorService:
         if not isinstance(command, JoinGroup):
             return command
         counts = {topic: self.partition_count(topic) for topic in sorted(set(command.topics))}
-        return JoinGroup(
-            command.group,
-            command.member_id,
-            command.client_id,
-            command.topics,
-            command.session_timeout_ms,
-            command.assignor,
-            counts,
-        )
+        return msgspec.structs.replace(command, partition_counts=counts)
 
     def heartbeat(self, command: GroupCommand) -> GroupResult | None:
         """Note a member's heartbeat; its answer if the join changes nothing, else None."""

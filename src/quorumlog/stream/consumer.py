@@ -17,14 +17,17 @@ partitions of the topics they subscribe to; the coordinator assigns them (assign
 leaves (`close`) at once, of one that stops heartbeating after `session_timeout_ms`.
 Heartbeats run on the client's I/O thread; `poll` picks up a new assignment, calling
 `on_revoke` with the partitions lost and `on_assign` with those gained (in the caller's
-thread). A partition newly assigned starts at the group's committed offset, else where
+thread). Revocation comes first, as in Kafka: with auto-commit the positions in the lost
+partitions are committed, then `on_revoke` runs (a `commit()` there still covers them),
+and only then does the group give them to their new owner, which so starts at that
+commit. A partition newly assigned starts at the group's committed offset, else where
 `auto_offset_reset` says ("latest" by default, as in Kafka).
 
 Commits carry the member's generation: a commit from a member the group removed, or made
 before a rebalance took the partition away, raises `CommitFailedError` and changes nothing,
 so no committed offset goes back because of a member that lost its partitions. Delivery is
-at least once: a partition that moves may be read again from the last commit by its new
-owner (and read on by its old owner until that one's next heartbeat).
+at least once: a partition taken from a member that stopped (its session expired) is read
+again from its last commit by the new owner.
 
 `read` asks one replica of the partition (the leader by default). An offset deleted by
 retention raises OffsetOutOfRangeError naming the first offset kept.
@@ -141,6 +144,8 @@ class Consumer(BlockingClient):
         self.manual_assignment: frozenset[TopicPartition] | None = None
         self.applied = Generation(NO_GENERATION, frozenset())
         """The assignment `poll` works on (the membership's newest, once picked up)."""
+        self.revoking = False
+        """`revoke` is running (its commits and `on_revoke` see the partitions still)."""
         self.last_commit_seconds = time.monotonic()
         super().__init__(
             endpoints,
@@ -269,22 +274,49 @@ class Consumer(BlockingClient):
             latest = self.membership.latest()
         else:
             latest = Generation(NO_GENERATION, frozenset())
-        if latest.generation == self.applied.generation and (
-            latest.assignment == self.applied.assignment
+        if self.revoking or (
+            latest.generation == self.applied.generation
+            and latest.assignment == self.applied.assignment
         ):
-            return
+            return  # nothing new, or a commit made while revoking asked
         revoked = set(self.applied.assignment - latest.assignment)
         gained = set(latest.assignment - self.applied.assignment)
-        for key in revoked:
-            self.positions.pop(key, None)
-            self.paused_partitions.discard(key)
-        if revoked and self.on_revoke is not None:
-            self.on_revoke(revoked)
+        if revoked:
+            self.revoke(latest.generation, revoked)
         self.applied = latest
+        if self.membership is not None and self.subscribed:
+            self.membership.hold(latest.assignment)
+            if revoked:
+                # Tell the group at once: the new owners wait for this member's word.
+                self.io.call_soon(self.membership.wake.set)
         if gained:
             self.position_partitions(gained)
             if self.on_assign is not None:
                 self.on_assign(gained)
+
+    def revoke(self, generation: int, revoked: set[TopicPartition]) -> None:
+        """Give partitions up as Kafka does, before their new owner may read them: commit
+        where poll stands in them (with auto-commit), call `on_revoke`, then forget them.
+        The group lets this member commit them until it says it let go (the next join,
+        after this returns), so commits here use the new generation and still name them."""
+        self.revoking = True
+        self.applied = Generation(generation, self.applied.assignment)
+        try:
+            if self.enable_auto_commit and self.group is not None and self.subscribed:
+                offsets = {key: self.positions[key] for key in revoked if key in self.positions}
+                try:
+                    self.commit_offsets(offsets)
+                except CommitFailedError as error:
+                    log.warning(
+                        "group %s: commit of revoked partitions refused: %s", self.group, error
+                    )
+            if self.on_revoke is not None:
+                self.on_revoke(revoked)
+        finally:
+            self.revoking = False
+            for key in revoked:
+                self.positions.pop(key, None)
+                self.paused_partitions.discard(key)
 
     def position_partitions(self, keys: set[TopicPartition]) -> None:
         committed = self.run(self.link.committed_offsets(self.group)) if self.group else {}

@@ -10,7 +10,9 @@ retried after a lost answer is the same member, not a second one.
 
 Every change of membership, subscriptions or partition counts bumps the generation and
 recomputes the assignment with the group's assignor from the previous one (so the sticky
-assignor keeps what it can). Commits are fenced by generation (`group_model` docstring).
+assignor keeps what it can); a partition moving between live members goes in two
+generations (taken, then given once its owner says it let go). Commits are fenced by
+generation (`group_model` docstring, for both).
 
 Snapshots are msgspec MessagePack of the whole state, groups sorted by name: the same state
 always gives the same bytes. A well-formed entry never makes `apply` raise; bytes that do
@@ -65,6 +67,10 @@ class MemberState(msgspec.Struct, array_like=True):
     topics: list[str]
     session_timeout_ms: int
     assignment: list[tuple[str, int]] = msgspec.field(default_factory=list)
+    revoking: list[tuple[str, int]] = msgspec.field(default_factory=list)
+    """Partitions taken from this member that it has not yet said it gave up: no other
+    member is assigned them meanwhile, and this one may still commit them. A trailing
+    field with a default: snapshots from before it decode (and older code skips it)."""
 
 
 class ConsumerGroupState(msgspec.Struct, array_like=True):
@@ -120,7 +126,9 @@ class GroupCoordinatorMachine:
             return None
         if state.assignor != command.assignor or not counts_cover(state, command):
             return None
-        return GroupResult(ok=True, generation=state.generation, assignment=member.assignment)
+        if still_revoking(member, command) != member.revoking:
+            return None  # it gave partitions up: they go to their new owners
+        return answer(state, member)
 
     # --- apply --------------------------------------------------------------------------
 
@@ -192,12 +200,12 @@ class GroupCoordinatorMachine:
             topics=sorted(set(command.topics)),
             session_timeout_ms=command.session_timeout_ms,
             assignment=[] if previous is None else previous.assignment,
+            revoking=[] if previous is None else still_revoking(previous, command),
         )
         state.assignor = command.assignor
         state.partition_counts.update(command.partition_counts)
         rebalance(state)
-        member = state.members[command.member_id]
-        return GroupResult(ok=True, generation=state.generation, assignment=member.assignment)
+        return answer(state, state.members[command.member_id])
 
     def remove_members(self, group: str, member_ids: list[str]) -> GroupResult:
         state = self.groups.get(group)
@@ -325,16 +333,48 @@ def counts_cover(state: ConsumerGroupState, command: JoinGroup) -> bool:
     return all(state.partition_counts.get(t) == n for t, n in command.partition_counts.items())
 
 
+def answer(state: ConsumerGroupState, member: MemberState) -> GroupResult:
+    rebalancing = any(other.revoking for other in state.members.values())
+    return GroupResult(
+        ok=True,
+        generation=state.generation,
+        assignment=member.assignment,
+        rebalancing=rebalancing,
+    )
+
+
+def still_revoking(member: MemberState, command: JoinGroup) -> list[tuple[str, int]]:
+    """What the member was giving up and, by its join, still holds (a join without
+    `owned`, from an older client, holds nothing)."""
+    if command.owned is None or not member.revoking:
+        return []
+    owned = {(topic, partition) for topic, partition in command.owned}
+    return [partition for partition in member.revoking if partition in owned]
+
+
 def rebalance(state: ConsumerGroupState) -> None:
-    """A new generation, its assignment computed from the previous one."""
+    """A new generation, its assignment computed from the previous one. A partition the
+    assignor moves away from a live member is withheld from its new owner until the old
+    one gave it up (the module docstring of `group_model`)."""
     subscriptions = {member_id: m.topics for member_id, m in state.members.items()}
     previous = {member_id: m.assignment for member_id, m in state.members.items()}
     assignor = state.assignor or ASSIGNORS[0]
     assignment = assign(assignor, subscriptions, state.partition_counts, previous)
+    holders = {
+        partition: member_id
+        for member_id, member in state.members.items()
+        for partition in (*member.assignment, *member.revoking)
+    }
     for member_id, member in state.members.items():
-        member.assignment = assignment.get(member_id, [])
-    owners = [p for m in state.members.values() for p in m.assignment]
-    require(len(owners) == len(set(owners)), "a partition is assigned to two members")
+        held = {*member.assignment, *member.revoking}
+        member.assignment = [
+            partition
+            for partition in assignment.get(member_id, [])
+            if holders.get(partition, member_id) == member_id
+        ]
+        member.revoking = sorted(held - set(member.assignment))
+    owners = [p for m in state.members.values() for p in (*m.assignment, *m.revoking)]
+    require(len(owners) == len(set(owners)), "a partition is held by two members")
     state.generation += 1
     subscribed = {topic for member in state.members.values() for topic in member.topics}
     # Counts of topics nobody reads any more are dropped, so the state stays bounded.
@@ -364,7 +404,7 @@ def commit_refusal(state: ConsumerGroupState | None, command: CommitOffsets) -> 
             f"the commit was made in generation {command.generation}; "
             f"group {command.group!r} is in generation {state.generation}",
         )
-    owned = set(member.assignment)
+    owned = {*member.assignment, *member.revoking}  # revoking: its last commits
     foreign = [
         f"{o.topic}/{o.partition}" for o in command.offsets if (o.topic, o.partition) not in owned
     ]

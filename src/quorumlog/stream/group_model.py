@@ -9,6 +9,13 @@ a log entry; a new member, a changed subscription or a changed partition count g
 through the log and starts a new generation with a new assignment. The member learns it
 on its next call, drops (revokes) what it lost and starts reading what it gained.
 
+Revocation is cooperative, as in Kafka's incremental protocol: a partition that a new
+generation moves from one live member to another is first only taken from its owner
+(which may still commit it: it is "revoking"), and given to the new owner in a later
+generation, once the owner's join says it no longer holds it (`JoinGroup.owned`: it ran
+`on_revoke` and committed), or the owner left or expired. So the new owner starts from
+the old owner's last commit, never while the old one still reads.
+
 Commits carry the member id and the generation they were made in: the coordinator refuses
 a commit from a member it removed, from an older generation, or for a partition the
 member is not assigned (`CommitRefusal`), so a consumer fenced out of a group never moves
@@ -107,6 +114,11 @@ class JoinGroup(msgspec.Struct, frozen=True, array_like=True, tag="join"):
     session_timeout_ms: int = SESSION_TIMEOUT_MS_DEFAULT
     assignor: str = ASSIGNOR_DEFAULT
     partition_counts: dict[str, int] = {}
+    owned: list[tuple[str, int]] | None = None
+    """The partitions the member still reads (it finished revoking the others: ran its
+    `on_revoke` and committed). None: a client from before cooperative revocation, taken
+    as holding nothing it was asked to give up. A trailing field with a default: joins
+    from older clients decode, and older nodes ignore it."""
 
 
 class LeaveGroup(msgspec.Struct, frozen=True, array_like=True, tag="leave"):
@@ -193,6 +205,9 @@ class GroupResult(msgspec.Struct, frozen=True):
     """A join's answer: the member's partitions in `generation`."""
     group: GroupInfo | None = None
     groups: list[GroupInfo] | None = None
+    rebalancing: bool = False
+    """A join's answer: some member is still giving up partitions this generation moves
+    (they go to their new owners in a later generation), so members heartbeat sooner."""
 
 
 def refused(refusal: Refusal, error: str) -> GroupResult:

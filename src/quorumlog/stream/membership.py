@@ -5,7 +5,9 @@ Heartbeats run on the client's I/O loop (so a consumer busy between polls keeps 
 membership, as Kafka's heartbeat thread does); each answer holds the group's generation
 and this member's partitions. The user's thread picks the newest answer up in `poll`
 (`Membership.latest`), so the `on_revoke`/`on_assign` callbacks run there, never on the
-I/O thread.
+I/O thread. The consumer says what it still reads (`hold`) once it has revoked what it
+lost, and every join carries that: a partition taken from this member reaches its new
+owner only after that (`group_model` docstring).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ log = logging.getLogger("quorumlog.consumer")
 
 HEARTBEAT_INTERVAL_SECONDS_DEFAULT = 3.0
 """Kafka's `heartbeat.interval.ms`; keep it well under the session timeout (a third)."""
+REBALANCE_HEARTBEAT_SECONDS = 0.1
+"""How soon a member heartbeats again while the group is rebalancing (a member is giving
+partitions up): the new owners learn them in a tenth of a second, not a whole interval."""
 TOPICS_REFRESH_SECONDS = 5.0
 """How often a pattern subscription looks for new topics (Kafka's metadata.max.age is 5
 minutes; topics here are few and the list is one request)."""
@@ -90,6 +95,10 @@ class Membership:
         self.task: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
         self.leaving = False
+        self.owned: list[TopicPartition] = []
+        """What the consumer still reads (`hold`): sent with every join, so the group
+        knows when partitions taken from this member are free for their new owners."""
+        self.rebalancing = False
 
     # --- any thread ---------------------------------------------------------------------
 
@@ -98,6 +107,11 @@ class Membership:
             if self.failure is not None:
                 raise self.failure
             return self.current
+
+    def hold(self, assignment: frozenset[TopicPartition]) -> None:
+        """The consumer now reads `assignment` (it finished revoking anything else)."""
+        with self.lock:
+            self.owned = sorted(assignment)
 
     def wait_for_change(self, generation: int, timeout_seconds: float) -> None:
         """Block up to `timeout_seconds` until an answer with another generation came."""
@@ -125,8 +139,11 @@ class Membership:
             # Sleeping is the schedule here; `wake` cuts it short (a commit was fenced).
             # Not asyncio.wait_for: on 3.11 it can swallow a cancellation that arrives as
             # the event is set, and `leave` would then wait out a whole interval.
+            interval_seconds = self.heartbeat_interval_seconds
+            if self.rebalancing:
+                interval_seconds = min(interval_seconds, REBALANCE_HEARTBEAT_SECONDS)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.heartbeat_interval_seconds):
+                async with asyncio.timeout(interval_seconds):
                     await self.wake.wait()
             self.wake.clear()
             if self.leaving:
@@ -148,9 +165,11 @@ class Membership:
             topics,
             self.session_timeout_ms,
             self.assignor,
+            owned=self.owned_now(),
         )
         result = await self.link.send(f"heartbeat of group {self.group}", command)
         with self.changed:
+            self.rebalancing = result.ok and result.rebalancing
             if not result.ok:
                 self.failure = refusal_error(result, self.group)
             elif result.generation != self.current.generation or (
@@ -158,6 +177,10 @@ class Membership:
             ):
                 self.current = Generation(result.generation, frozenset(result.assignment))
             self.changed.notify_all()
+
+    def owned_now(self) -> list[TopicPartition]:
+        with self.lock:
+            return list(self.owned)
 
     async def subscribed_topics(self) -> list[str]:
         if self.pattern is None:

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,7 +121,11 @@ def test_pattern_callbacks_pause_seek_and_commit_async(endpoints: list[str]) -> 
         with Consumer(endpoints, group="orders", partition_assignment_strategy="range") as second:
             second.subscribe(pattern="orders-.*")
             wait_for(lambda: first.assignment() != every, "the first member giving up partitions")
-            assert first.assignment() | second.assignment() == every
+            # Given up first, then given to the second member (its next heartbeat).
+            wait_for(
+                lambda: first.assignment() | second.assignment() == every,
+                "the second member taking them",
+            )
             assert not first.assignment() & second.assignment()
             assert revoked and revoked[-1] == every - first.assignment()
 
@@ -156,3 +161,71 @@ def test_compressed_batches_read_back_beside_plain_ones(endpoints: list[str], co
         records = consumer.read(topic, 0, 0, 1000)
         assert [r.value for r in records] == [b"before", *values, None]
         assert [r.offset for r in consumer.read(topic, 0, 150, 2)] == [150, 151]
+
+
+class RecordingConsumer(Consumer):
+    """A Consumer that notes each fetch it starts (partition and position) in `events`."""
+
+    def __init__(self, events: list[tuple[object, ...]], name: str, **settings: Any) -> None:
+        super().__init__(**settings)
+        self.events = events
+        self.name = name
+
+    async def fetch_one(self, key: TopicPartition, max_records: int, wait_ms: int) -> list[Any]:
+        self.events.append(("fetch", self.name, key, self.positions[key]))
+        return await super().fetch_one(key, max_records, wait_ms)
+
+
+def test_on_revoke_runs_and_commits_before_the_new_owner_reads(endpoints: list[str]) -> None:
+    """Kafka's cooperative order: the second member's join takes a partition from the
+    first; the first commits its position there and runs on_revoke, and only then does the
+    second fetch it, from that commit (so nothing is read twice)."""
+    topic = "handoff"
+    with Admin(endpoints) as admin:
+        admin.create_topic(topic, partitions=2, replication=3)
+    with Producer(endpoints) as producer:
+        for number in range(10):
+            producer.send(topic, b"%d" % number, partition=number % 2)
+        producer.flush(timeout=10)
+    events: list[tuple[object, ...]] = []
+    settings: dict[str, Any] = {
+        "endpoints": endpoints,
+        "group": "handoff",
+        "auto_offset_reset": "earliest",
+        "heartbeat_interval_seconds": 0.2,
+    }
+    first = RecordingConsumer(events, "first", **settings)
+
+    def revoked(partitions: set[TopicPartition]) -> None:
+        committed = {key: first.committed(*key) for key in sorted(partitions)}
+        events.append(("revoked", "first", sorted(partitions), committed))
+
+    first.on_revoke = revoked
+    second = RecordingConsumer(events, "second", **settings)
+    stop = threading.Event()
+    with first, second:
+        first.subscribe([topic])
+        read = first.poll(5.0)
+        while len(read) < 10:
+            read += first.poll(5.0)
+        polling = threading.Thread(
+            target=lambda: [first.poll(0.1) for _ in iter(stop.is_set, True)]
+        )
+        polling.start()
+        try:
+            second.subscribe([topic])
+            deadline = time.monotonic() + WAIT_SECONDS
+            while not any(event[:2] == ("fetch", "second") for event in events):
+                second.poll(0.2)
+                assert time.monotonic() < deadline, "the second member never read"
+        finally:
+            stop.set()
+            polling.join()
+        [moved] = second.assignment()
+    revocations = [event for event in events if event[0] == "revoked"]
+    first_fetch = next(event for event in events if event[:2] == ("fetch", "second"))
+    assert revocations, "on_revoke never ran before the second member read"
+    assert events.index(revocations[0]) < events.index(first_fetch)
+    assert revocations[0][2] == [moved]
+    assert revocations[0][3] == {moved: 5}, "the first member committed where it stood"
+    assert first_fetch[2:] == (moved, 5), "the new owner starts at that commit"

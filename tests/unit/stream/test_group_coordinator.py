@@ -40,9 +40,23 @@ class Log:
         return result
 
 
-def join(member: str, topics: list[str] | None = None, partitions: int = 3) -> JoinGroup:
+ALL = [("t", 0), ("t", 1), ("t", 2)]
+
+
+def join(
+    member: str,
+    topics: list[str] | None = None,
+    partitions: int = 3,
+    owned: list[tuple[str, int]] | None = None,
+) -> JoinGroup:
     return JoinGroup(
-        "g", member, f"client-{member}", topics or ["t"], 10_000, partition_counts={"t": partitions}
+        "g",
+        member,
+        f"client-{member}",
+        topics or ["t"],
+        10_000,
+        partition_counts={"t": partitions},
+        owned=owned,
     )
 
 
@@ -50,21 +64,50 @@ def test_two_members_split_three_partitions_and_the_survivor_takes_all() -> None
     log = Log()
     first = log.run(join("a"))
     assert first.ok and first.generation == 1
-    assert first.assignment == [("t", 0), ("t", 1), ("t", 2)]
-    second = log.run(join("b"))
-    assert second.generation == 2
-    heartbeat = log.run(join("a"))
-    assert heartbeat.generation == 2  # a heartbeat changes nothing
-    together = sorted(heartbeat.assignment + second.assignment)
-    assert together == [("t", 0), ("t", 1), ("t", 2)]
-    assert len(second.assignment) == 1  # sticky: a kept two of its three
-    assert log.run(ExpireMembers("g", ["b"])).generation == 3
-    assert log.run(join("a")).assignment == [("t", 0), ("t", 1), ("t", 2)]
+    assert first.assignment == ALL
+    second = log.run(join("b", owned=[]))
+    assert (second.generation, second.assignment, second.rebalancing) == (2, [], True)
+    heartbeat = log.run(join("a", owned=ALL))  # still reads all three: changes nothing
+    assert heartbeat.generation == 2 and len(heartbeat.assignment) == 2  # sticky: keeps two
+    released = log.run(join("a", owned=heartbeat.assignment))  # revoked the third
+    assert (released.generation, released.rebalancing) == (3, False)
+    taken = log.run(join("b", owned=[]))
+    assert sorted(released.assignment + taken.assignment) == ALL
+    assert log.run(ExpireMembers("g", ["b"])).generation == 4
+    assert log.run(join("a", owned=released.assignment)).assignment == ALL
+
+
+def test_a_moved_partition_waits_for_its_owner_to_let_go_and_may_be_committed_meanwhile() -> None:
+    log = Log()
+    log.run(join("a", owned=[]))
+    withheld = log.run(join("b", owned=[]))
+    state = log.machine.groups["g"]
+    [moving] = state.members["a"].revoking
+    assert withheld.assignment == [] and moving not in state.members["a"].assignment
+    # The owner's last commit of the partition it is giving up is taken, in the new
+    # generation; the member it goes to may not commit it yet.
+    last = log.run(CommitOffsets("g", "a", withheld.generation, [PartitionOffset(*moving, 7)]))
+    assert last.ok
+    early = log.run(CommitOffsets("g", "b", withheld.generation, [PartitionOffset(*moving, 1)]))
+    assert early.refusal is Refusal.NOT_ASSIGNED
+    log.run(join("a", owned=state.members["a"].assignment))
+    after = log.run(CommitOffsets("g", "a", withheld.generation, [PartitionOffset(*moving, 9)]))
+    assert after.refusal is Refusal.ILLEGAL_GENERATION
+    assert moving in log.run(join("b", owned=[])).assignment
+    # An owner that leaves instead frees what it was giving up at once.
+    log.run(join("c", owned=[]))
+    [giving] = [m for m in state.members.values() if m.revoking]
+    log.run(LeaveGroup("g", giving.member_id))
+    assert all(not member.revoking for member in state.members.values())
+    held = [p for member in state.members.values() for p in member.assignment]
+    assert sorted(held) == ALL
 
 
 def test_commits_are_fenced_by_member_generation_and_assignment() -> None:
     log = Log()
     log.run(join("a"))
+    log.run(join("b"))
+    log.run(join("a"))  # an older client: lets go of what it lost at its next join
     old = log.run(join("b"))
     mine = old.assignment[0]
     ok = log.run(CommitOffsets("g", "b", old.generation, [PartitionOffset(*mine, 10)]))
