@@ -187,6 +187,49 @@ def test_batch_read_of_a_ledger_topic_sees_every_record_once(
         assert offsets == list(range(len(values) // 2)), f"partition {partition}"
 
 
+@pytest.mark.parametrize(("storage", "codec"), [("ledger", "zstd"), ("ha", "lz4")])
+def test_compressed_records_read_decompressed_from_a_starting_timestamp(
+    spark: SparkSession, cluster: ProcessCluster, storage: str, codec: str
+) -> None:
+    """Issue 16: a producer compressing its batches into a ledger or HA topic; Spark reads
+    the records decompressed, from the first offset at `startingTimestamp` (the owner's or
+    master's stamps, which the producer got back)."""
+    topic = unique_topic(f"{storage}-packed")
+    if storage == "ledger":
+        wait_for_writable_bookies(cluster, 3)
+    values = [b"%s-%04d" % (storage.encode(), number) for number in range(400)]
+    with Admin(cluster.endpoints, cluster_id=CLUSTER_ID, timeout=WAIT_SECONDS) as admin:
+        admin.create_topic(topic, partitions=2, replication=3, storage=storage)
+    with Producer(
+        cluster.endpoints,
+        cluster_id=CLUSTER_ID,
+        timeout=WAIT_SECONDS,
+        compression=codec,
+        linger_ms=0,
+        batch_records_max=40,
+    ) as producer:
+        futures = [
+            producer.send(topic, value, partition=number % 2) for number, value in enumerate(values)
+        ]
+        producer.flush()
+    stamps = [future.result().timestamp for future in futures]
+    assert all(stamp > 0 for stamp in stamps)
+    starting_ms = stamps[len(values) // 2]
+    rows = (
+        spark.read.format("quorumlog")
+        .option("endpoints", ",".join(cluster.endpoints))
+        .option("clusterId", CLUSTER_ID)
+        .option("topic", topic)
+        .option("startingTimestamp", str(starting_ms))
+        .load()
+        .select("value", "timestamp")
+        .collect()
+    )
+    expected = [v for v, stamp in zip(values, stamps, strict=True) if stamp >= starting_ms]
+    assert sorted(row.value for row in rows) == expected
+    assert min(row.timestamp.timestamp() * 1000 for row in rows) >= starting_ms - 1
+
+
 def test_spark_sink_writes_a_ledger_topic_once(
     spark: SparkSession, cluster: ProcessCluster
 ) -> None:
