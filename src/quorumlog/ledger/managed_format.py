@@ -7,7 +7,7 @@ producer table it hands from one ledger to the next.
   (retention moved it), the owner's epoch and a version that every change raises by one:
   every change is a compare-and-set. Record format 2 added the entry format and the record
   count to each ledger; a format-1 record still reads (its ledgers are all entry format 1).
-- Entry format 2 (`ManagedSlice`, what this version writes): one ledger entry holds one
+- Entry format 2 (`ManagedSlice`, the release before compression): one ledger entry holds one
   producer batch, or a slice of at most `SLICE_RECORDS_MAX` records / about
   `SLICE_BYTES_MAX` bytes of a larger one, so a batch costs one bookie add, not one per
   record. The entry names its batch (producer id, base sequence, the slice's position and
@@ -17,13 +17,14 @@ producer table it hands from one ledger to the next.
   an offset to its entry (managed_index.py). The bytes start with the format number.
 - Entry format 3 (what this version writes): format 2's layout with two trailing fields,
   the codec and the compressed bytes of a batch a producer compressed (`codec.compression`).
-  A compressed batch is one entry, kept as the producer sent it (no record is decoded on
-  the write path): its `records` are empty, `batch_count` says how many it holds, and a
-  reader decompresses. An uncompressed batch is encoded exactly as in format 2 (the
-  trailing fields left out) but for its first byte. A compressed batch larger than a
-  slice (`SLICE_BYTES_MAX`) is decompressed by the owner and written as plain slices, so
-  an entry stays within the bound. A ledger's format is in the record: a ledger of
-  format 2 holds only format-2 entries, one of format 3 only format-3 entries.
+  A compressed batch is one entry holding the producer's bytes as they came (the owner
+  does not re-encode them): its `records` are empty, `batch_count` says how many it holds,
+  and a reader decompresses. It may hold more than `SLICE_RECORDS_MAX` records (a read of
+  one of them decompresses them all). A compressed batch larger than a slice
+  (`SLICE_BYTES_MAX`) is decompressed by the owner and written as plain slices, so an
+  entry stays within the bound. An uncompressed batch is encoded exactly as in format 2
+  (the trailing fields left out) but for its first byte. A ledger's format is in the
+  record: a ledger of format 2 holds only format-2 entries, one of format 3 only format 3.
 - Entry format 1 (`ManagedEntry`, the previous release): one record per entry, so offset =
   first_offset + entry_id. Ledgers written so still read; nothing writes them any more.
   Ledgers of entry format 2 (the release before compression) still read likewise.
@@ -59,7 +60,8 @@ ENTRY_FORMAT_V3 = 3
 ENTRY_FORMAT_WRITTEN = ENTRY_FORMAT_V3
 ENTRY_FORMATS_READ = (ENTRY_FORMAT_V1, ENTRY_FORMAT_V2, ENTRY_FORMAT_V3)
 SLICE_RECORDS_MAX = 4096
-"""Records one entry holds at most (a larger batch is sliced)."""
+"""Records one entry of a plain batch holds at most (a larger batch is sliced; a compressed
+batch within `SLICE_BYTES_MAX` is kept whole, whatever its count)."""
 SLICE_BYTES_MAX = 1024 * 1024
 """Bytes one entry holds at most, about: a piece of a batch whose encoding is larger is cut
 again by its records' sizes (`record_bytes`); a single record is never cut (the writer
