@@ -281,14 +281,17 @@ class Consumer(BlockingClient):
             return  # nothing new, or a commit made while revoking asked
         revoked = set(self.applied.assignment - latest.assignment)
         gained = set(latest.assignment - self.applied.assignment)
-        if revoked:
-            self.revoke(latest.generation, revoked)
-        self.applied = latest
-        if self.membership is not None and self.subscribed:
-            self.membership.hold(latest.assignment)
+        try:
             if revoked:
-                # Tell the group at once: the new owners wait for this member's word.
-                self.io.call_soon(self.membership.wake.set)
+                self.revoke(latest.generation, revoked)
+        finally:
+            # Given up even if on_revoke raised (its error goes to the caller of poll).
+            self.applied = latest
+            if self.membership is not None and self.subscribed:
+                self.membership.hold(latest.assignment)
+                if revoked:
+                    # Tell the group at once: the new owners wait for this member's word.
+                    self.io.call_soon(self.membership.wake.set)
         if gained:
             self.position_partitions(gained)
             if self.on_assign is not None:
@@ -306,9 +309,11 @@ class Consumer(BlockingClient):
                 offsets = {key: self.positions[key] for key in revoked if key in self.positions}
                 try:
                     self.commit_offsets(offsets)
-                except CommitFailedError as error:
+                except ClientError as error:
+                    # Given up all the same (as Kafka does): the new owner reads on from
+                    # the commit before, so records are read again, none lost.
                     log.warning(
-                        "group %s: commit of revoked partitions refused: %s", self.group, error
+                        "group %s: commit of revoked partitions failed: %s", self.group, error
                     )
             if self.on_revoke is not None:
                 self.on_revoke(revoked)
