@@ -533,9 +533,13 @@ class ManagedLedger:
                 return Completion.failed(self.scheduler, problem)
             compressed = None
         queued = QueuedAppend(
-            records, producer_id, base_sequence, Completion(self.scheduler), compressed
+            records,
+            producer_id,
+            base_sequence,
+            Completion(self.scheduler),
+            compressed,
+            timestamp_ms,
         )
-        queued.timestamp_ms = timestamp_ms
         count = queued.count
         if count < 1 or (compressed is not None and records):
             raise ValueError("a batch needs at least one record, plain or compressed")
