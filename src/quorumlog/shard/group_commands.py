@@ -65,6 +65,12 @@ class InsertShards(msgspec.Struct, frozen=True, array_like=True, tag="insert_sha
     and a clock that is stale (an idle group, or one that never saw a client write) would
     let its next write expire them at once, and a retry would then be applied twice."""
 
+    key_revisions: dict[int, list[tuple[int, int, int]]] | None = None
+    """shard → (create revision, mod revision, version) of each key in `shards[shard]`, in
+    the same order. None: from a build before revisions (the new owner makes them up)."""
+    store_revisions: dict[int, int] | None = None
+    """shard → its revision, frozen since it became BE_PULLING (`shard.shard_store`)."""
+
     def is_finished(self, shard: int) -> bool:
         return self.finished is None or shard in self.finished
 

@@ -1,0 +1,120 @@
+"""Each shard's keys as a multi-version store: revisions per shard, and how they move.
+
+A shard group keeps one `kv.mvcc.MVCCStore` per shard (the plain KV's store, not a second
+implementation). Revisions are counted per shard, not per group: a shard's revision is
+what its writes bumped, wherever it lived, so it moves with the shard and never goes back
+when a new group takes the shard over. Every write command is one revision of its shard.
+
+Moving a shard carries its keys with their create and mod revisions and versions, and the
+shard's revision (`InsertShards.key_revisions`, `store_revisions`), but not its history:
+history is bounded only per shard, and a chunked pull would have to carry it in pieces.
+The new owner's history therefore starts at the revision the shard arrived with
+(`arrived_revision`, also its compacted revision). A watch that had seen everything up to
+the move goes on at the new owner with no gap (the shard is frozen while it moves, so
+nothing happened between); a watch that was behind cannot be served there and is ended
+with `ShardMovedError` (a `CompactedError`): re-watch from a fresh revision.
+
+An insert from a build before revisions (no `key_revisions`) makes revisions up from the
+entry alone, the same on every replica: each new key the next revision of the shard.
+Snapshots of format 1 and 2 (no revisions) are read the same way, as the plain KV does.
+"""
+
+from __future__ import annotations
+
+from quorumlog.codec.kv_v3 import KeyValue, WatchEvent
+from quorumlog.kv.mvcc import MVCCStore, relink_history
+from quorumlog.raft.invariants import require
+
+SHARD_HISTORY_EVENTS_MAX_DEFAULT = 10_000
+"""Events each shard keeps for watches and reads at a past revision (16 shards by default:
+a group holds at most 16 times this)."""
+SHARD_HISTORY_BYTES_MAX_DEFAULT = 512 * 1024
+"""About how many bytes of keys and values each shard's history may hold (it rides in
+every snapshot of the group)."""
+KEY_REVISIONS_BYTES = 12
+"""What one key's (create, mod, version) adds to a pull chunk (msgpack integers)."""
+
+KeyRevisions = tuple[int, int, int]
+"""A key's create revision, mod revision and version, as a pull carries them."""
+
+
+def new_store(history_events_max: int, history_bytes_max: int) -> MVCCStore:
+    return MVCCStore(history_events_max, history_bytes_max)
+
+
+def load_store(
+    store: MVCCStore,
+    kvs: list[KeyValue],
+    revision: int,
+    compacted_revision: int,
+    history: list[WatchEvent],
+    history_base: list[KeyValue],
+) -> None:
+    """Fill `store` from a snapshot's shard (history as `history_for_snapshot` left it)."""
+    store.load(kvs, revision, compacted_revision, relink_history(history, history_base), [], 1)
+
+
+def made_up_records(data: dict[str, str]) -> list[KeyValue]:
+    """Keys of a snapshot before revisions (formats 1 and 2), with revisions made up from it
+    alone: in key order, revisions 1, 2, ... (the shard's revision is then their count)."""
+    return [
+        KeyValue(key, value.encode(), revision, revision, 1, 0)
+        for revision, (key, value) in enumerate(sorted(data.items()), start=1)
+    ]
+
+
+def frozen_revisions(store: MVCCStore, keys: list[str]) -> list[KeyRevisions]:
+    """What a pull carries of `keys`' revisions, in the same order."""
+    records = store.records
+    return [
+        (records[key].create_revision, records[key].mod_revision, records[key].version)
+        for key in keys
+    ]
+
+
+def insert_pulled(
+    store: MVCCStore,
+    items: dict[str, str],
+    revisions: list[KeyRevisions] | None,
+    store_revision: int | None,
+) -> None:
+    """Add one pulled chunk of a shard to its (PULLING) store, revisions as the previous
+    owner had them; a repeated chunk changes nothing. The store's history starts at the
+    shard's revision: what happened before stayed with the previous owner."""
+    merged = dict(store.records)
+    revision = store.revision
+    if revisions is None or store_revision is None:
+        # From a build before revisions: each new key the next revision (see the module
+        # docstring); a key already here (a repeated chunk) keeps its own.
+        for key, value in items.items():
+            if key not in merged:
+                revision += 1
+                merged[key] = KeyValue(key, value.encode(), revision, revision, 1, 0)
+    else:
+        require(
+            len(revisions) == len(items),
+            f"a pulled chunk has {len(items)} keys and {len(revisions)} key revisions",
+        )
+        for (key, value), (create, mod, version) in zip(items.items(), revisions, strict=True):
+            require(
+                0 < create <= mod <= store_revision,
+                f"pulled key {key!r} has revisions {create}..{mod} past {store_revision}",
+            )
+            merged[key] = KeyValue(key, value.encode(), create, mod, version, 0)
+        revision = max(revision, store_revision)
+    # Chunks come in key order, so the new keys follow the old ones and the store's sort
+    # of them is one pass over an ordered list.
+    store.load(list(merged.values()), revision, revision, [], [], 1)
+
+
+__all__ = [
+    "KEY_REVISIONS_BYTES",
+    "SHARD_HISTORY_BYTES_MAX_DEFAULT",
+    "SHARD_HISTORY_EVENTS_MAX_DEFAULT",
+    "KeyRevisions",
+    "frozen_revisions",
+    "insert_pulled",
+    "load_store",
+    "made_up_records",
+    "new_store",
+]
