@@ -34,6 +34,10 @@ every snapshot of the group)."""
 KEY_REVISIONS_BYTES = 12
 """What one key's (create, mod, version) adds to a pull chunk (msgpack integers)."""
 
+SHARD_MOVED = "shard_moved"
+"""The failure code (`V3Failure.code`) of a watch or read from at or before the revision its
+shard arrived with at its group: that history stayed with the previous owner."""
+
 KeyRevisions = tuple[int, int, int]
 """A key's create revision, mod revision and version, as a pull carries them."""
 
@@ -70,6 +74,19 @@ def frozen_revisions(store: MVCCStore, keys: list[str]) -> list[KeyRevisions]:
         (records[key].create_revision, records[key].mod_revision, records[key].version)
         for key in keys
     ]
+
+
+def revisions_fit(
+    items: dict[str, str], revisions: list[KeyRevisions] | None, store_revision: int | None
+) -> bool:
+    """Whether a pulled chunk's revisions can be inserted as they are: one per key, none
+    past the shard's revision (or none at all: an older build's). Checked before an insert
+    is proposed, so a bad answer from another group is asked again rather than applied."""
+    if revisions is None and store_revision is None:
+        return True
+    if revisions is None or store_revision is None or len(revisions) != len(items):
+        return False
+    return all(0 < create <= mod <= store_revision for create, mod, _ in revisions)
 
 
 def insert_pulled(
@@ -111,10 +128,12 @@ __all__ = [
     "KEY_REVISIONS_BYTES",
     "SHARD_HISTORY_BYTES_MAX_DEFAULT",
     "SHARD_HISTORY_EVENTS_MAX_DEFAULT",
+    "SHARD_MOVED",
     "KeyRevisions",
     "frozen_revisions",
     "insert_pulled",
     "load_store",
     "made_up_records",
     "new_store",
+    "revisions_fit",
 ]

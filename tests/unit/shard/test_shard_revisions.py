@@ -7,6 +7,7 @@ from __future__ import annotations
 import msgspec
 
 from quorumlog.shard.group_commands import DeleteShards, InsertShards, PullStatus
+from quorumlog.shard.group_driver import entry_for_pull_response
 from quorumlog.shard.group_machine import ShardGroupMachine
 from tests.unit.shard.test_group_machine import SHARD_COUNT, Replica, insert_from, key_in_shard
 
@@ -150,3 +151,34 @@ def test_revision_listeners_hear_every_entry_that_changes_the_state() -> None:
     replica.configure(1, [1] * SHARD_COUNT)
     replica.write(key_in_shard(0), "x")
     assert heard == [0, 1]  # called inside apply, before the index moves
+
+
+def test_the_insert_proposed_for_a_pull_answer_keeps_the_revisions() -> None:
+    """The new owner's leader rebuilds the insert it proposes from the answer: the
+    revisions must survive that (they once did not, and a watch then skipped events)."""
+    for pull_bytes_max in (0, 40):
+        old_owner = owner_with_writes()
+        new_owner = Replica(2)
+        new_owner.configure(1, [1] * SHARD_COUNT)
+        for replica in (old_owner, new_owner):
+            replica.configure(2, [2, 1, 1, 1])
+        response = old_owner.machine.pull_request_for(2, [0], None, pull_bytes_max)
+        assert response.insert is not None
+        entry = entry_for_pull_response(new_owner.machine, response)
+        assert entry is not None
+        assert entry.key_revisions == response.insert.key_revisions
+        assert entry.store_revisions == {0: 4}
+        # An answer whose revisions do not fit its keys is not proposed (asked again).
+        bad = msgspec.structs.replace(response.insert, key_revisions={0: []})
+        assert bad.shards[0]
+        wrong = msgspec.structs.replace(response, insert=bad)
+        assert entry_for_pull_response(new_owner.machine, wrong) is None
+        past = msgspec.structs.replace(
+            response.insert, key_revisions={0: [(1, 9, 2)]}, store_revisions={0: 4}
+        )
+        assert (
+            entry_for_pull_response(
+                new_owner.machine, msgspec.structs.replace(response, insert=past)
+            )
+            is None
+        )
