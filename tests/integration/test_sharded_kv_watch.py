@@ -10,11 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from quorumlog import ShardAdmin, ShardedKVClient
+from quorumlog.cli.main import cli
 from quorumlog.codec import wire
 from quorumlog.codec.kv_v3 import WatchEvent
-from quorumlog.errors import CompactedError, ShardMovedError
+from quorumlog.errors import CompactedError, RequestRejectedError, ShardMovedError
 from quorumlog.shard.config import shard_for_key
 from quorumlog.shard.v3_client import ShardWatch
 from tests.integration.test_sharded_kv_client import (
@@ -210,3 +212,33 @@ def test_a_prefix_watch_names_its_shard(admin: ShardAdmin, client: ShardedKVClie
     finally:
         collector.close()
     assert [(event.kv.key, event.kv.value) for event in events] == [(key, b"here")]
+
+
+def test_the_shard_watch_command_prints_events(
+    cluster: InProcessCluster, client: ShardedKVClient
+) -> None:
+    key = "command/watched"
+    client.put(key, "one")
+    [created] = client.range(key).kvs
+    client.put(key, "two")
+    endpoints = ",".join(cluster.endpoints)
+    arguments = ["shard", "watch", key, "--rev", str(created.mod_revision), "--max-events", "2"]
+    result = CliRunner().invoke(cli, [*arguments, "--endpoints", endpoints])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == ["PUT", key, "one", "PUT", key, "two"]
+    refused = CliRunner().invoke(cli, ["shard", "watch", "command/", "--prefix"])
+    assert refused.exit_code == 2 and "per shard" in refused.output
+
+
+def test_a_range_or_watch_names_one_shard_on_the_wire(client: ShardedKVClient) -> None:
+    with pytest.raises(RequestRejectedError, match="exactly one shard"):
+        client.routed(
+            "range of two shards",
+            "",
+            lambda request_id, group: wire.KVRangeRequest(
+                request_id=request_id, key="a", end="\x00", group=group, shards=[0, 1]
+            ),
+            wire.KVRangeResult,
+            side_effects=False,
+            shard=0,
+        )
