@@ -74,6 +74,14 @@ def raise_shard_failure(failure: kv_v3.V3Failure) -> None:
     raise_failure(failure)
 
 
+def next_revision_after(next_revision: int, answer: wire.WatchPollResult) -> int:
+    """Where a watch's next poll starts after `answer`: after its last event, or, with
+    none, after the revision it answered at (nothing in range changed up to it)."""
+    if answer.events:
+        return answer.events[-1].kv.mod_revision + 1
+    return max(next_revision, answer.revision + 1)
+
+
 class ShardedV3Operations(ABC):
     """Ranges and watches over a sharded client's routed calls. Mixed into
     ShardedKVClient."""
@@ -304,11 +312,7 @@ class ShardWatch:
         answer = self.client.watch_poll(
             self.shard, self.key, self.end, self.next_revision, wait_seconds
         )
-        if answer.events:
-            self.next_revision = answer.events[-1].kv.mod_revision + 1
-        else:
-            # Nothing in range changed up to the answer's revision.
-            self.next_revision = max(self.next_revision, answer.revision + 1)
+        self.next_revision = next_revision_after(self.next_revision, answer)
         return answer.events
 
     def __iter__(self) -> Iterator[WatchEvent]:
@@ -352,4 +356,6 @@ __all__ = [
     "ShardWatch",
     "ShardedRangeResult",
     "ShardedV3Operations",
+    "next_revision_after",
+    "raise_shard_failure",
 ]
