@@ -8,10 +8,10 @@ Watches are long polls as on the plain KV (`node.kv_watches`, which says why): a
 replica that applied the events answers the same, so a watch goes on across leader
 changes by asking whoever leads from the revision after the last one it saw. A poll held
 here while its shard stops being served (it moved away) is answered WRONG_GROUP at once,
-and the client asks the shard's new owner from the same revision. The new owner has the
-shard's history only from the revision it arrived with: a poll from at or before it gets
-the failure "shard_moved" (the client raises `ShardMovedError`) rather than events with a
-hole in them.
+and the client asks the shard's new owner from the same revision: the history moved with
+the shard. Only a shard that arrived without its history (from an older build) has none
+before its arrival: a poll from at or before it gets the failure "shard_moved" (the client
+raises `ShardMovedError`) rather than events with a hole in them.
 """
 
 from __future__ import annotations

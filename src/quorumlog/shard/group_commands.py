@@ -23,6 +23,7 @@ import enum
 
 import msgspec
 
+from quorumlog.codec.kv_v3 import WatchEvent
 from quorumlog.codec.wire import KVCommandResult
 from quorumlog.kv.commands import ClientBatch
 from quorumlog.kv.sessions import SessionRecord
@@ -70,6 +71,11 @@ class InsertShards(msgspec.Struct, frozen=True, array_like=True, tag="insert_sha
     the same order. None: from a build before revisions (the new owner makes them up)."""
     store_revisions: dict[int, int] | None = None
     """shard → its revision, frozen since it became BE_PULLING (`shard.shard_store`)."""
+    history: dict[int, list[WatchEvent]] | None = None
+    """shard → events of its history (each with its key-before), oldest first: what
+    watches and reads at past revisions need. None: from a build that left it behind."""
+    compacted_revisions: dict[int, int] | None = None
+    """shard → the revision its history was compacted to (it starts after it)."""
 
     def is_finished(self, shard: int) -> bool:
         return self.finished is None or shard in self.finished

@@ -274,11 +274,15 @@ def entry_for_pull_response(
         return None
     key_revisions = insert.key_revisions
     store_revisions = insert.store_revisions
+    history = insert.history
+    compacted_revisions = insert.compacted_revisions
     if not all(
         revisions_fit(
             insert.shards.get(shard, {}),
             None if key_revisions is None else key_revisions.get(shard),
             None if store_revisions is None else store_revisions.get(shard),
+            None if history is None else history.get(shard),
+            None if compacted_revisions is None else compacted_revisions.get(shard),
         )
         for shard in wanted
     ):
@@ -296,6 +300,10 @@ def entry_for_pull_response(
         store_revisions=None
         if store_revisions is None
         else {shard: store_revisions.get(shard, 0) for shard in wanted},
+        history=None if history is None else {shard: history.get(shard, []) for shard in wanted},
+        compacted_revisions=None
+        if compacted_revisions is None
+        else {shard: compacted_revisions.get(shard, 0) for shard in wanted},
     )
 
 

@@ -135,8 +135,8 @@ from quorumlog.shard.shard_store import (
     KEY_REVISIONS_BYTES,
     SHARD_HISTORY_BYTES_MAX_DEFAULT,
     SHARD_HISTORY_EVENTS_MAX_DEFAULT,
-    KeyRevisions,
     frozen_revisions,
+    history_event_bytes,
     insert_pulled,
     load_store,
     made_up_records,
@@ -184,6 +184,20 @@ class Shard:
     def data(self) -> TextView:
         """The keys and their values as text (read-only; writes go through `store`)."""
         return TextView(self.store.records)
+
+
+class ShardPiece:
+    """What one chunk of a pull carries of one shard (see `ShardGroupMachine.shard_piece`)."""
+
+    __slots__ = ("events", "items", "next_position", "sessions", "size", "total")
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.items: dict[str, str] = {}
+        self.sessions: list[SessionRecord] = []
+        self.events: list[WatchEvent] = []
+        self.size = 0
+        self.next_position = 0
 
 
 class ShardRecordV2(msgspec.Struct, frozen=True, array_like=True):
@@ -284,9 +298,9 @@ class ShardGroupMachine:
         self.duplicate_count = 0
         self.session_expired_count = 0
         """Commands refused because their client's session on the shard was gone."""
-        self.frozen_cache: dict[int, tuple[list[str], list[SessionRecord]]] = {}
-        """BE_PULLING shard → its sorted keys and its sessions (see `frozen_contents`); not
-        part of the state."""
+        self.frozen_cache: dict[int, tuple[list[str], list[SessionRecord], list[WatchEvent]]] = {}
+        """BE_PULLING shard → its sorted keys, its sessions and its history (see
+        `frozen_contents`); not part of the state."""
         self.revision_listeners: list[Callable[[], None]] = []
         """Called after each entry that may have changed a shard's revision or whether it
         is served (the service wakes its watches; they must not change the machine)."""
@@ -409,6 +423,10 @@ class ShardGroupMachine:
                     for shard, keys in contents.items()
                 },
                 store_revisions={shard: self.shards[shard].store.revision for shard in ready},
+                history={shard: self.frozen_contents(shard)[2] for shard in ready},
+                compacted_revisions={
+                    shard: self.shards[shard].store.compacted_revision for shard in ready
+                },
             )
             return PullResponse(self.gid, configuration_number, PullStatus.OK, insert)
         return self.pull_chunk(configuration_number, ready, resume_at or (-1, 0), bytes_max)
@@ -420,60 +438,74 @@ class ShardGroupMachine:
         resume_at: tuple[int, int],
         bytes_max: int,
     ) -> PullResponse:
-        """One chunk of a chunked pull. Each shard is a sequence of its keys (sorted) then
-        its dedup sessions (in activity order); `resume_at` is (shard, position in that
-        sequence). Sessions count against `bytes_max` too: results can carry values, and
-        a shard with many clients would otherwise make one chunk larger than a frame."""
+        """One chunk of a chunked pull. Each shard is a sequence of its keys (sorted), its
+        dedup sessions (in activity order), then its history events (oldest first);
+        `resume_at` is (shard, position in that sequence). Sessions and events count
+        against `bytes_max` too: results can carry values, and a shard with many clients
+        or a long history would otherwise make one chunk larger than a frame."""
         resume_shard, resume_position = resume_at
-        chunk: dict[int, dict[str, str]] = {}
-        chunk_sessions: dict[int, list[SessionRecord]] = {}
-        chunk_revisions: dict[int, list[KeyRevisions]] = {}
-        store_revisions: dict[int, int] = {}
+        pieces: dict[int, ShardPiece] = {}
         finished: list[int] = []
         size = 0
         next_resume: tuple[int, int] | None = None
         for shard_index in ready:
             if shard_index < resume_shard:
                 continue
-            keys, records = self.frozen_contents(shard_index)
-            total = len(keys) + len(records)
             position = resume_position if shard_index == resume_shard else 0
-            data = self.shards[shard_index].data
-            items: dict[str, str] = {}
-            sessions: list[SessionRecord] = []
-            while position < total and (bytes_max <= 0 or size < bytes_max):
-                if position < len(keys):
-                    key = keys[position]
-                    value = data[key]
-                    items[key] = value
-                    size += len(key) + len(value) + PULL_ITEM_OVERHEAD_BYTES + KEY_REVISIONS_BYTES
-                else:
-                    record = records[position - len(keys)]
-                    sessions.append(record)
-                    size += session_record_bytes(record)
-                position += 1
-            chunk[shard_index] = items
-            store = self.shards[shard_index].store
-            chunk_revisions[shard_index] = frozen_revisions(store, list(items))
-            store_revisions[shard_index] = store.revision
-            if sessions:
-                chunk_sessions[shard_index] = sessions
-            if position < total:
-                next_resume = (shard_index, position)
+            piece = self.shard_piece(shard_index, position, bytes_max - size, bytes_max <= 0)
+            pieces[shard_index] = piece
+            size += piece.size
+            if piece.next_position < piece.total:
+                next_resume = (shard_index, piece.next_position)
                 break
             finished.append(shard_index)
         insert = InsertShards(
             configuration_number=configuration_number,
-            shards=chunk,
-            sessions=chunk_sessions,
+            shards={index: piece.items for index, piece in pieces.items()},
+            sessions={index: piece.sessions for index, piece in pieces.items() if piece.sessions},
             finished=finished,
             clock_ms=self.clock_ms,
-            key_revisions=chunk_revisions,
-            store_revisions=store_revisions,
+            key_revisions={
+                index: frozen_revisions(self.shards[index].store, list(piece.items))
+                for index, piece in pieces.items()
+            },
+            store_revisions={index: self.shards[index].store.revision for index in pieces},
+            history={index: piece.events for index, piece in pieces.items()},
+            compacted_revisions={
+                index: self.shards[index].store.compacted_revision for index in pieces
+            },
         )
         return PullResponse(
             self.gid, configuration_number, PullStatus.OK, insert, resume_at=next_resume
         )
+
+    def shard_piece(
+        self, shard_index: int, position: int, bytes_left: int, unbounded: bool
+    ) -> ShardPiece:
+        """What of one frozen shard fits in `bytes_left`, from `position` in its sequence
+        of keys, sessions and events. The first shard of a chunk has all of `bytes_max`
+        left, so every chunk carries at least one item."""
+        keys, records, events = self.frozen_contents(shard_index)
+        data = self.shards[shard_index].data
+        piece = ShardPiece(len(keys) + len(records) + len(events))
+        while position < piece.total and (unbounded or piece.size < bytes_left):
+            if position < len(keys):
+                key = keys[position]
+                value = data[key]
+                piece.items[key] = value
+                piece.size += len(key) + len(value) + PULL_ITEM_OVERHEAD_BYTES
+                piece.size += KEY_REVISIONS_BYTES
+            elif position < len(keys) + len(records):
+                record = records[position - len(keys)]
+                piece.sessions.append(record)
+                piece.size += session_record_bytes(record)
+            else:
+                event = events[position - len(keys) - len(records)]
+                piece.events.append(event)
+                piece.size += history_event_bytes(event)
+            position += 1
+        piece.next_position = position
+        return piece
 
     def resume_point_holds(
         self, ready: list[int], resume_at: tuple[int, int], last_key: str
@@ -484,17 +516,23 @@ class ShardGroupMachine:
         shard_index, position = resume_at
         if not ready or shard_index != ready[0]:
             return False
-        keys, _ = self.frozen_contents(shard_index)
+        keys, _, _ = self.frozen_contents(shard_index)
         return 0 < position <= len(keys) and keys[position - 1] == last_key
 
-    def frozen_contents(self, shard_index: int) -> tuple[list[str], list[SessionRecord]]:
-        """The sorted keys and the session records of a BE_PULLING shard, computed once:
-        neither can change until the shard is dropped, and a chunked pull reads them many
-        times."""
+    def frozen_contents(
+        self, shard_index: int
+    ) -> tuple[list[str], list[SessionRecord], list[WatchEvent]]:
+        """The sorted keys, the session records and the history of a BE_PULLING shard,
+        computed once: none can change until the shard is dropped, and a chunked pull
+        reads them many times."""
         contents = self.frozen_cache.get(shard_index)
         if contents is None:
             shard = self.shards[shard_index]
-            contents = (list(shard.store.sorted_keys), shard.sessions.to_records())
+            contents = (
+                list(shard.store.sorted_keys),
+                shard.sessions.to_records(),
+                list(shard.store.history),
+            )
             self.frozen_cache[shard_index] = contents
         return contents
 
@@ -668,8 +706,12 @@ class ShardGroupMachine:
                 entry.shards.get(index, {}),
                 None if entry.key_revisions is None else entry.key_revisions.get(index),
                 None if entry.store_revisions is None else entry.store_revisions.get(index),
+                None if entry.history is None else entry.history.get(index),
+                None if entry.compacted_revisions is None else entry.compacted_revisions.get(index),
             )
-            shard.arrived_revision = shard.store.revision
+            # Without history (an older build's insert) it stayed behind: see shard_store.
+            carried = entry.history is not None and entry.key_revisions is not None
+            shard.arrived_revision = 0 if carried else shard.store.revision
             merge_session_records(shard.sessions, entry.sessions.get(index, []), self.clock_ms)
             if entry.is_finished(index):
                 shard.state = ShardState.GARBAGE_COLLECTING

@@ -5,24 +5,27 @@ implementation). Revisions are counted per shard, not per group: a shard's revis
 what its writes bumped, wherever it lived, so it moves with the shard and never goes back
 when a new group takes the shard over. Every write command is one revision of its shard.
 
-Moving a shard carries its keys with their create and mod revisions and versions, and the
-shard's revision (`InsertShards.key_revisions`, `store_revisions`), but not its history:
-history is bounded only per shard, and a chunked pull would have to carry it in pieces.
-The new owner's history therefore starts at the revision the shard arrived with
-(`arrived_revision`, also its compacted revision). A watch that had seen everything up to
-the move goes on at the new owner with no gap (the shard is frozen while it moves, so
-nothing happened between); a watch that was behind cannot be served there and is ended
-with `ShardMovedError` (a `CompactedError`): re-watch from a fresh revision.
+Moving a shard carries everything a watch needs: its keys with their create and mod
+revisions and versions, the shard's revision, and its history (each event with its key
+before, and the revision it was compacted to): `InsertShards.key_revisions`,
+`store_revisions`, `history`, `compacted_revisions`. A chunked pull sends each shard as its
+keys, then its sessions, then its history events, so no chunk has to hold all of it. The
+new owner's store is then the old one's: a watch (or a read at a past revision) goes on
+there from wherever it was, with no gap, as long as its revision was not compacted.
 
 An insert from a build before revisions (no `key_revisions`) makes revisions up from the
 entry alone, the same on every replica: each new key the next revision of the shard.
 Snapshots of format 1 and 2 (no revisions) are read the same way, as the plain KV does.
+An insert from a build with revisions but without history leaves the history behind: the
+new owner's history starts at the revision the shard arrived with (`arrived_revision`),
+and a watch from before it ends with `ShardMovedError` (a `CompactedError`): re-watch from
+a fresh revision.
 """
 
 from __future__ import annotations
 
 from quorumlog.codec.kv_v3 import KeyValue, WatchEvent
-from quorumlog.kv.mvcc import MVCCStore, relink_history
+from quorumlog.kv.mvcc import EVENT_OVERHEAD_BYTES, MVCCStore, relink_history
 from quorumlog.raft.invariants import require
 
 SHARD_HISTORY_EVENTS_MAX_DEFAULT = 10_000
@@ -77,16 +80,37 @@ def frozen_revisions(store: MVCCStore, keys: list[str]) -> list[KeyRevisions]:
 
 
 def revisions_fit(
-    items: dict[str, str], revisions: list[KeyRevisions] | None, store_revision: int | None
+    items: dict[str, str],
+    revisions: list[KeyRevisions] | None,
+    store_revision: int | None,
+    events: list[WatchEvent] | None = None,
+    compacted_revision: int | None = None,
 ) -> bool:
     """Whether a pulled chunk's revisions can be inserted as they are: one per key, none
-    past the shard's revision (or none at all: an older build's). Checked before an insert
-    is proposed, so a bad answer from another group is asked again rather than applied."""
+    past the shard's revision (or none at all: an older build's), history in revision order
+    after its compacted revision. Checked before an insert is proposed, so a bad answer
+    from another group is asked again rather than applied."""
     if revisions is None and store_revision is None:
-        return True
+        return events is None and compacted_revision is None
     if revisions is None or store_revision is None or len(revisions) != len(items):
         return False
-    return all(0 < create <= mod <= store_revision for create, mod, _ in revisions)
+    if not all(0 < create <= mod <= store_revision for create, mod, _ in revisions):
+        return False
+    if events is None:
+        return compacted_revision is None
+    if compacted_revision is None or not 0 <= compacted_revision <= store_revision:
+        return False
+    history_revisions = [event.kv.mod_revision for event in events]
+    return history_revisions == sorted(history_revisions) and all(
+        compacted_revision < revision <= store_revision for revision in history_revisions
+    )
+
+
+def history_event_bytes(event: WatchEvent) -> int:
+    """About what one history event (with its key before) adds to a pull chunk."""
+    previous = event.prev_kv
+    previous_bytes = 0 if previous is None else len(previous.value) + EVENT_OVERHEAD_BYTES
+    return len(event.kv.key) + len(event.kv.value) + EVENT_OVERHEAD_BYTES + previous_bytes
 
 
 def insert_pulled(
@@ -94,12 +118,16 @@ def insert_pulled(
     items: dict[str, str],
     revisions: list[KeyRevisions] | None,
     store_revision: int | None,
+    events: list[WatchEvent] | None = None,
+    compacted_revision: int | None = None,
 ) -> None:
-    """Add one pulled chunk of a shard to its (PULLING) store, revisions as the previous
-    owner had them; a repeated chunk changes nothing. The store's history starts at the
-    shard's revision: what happened before stayed with the previous owner."""
+    """Add one pulled chunk of a shard to its (PULLING) store, revisions and history as
+    the previous owner had them; a repeated chunk changes nothing (an event is added only
+    after the last one held: each write of a shard is one event at its own revision).
+    Without history (an older build), the history starts at the shard's revision."""
     merged = dict(store.records)
     revision = store.revision
+    history = list(store.history)
     if revisions is None or store_revision is None:
         # From a build before revisions: each new key the next revision (see the module
         # docstring); a key already here (a repeated chunk) keeps its own.
@@ -107,6 +135,7 @@ def insert_pulled(
             if key not in merged:
                 revision += 1
                 merged[key] = KeyValue(key, value.encode(), revision, revision, 1, 0)
+        compacted, history = revision, []
     else:
         require(
             len(revisions) == len(items),
@@ -119,9 +148,15 @@ def insert_pulled(
             )
             merged[key] = KeyValue(key, value.encode(), create, mod, version, 0)
         revision = max(revision, store_revision)
+        if events is None or compacted_revision is None:
+            compacted, history = revision, []  # the history stayed behind
+        else:
+            compacted = compacted_revision
+            last = history[-1].kv.mod_revision if history else compacted_revision
+            history.extend(event for event in events if event.kv.mod_revision > last)
     # Chunks come in key order, so the new keys follow the old ones and the store's sort
     # of them is one pass over an ordered list.
-    store.load(list(merged.values()), revision, revision, [], [], 1)
+    store.load(list(merged.values()), revision, compacted, history, [], 1)
 
 
 __all__ = [
@@ -131,6 +166,7 @@ __all__ = [
     "SHARD_MOVED",
     "KeyRevisions",
     "frozen_revisions",
+    "history_event_bytes",
     "insert_pulled",
     "load_store",
     "made_up_records",

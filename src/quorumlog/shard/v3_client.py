@@ -28,11 +28,13 @@ something only together with its shard, which is why:
   named by `shard=`. Events come in the shard's revision order with no gap across leader
   changes of the shard's group (each poll asks from the revision after the last one seen).
 
-When the shard moves to another group, the watch follows it: the history before the move
-stays with the old owner, but the new owner's revisions go on from where the shard left,
-and nothing is written while a shard moves, so a watch that had seen everything before the
-move goes on without a gap. A watch that was behind is ended with `ShardMovedError` (a
-`CompactedError`): read the keys again and watch from a fresh revision.
+When the shard moves to another group, the watch follows it: the shard's revisions and
+its history move with it (`shard.shard_store`), so the watch goes on at the new owner from
+the revision after the last one it saw, however far behind it was, unless that revision
+was compacted (`CompactedError`, as on the plain KV). Only a shard that arrived from a
+build that left its history behind ends a watch from before its arrival, with
+`ShardMovedError` (a `CompactedError`): read the keys again and watch from a fresh
+revision.
 """
 
 from __future__ import annotations

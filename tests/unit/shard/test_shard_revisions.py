@@ -1,6 +1,6 @@
 """Revisions per shard in ShardGroupMachine: each write bumps its shard's revision, the
-history serves watches, a move (whole or in chunks) carries every key's revisions and
-the shard's revision, and snapshots keep them (older formats still read)."""
+history serves watches, a move (whole or in chunks) carries every key's revisions, the
+shard's revision and its history, and snapshots keep them (older formats still read)."""
 
 from __future__ import annotations
 
@@ -84,17 +84,20 @@ def moved(pull_bytes_max: int) -> tuple[Replica, Replica]:
     return old_owner, new_owner
 
 
-def test_a_moved_shard_keeps_its_revisions_and_goes_on_from_them() -> None:
+def test_a_moved_shard_keeps_its_revisions_and_history_and_goes_on_from_them() -> None:
     for pull_bytes_max in (0, 40):
         old_owner, new_owner = moved(pull_bytes_max)
         old_store = old_owner.machine.shards[0].store
         new_store = new_owner.machine.shards[0].store
         assert revisions_of(new_owner.machine, 0) == revisions_of(old_owner.machine, 0)
         assert new_store.revision == old_store.revision == 8
-        assert new_owner.machine.shards[0].arrived_revision == 8
-        # The history stayed behind: the new owner's starts at the revision it arrived with.
-        assert new_store.compacted_revision == 8
-        assert new_store.events_since(9, "", "\x00", 100) == []
+        assert new_owner.machine.shards[0].arrived_revision == 0  # nothing stayed behind
+        # The history came along, each event with its key before: a watch from any
+        # revision goes on at the new owner, and a read at a past revision reads the same.
+        assert new_store.compacted_revision == old_store.compacted_revision == 0
+        assert new_store.history == old_store.history
+        assert new_store.history_bytes == old_store.history_bytes
+        assert new_store.range("", "\x00", revision=3) == old_store.range("", "\x00", revision=3)
         new_owner.write(key_in_shard(0, 0), "after", client_id="other", sequence=1)
         [event] = new_store.events_since(9, "", "\x00", 100)
         assert event.kv.mod_revision == 9 and event.kv.version == 3
@@ -104,7 +107,9 @@ def test_a_moved_shard_keeps_its_revisions_and_goes_on_from_them() -> None:
 def test_an_insert_without_revisions_makes_them_up_the_same_way_each_time() -> None:
     old_owner, _ = moved(0)
     insert = insert_from(old_owner, 2, [0])
-    bare = msgspec.structs.replace(insert, key_revisions=None, store_revisions=None)
+    bare = msgspec.structs.replace(
+        insert, key_revisions=None, store_revisions=None, history=None, compacted_revisions=None
+    )
     results = []
     for _ in range(2):
         new_owner = Replica(2)
@@ -122,10 +127,28 @@ def test_an_insert_from_an_older_build_decodes() -> None:
     old_owner, _ = moved(0)
     insert = insert_from(old_owner, 2, [0])
     fields = msgspec.msgpack.decode(msgspec.msgpack.encode(insert))
-    older = msgspec.msgpack.encode(fields[:-2])
+    older = msgspec.msgpack.encode(fields[:-4])
     decoded = msgspec.msgpack.decode(older, type=InsertShards)
     assert decoded.key_revisions is None and decoded.store_revisions is None
+    assert decoded.history is None and decoded.compacted_revisions is None
     assert decoded.shards == insert.shards
+
+
+def test_an_insert_without_history_leaves_it_behind() -> None:
+    """From a build that carried revisions but not history: the shard's history at the new
+    owner starts at the revision it arrived with, which the watch service reports as a
+    move (`arrived_revision`), not as a gap."""
+    old_owner, _ = moved(0)
+    insert = insert_from(old_owner, 2, [0])
+    without = msgspec.structs.replace(insert, history=None, compacted_revisions=None)
+    new_owner = Replica(2)
+    new_owner.configure(1, [1] * SHARD_COUNT)
+    new_owner.configure(2, [2, 1, 1, 1])
+    new_owner.control(without)
+    shard = new_owner.machine.shards[0]
+    assert shard.arrived_revision == 8 == shard.store.compacted_revision
+    assert shard.store.history == []
+    assert revisions_of(new_owner.machine, 0) == revisions_of(old_owner.machine, 0)
 
 
 def test_snapshots_keep_revisions_history_and_the_arrival() -> None:
@@ -139,7 +162,7 @@ def test_snapshots_keep_revisions_history_and_the_arrival() -> None:
     for shard in range(SHARD_COUNT):
         assert revisions_of(restored, shard) == revisions_of(machine, shard)
     store = restored.shards[0].store
-    assert store.revision == 9 and restored.shards[0].arrived_revision == 8
+    assert store.revision == 9 and len(store.history) == 9
     [event] = store.events_since(9, "", "\x00", 100)
     assert event.prev_kv is not None and event.prev_kv.value == b"a2"
 
@@ -154,8 +177,8 @@ def test_revision_listeners_hear_every_entry_that_changes_the_state() -> None:
 
 
 def test_the_insert_proposed_for_a_pull_answer_keeps_the_revisions() -> None:
-    """The new owner's leader rebuilds the insert it proposes from the answer: the
-    revisions must survive that (they once did not, and a watch then skipped events)."""
+    """The new owner's leader rebuilds the insert it proposes from the answer: revisions
+    and history must survive that (they once did not, and a watch then skipped events)."""
     for pull_bytes_max in (0, 40):
         old_owner = owner_with_writes()
         new_owner = Replica(2)
@@ -168,6 +191,17 @@ def test_the_insert_proposed_for_a_pull_answer_keeps_the_revisions() -> None:
         assert entry is not None
         assert entry.key_revisions == response.insert.key_revisions
         assert entry.store_revisions == {0: 4}
+        assert entry.history == response.insert.history
+        assert entry.compacted_revisions == {0: 0}
+        if not pull_bytes_max:
+            assert entry.history is not None and len(entry.history[0]) == 4
+        # History past the shard's revision, or out of order, is not proposed either.
+        first = old_owner.machine.shards[0].store.history[0]
+        late = msgspec.structs.replace(first, kv=msgspec.structs.replace(first.kv, mod_revision=9))
+        for events in ([late], [first, first, late][::-1]):
+            odd = msgspec.structs.replace(response.insert, history={0: events})
+            odd_response = msgspec.structs.replace(response, insert=odd)
+            assert entry_for_pull_response(new_owner.machine, odd_response) is None
         # An answer whose revisions do not fit its keys is not proposed (asked again).
         bad = msgspec.structs.replace(response.insert, key_revisions={0: []})
         assert bad.shards[0]
