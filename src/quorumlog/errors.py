@@ -230,6 +230,12 @@ class ReservedKeyError(RequestRejectedError):
         super().__init__("reserved_key", message)
 
 
+class ShardMovedError(CompactedError):
+    """A sharded KV watch (or read at a revision) asked for history its shard left behind
+    when it moved to another group: the new owner's history starts at the revision the
+    shard arrived with. Re-read the keys and watch again from a fresh revision."""
+
+
 # --- controller mode (reference 003): broker-side HA replication ------------------------
 
 

@@ -1,4 +1,4 @@
-"""`quorumlog shard join|leave|move|query|status|put|get`: the sharded KV from the shell.
+"""`quorumlog shard join|leave|move|query|status|put|get|watch`: the sharded KV from the shell.
 
 `--endpoints` names nodes of the shard controller group (else $QUORUMLOG_ENDPOINTS, else
 the cluster `quorumlog dev up` started in this directory); the groups' own addresses come
@@ -14,6 +14,7 @@ import click
 import msgspec
 
 from quorumlog.cli.kv_commands import ClientSettings, client_options, output_option, print_table
+from quorumlog.cli.kv_v3_commands import print_event
 from quorumlog.errors import QuorumLogError
 from quorumlog.kv.connection import parse_endpoint
 from quorumlog.shard.admin import ShardAdmin, ShardClusterStatus
@@ -206,6 +207,50 @@ def shard_get(settings: ClientSettings, key: str, stale: bool) -> None:
         value = client.get(key, stale=stale)
     if value is not None:
         click.echo(value)
+
+
+@shard_group.command("watch")
+@click.argument("key")
+@click.option("--prefix", is_flag=True, help="Watch the keys starting with KEY (needs --shard).")
+@click.option(
+    "--shard",
+    type=click.IntRange(min=0),
+    default=None,
+    help="The shard to watch (revisions are per shard); default: KEY's shard.",
+)
+@click.option(
+    "--rev",
+    "revision",
+    type=click.IntRange(min=0),
+    default=0,
+    help="From this revision of the shard.",
+)
+@click.option(
+    "--max-events",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Stop after this many events (0: watch until interrupted).",
+)
+@client_options
+def shard_watch(
+    settings: ClientSettings,
+    key: str,
+    prefix: bool,
+    shard: int | None,
+    revision: int,
+    max_events: int,
+) -> None:
+    """Print changes of KEY (or the prefix, in one shard) as they happen: type, key, value."""
+    with client_for(settings) as client:
+        try:
+            watch = client.watch(key, prefix=prefix, start_revision=revision, shard=shard)
+        except ValueError as error:  # a prefix without --shard, or a shard out of range
+            raise click.UsageError(str(error)) from error
+        with watch:
+            for count, event in enumerate(watch, start=1):
+                print_event(event)
+                if count == max_events:
+                    return
 
 
 COMMANDS = [shard_group]

@@ -699,6 +699,8 @@ class KVRangeRequest(msgspec.Struct, frozen=True, tag=True):
     revision: int = 0
     stale: bool = False
     group: str = "kv"
+    shards: list[int] | None = None
+    """Sharded KV (group "shard-<gid>"): the one shard to read (revisions are per shard)."""
 
 
 class KVRangeResult(msgspec.Struct, frozen=True, tag=True):
@@ -722,6 +724,8 @@ class WatchPoll(msgspec.Struct, frozen=True, tag=True):
     from_revision: int = 0
     wait_ms: int = 0
     group: str = "kv"
+    shards: list[int] | None = None
+    """Sharded KV (group "shard-<gid>"): the one shard to watch (revisions are per shard)."""
 
 
 class WatchPollResult(msgspec.Struct, frozen=True, tag=True):

@@ -108,6 +108,8 @@ class RequestDispatcher:
                 self.group_coordinator.handle(request, reply)
             return
         if isinstance(request, wire.KVRangeRequest | wire.WatchPoll | wire.LeaseTimeToLiveRequest):
+            if self.on_shard_v3_request(request, reply):
+                return
             if request.group != KV_GROUP or self.kv is None:
                 self.unknown_group(reply, request.request_id, request.group)
             else:
@@ -193,6 +195,23 @@ class RequestDispatcher:
             service.handle_group_request(request, reply)
         else:
             reply(service.status(request.request_id, self.node_id))
+        return True
+
+    def on_shard_v3_request(
+        self,
+        request: wire.KVRangeRequest | wire.WatchPoll | wire.LeaseTimeToLiveRequest,
+        reply: Replier,
+    ) -> bool:
+        """Serve a range or watch of a shard group; False if it is not for one."""
+        if isinstance(request, wire.LeaseTimeToLiveRequest) or not request.group.startswith(
+            "shard-"
+        ):
+            return False
+        service = self.shard_services.get(shard_gid(request.group))
+        if service is None:
+            self.unknown_group(reply, request.request_id, request.group)
+        else:
+            service.read_v3(request, reply)
         return True
 
     def on_bookie_request(self, request: BookieRequest, reply: Replier) -> None:

@@ -20,7 +20,15 @@ import msgspec
 from quorumlog.codec import wire
 from quorumlog.errors import NotLeaderError, QuorumLogError
 from quorumlog.kv.commands import ClientBatch
+from quorumlog.node.errors_to_wire import after_read_barrier
 from quorumlog.node.kv_service import SCAN_LIMIT_MAX, KVLimits, KVRequestService, Replier
+from quorumlog.node.shard_watches import (
+    ShardReadRequest,
+    ShardWatchPolls,
+    requested_shard,
+    shard_range,
+    wrong_group_error,
+)
 from quorumlog.raft.invariants import InvariantViolation
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.handle import GroupHandle
@@ -48,17 +56,6 @@ PULL_BYTES_MAX_LIMIT = 16 * 1024 * 1024
 frame and one log entry on the requester's side."""
 
 
-def wrong_group_error(request_id: int, wrong: WrongGroup, gid: int) -> wire.ErrorResponse:
-    return wire.ErrorResponse(
-        request_id=request_id,
-        code=wire.ErrorCode.WRONG_GROUP,
-        message=(
-            f"group {gid} does not serve shard {wrong.shard} in configuration "
-            f"{wrong.configuration_number}"
-        ),
-    )
-
-
 class ShardGroupService(KVRequestService):
     def __init__(
         self,
@@ -71,6 +68,8 @@ class ShardGroupService(KVRequestService):
         super().__init__(group, leader_address, limits)
         self.gid = gid
         self.machine = machine
+        self.watches = ShardWatchPolls(gid, group, machine)
+        machine.revision_listeners.append(self.watches.changed)
 
     # --- client writes and reads ----------------------------------------------------------
 
@@ -129,6 +128,36 @@ class ShardGroupService(KVRequestService):
         next_start = keys[limit] if len(keys) > limit else None
         items = [(key, machine.shards[machine.shard_for_key(key)].data[key]) for key in page]
         return wire.KVScanResult(request_id=request.request_id, items=items, next_start=next_start)
+
+    # --- ranges and watches (revisions per shard: node/shard_watches.py) -------------------
+
+    def read_v3(self, request: ShardReadRequest, reply: Replier) -> None:
+        """A range or watch of one shard: behind the read barrier (a stale range is
+        answered from this node's state)."""
+        if isinstance(request, wire.KVRangeRequest) and request.stale:
+            self.answer_v3(request, reply)
+            return
+        after_read_barrier(
+            self.group.linearizable_read,
+            request.request_id,
+            reply,
+            self.leader_address,
+            lambda: self.answer_v3(request, reply),
+        )
+
+    def answer_v3(self, request: ShardReadRequest, reply: Replier) -> None:
+        shard = requested_shard(request, self.machine)
+        if isinstance(shard, str):
+            self.bad_request(reply, request.request_id, wire.ErrorCode.BAD_REQUEST, shard)
+            return
+        if isinstance(request, wire.WatchPoll):
+            self.watches.poll(request, shard, reply)
+            return
+        store = self.machine.shard_store(shard)
+        if isinstance(store, WrongGroup):
+            reply(wrong_group_error(request.request_id, store, self.gid))
+            return
+        reply(shard_range(request, store))
 
     # --- other groups ---------------------------------------------------------------------
 

@@ -90,6 +90,7 @@ from quorumlog.kv.connection import (
 )
 from quorumlog.kv.lifetime import Closing
 from quorumlog.kv.requests import prefix_end
+from quorumlog.kv.v3_client import WATCH_WAIT_SECONDS
 from quorumlog.shard.config import UNASSIGNED_GID, ShardConfiguration, shard_for_key
 from quorumlog.shard.controller_commands import (
     ControllerCommand,
@@ -98,6 +99,7 @@ from quorumlog.shard.controller_commands import (
     decode_results,
     encode_commands,
 )
+from quorumlog.shard.v3_client import ShardedV3Operations
 from quorumlog.tls.config import TLSConfig
 
 ResponseType = TypeVar("ResponseType")
@@ -577,8 +579,9 @@ class ControllerClient(SessionHolder, Closing):
             self.transport.close()
 
 
-class ShardedKVClient(KVOperations, ControllerClient):
-    """A blocking client of the sharded KV. See the module docstring."""
+class ShardedKVClient(KVOperations, ControllerClient, ShardedV3Operations):
+    """A blocking client of the sharded KV. See the module docstring; ranges with
+    revisions and watches: `shard.v3_client`."""
 
     def __init__(
         self,
@@ -649,8 +652,8 @@ class ShardedKVClient(KVOperations, ControllerClient):
         Ordering: keys come sorted across shards, but the whole is not one snapshot. Each
         shard is read on its own, in shard order, page by page, each page linearizable
         (unless `stale`) at its own moment in its group; a write to another shard between
-        two pages may or may not show. The sharded KV keeps no revisions or history
-        (those are the plain KV's), so there is no read at a revision, and no watch."""
+        two pages may or may not show. `range` reads each shard as one snapshot, with
+        revisions (`shard.v3_client`)."""
         end = prefix_end(key) if prefix and key else (None if prefix else end)
         with self.lock:
             self.check_open()
@@ -689,6 +692,36 @@ class ShardedKVClient(KVOperations, ControllerClient):
             items.extend(page.items)
             next_start = page.next_start
         return items
+
+    # --- shards (for ranges and watches: shard.v3_client) -------------------------------
+
+    def shard_count(self) -> int:
+        return self.cached_configuration().shard_count
+
+    def shard_of(self, key: str) -> int:
+        return shard_for_key(key, self.cached_configuration().shard_count)
+
+    def cached_configuration(self) -> ShardConfiguration:
+        with self.lock:
+            self.check_open()
+            if self.router.configuration is None:
+                self.query()
+            configuration = self.router.configuration
+            if configuration is None:
+                raise ClientError("the controller answered no configuration")
+            return configuration
+
+    def watch_client(self) -> ShardedKVClient:
+        # Polls are held up to WATCH_WAIT_SECONDS at the leader: attempts wait longer.
+        client = ShardedKVClient(
+            self.controller.selector.endpoints,
+            timeout=max(self.timeout, WATCH_WAIT_SECONDS + 10),
+            cluster_id=self.transport.cluster_id,
+            attempt_timeout_seconds=WATCH_WAIT_SECONDS + 2,
+            tls=self.transport.tls,
+        )
+        client.transport.credentials = self.transport.credentials
+        return client
 
     # --- configuration ------------------------------------------------------------------
 

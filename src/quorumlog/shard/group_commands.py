@@ -23,6 +23,7 @@ import enum
 
 import msgspec
 
+from quorumlog.codec.kv_v3 import WatchEvent
 from quorumlog.codec.wire import KVCommandResult
 from quorumlog.kv.commands import ClientBatch
 from quorumlog.kv.sessions import SessionRecord
@@ -64,6 +65,17 @@ class InsertShards(msgspec.Struct, frozen=True, array_like=True, tag="insert_sha
     up to it before merging the sessions: sessions are stamped with the new owner's clock,
     and a clock that is stale (an idle group, or one that never saw a client write) would
     let its next write expire them at once, and a retry would then be applied twice."""
+
+    key_revisions: dict[int, list[tuple[int, int, int]]] | None = None
+    """shard → (create revision, mod revision, version) of each key in `shards[shard]`, in
+    the same order. None: from a build before revisions (the new owner makes them up)."""
+    store_revisions: dict[int, int] | None = None
+    """shard → its revision, frozen since it became BE_PULLING (`shard.shard_store`)."""
+    history: dict[int, list[WatchEvent]] | None = None
+    """shard → events of its history (each with its key-before), oldest first: what
+    watches and reads at past revisions need. None: from a build that left it behind."""
+    compacted_revisions: dict[int, int] | None = None
+    """shard → the revision its history was compacted to (it starts after it)."""
 
     def is_finished(self, shard: int) -> bool:
         return self.finished is None or shard in self.finished

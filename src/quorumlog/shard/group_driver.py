@@ -41,6 +41,7 @@ from quorumlog.shard.group_commands import (
     PullStatus,
 )
 from quorumlog.shard.group_machine import ShardGroupMachine, ShardState
+from quorumlog.shard.shard_store import revisions_fit
 
 
 class FetchConfiguration(msgspec.Struct, frozen=True):
@@ -271,6 +272,21 @@ def entry_for_pull_response(
     ]
     if not wanted:
         return None
+    key_revisions = insert.key_revisions
+    store_revisions = insert.store_revisions
+    history = insert.history
+    compacted_revisions = insert.compacted_revisions
+    if not all(
+        revisions_fit(
+            insert.shards.get(shard, {}),
+            None if key_revisions is None else key_revisions.get(shard),
+            None if store_revisions is None else store_revisions.get(shard),
+            None if history is None else history.get(shard),
+            None if compacted_revisions is None else compacted_revisions.get(shard),
+        )
+        for shard in wanted
+    ):
+        return None  # not an answer this build would give: ask again
     finished = [shard for shard in wanted if insert.is_finished(shard)]
     return InsertShards(
         configuration_number=number,
@@ -278,6 +294,16 @@ def entry_for_pull_response(
         sessions={shard: insert.sessions[shard] for shard in wanted if shard in insert.sessions},
         finished=None if len(finished) == len(wanted) else finished,
         clock_ms=insert.clock_ms,
+        key_revisions=None
+        if key_revisions is None
+        else {shard: key_revisions.get(shard, []) for shard in wanted},
+        store_revisions=None
+        if store_revisions is None
+        else {shard: store_revisions.get(shard, 0) for shard in wanted},
+        history=None if history is None else {shard: history.get(shard, []) for shard in wanted},
+        compacted_revisions=None
+        if compacted_revisions is None
+        else {shard: compacted_revisions.get(shard, 0) for shard in wanted},
     )
 
 

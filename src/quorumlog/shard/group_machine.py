@@ -65,19 +65,33 @@ gets `SESSION_EXPIRED_RESULT` (the others `WrongGroup`) and nothing is applied. 
 move with the shard, in its session records (`SessionRecord.expired`), so the new owner
 refuses the client too.
 
-Snapshots: format 2 added those records; format 1 is still read.
+Revisions: each shard's keys live in a multi-version store of their own (`kv.mvcc`, as in
+the plain KV), so every key carries create and mod revisions and a version, and each
+shard keeps a bounded history for watches. Revisions are per shard and move with it; what
+a move carries and what a watch sees across one is in `shard.shard_store`.
+
+Snapshots: format 2 added those records; format 3 the revisions and each shard's history.
+Formats 1 and 2 are still read (revisions made up from the snapshot alone).
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 
 import msgspec
 
 from quorumlog.codec import wire
+from quorumlog.codec.kv_v3 import KeyValue, WatchEvent
 from quorumlog.codec.wire import KVCommandResult
 from quorumlog.kv.commands import ClientBatch
-from quorumlog.kv.machine import MalformedEntryError, decode_log_entry, execute_write
+from quorumlog.kv.machine import (
+    MalformedEntryError,
+    decode_log_entry,
+    execute_text_write,
+    execute_write,
+)
+from quorumlog.kv.mvcc import MVCCStore, TextView, history_for_snapshot
 from quorumlog.kv.sessions import (
     EXPIRED_COUNT_MAX_DEFAULT,
     EXPIRED_TTL_MS_DEFAULT,
@@ -117,11 +131,23 @@ from quorumlog.shard.group_commands import (
     WrongGroup,
     decode_entry,
 )
+from quorumlog.shard.shard_store import (
+    KEY_REVISIONS_BYTES,
+    SHARD_HISTORY_BYTES_MAX_DEFAULT,
+    SHARD_HISTORY_EVENTS_MAX_DEFAULT,
+    frozen_revisions,
+    history_event_bytes,
+    insert_pulled,
+    load_store,
+    made_up_records,
+    new_store,
+)
 
-SNAPSHOT_FORMAT_VERSION = 2
+SNAPSHOT_FORMAT_VERSION = 3
 """The format `snapshot` writes."""
-SNAPSHOT_FORMAT_VERSIONS_READ = frozenset({1, SNAPSHOT_FORMAT_VERSION})
-"""1: before dropped sessions were recorded; its records read as live sessions."""
+SNAPSHOT_FORMAT_VERSIONS_READ = frozenset({1, 2, SNAPSHOT_FORMAT_VERSION})
+"""1: before dropped sessions were recorded; its records read as live sessions. 2: text
+values, no revisions (`GroupSnapshotV2`)."""
 
 PULL_ITEM_OVERHEAD_BYTES = 8
 """What one key/value pair adds to a pull chunk beyond its characters (msgpack headers)."""
@@ -142,21 +168,72 @@ SERVABLE_STATES = frozenset({ShardState.SERVING, ShardState.GARBAGE_COLLECTING})
 
 
 class Shard:
-    """One shard's state, keys and values, and dedup sessions."""
+    """One shard's state, keys (with their revisions) and dedup sessions."""
 
-    __slots__ = ("data", "sessions", "state")
+    __slots__ = ("arrived_revision", "sessions", "state", "store")
 
-    def __init__(self, sessions: SessionTable) -> None:
+    def __init__(self, sessions: SessionTable, store: MVCCStore) -> None:
         self.state = ShardState.SERVING
-        self.data: dict[str, str] = {}
+        self.store = store
         self.sessions = sessions
+        self.arrived_revision = 0
+        """The shard's revision when it arrived from another group (0: it never did):
+        its history here starts after it (see `shard.shard_store`)."""
+
+    @property
+    def data(self) -> TextView:
+        """The keys and their values as text (read-only; writes go through `store`)."""
+        return TextView(self.store.records)
 
 
-class ShardRecord(msgspec.Struct, frozen=True, array_like=True):
+class ShardPiece:
+    """What one chunk of a pull carries of one shard (see `ShardGroupMachine.shard_piece`)."""
+
+    __slots__ = ("events", "items", "next_position", "sessions", "size", "total")
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.items: dict[str, str] = {}
+        self.sessions: list[SessionRecord] = []
+        self.events: list[WatchEvent] = []
+        self.size = 0
+        self.next_position = 0
+
+
+class ShardRecordV2(msgspec.Struct, frozen=True, array_like=True):
+    """A shard in snapshot formats 1 and 2."""
+
     state: ShardState
     data: dict[str, str]
     """Sorted by key."""
     sessions: list[SessionRecord]
+
+
+class GroupSnapshotV2(msgspec.Struct, frozen=True, array_like=True):
+    format_version: int
+    gid: int
+    shard_count: int
+    applied_index: int
+    clock_ms: int
+    current: ShardConfiguration
+    previous: ShardConfiguration
+    shards: list[ShardRecordV2]
+
+
+class ShardRecord(msgspec.Struct, frozen=True, array_like=True):
+    """A shard in snapshot format 3."""
+
+    state: ShardState
+    kvs: list[KeyValue]
+    """In key order."""
+    sessions: list[SessionRecord]
+    revision: int
+    compacted_revision: int
+    history: list[WatchEvent]
+    """Without each event's key-before (`kv.mvcc.history_for_snapshot`)."""
+    history_base: list[KeyValue]
+    """Each key in the history as it was before its first event there (if it existed)."""
+    arrived_revision: int
 
 
 class GroupSnapshot(msgspec.Struct, frozen=True, array_like=True):
@@ -170,8 +247,16 @@ class GroupSnapshot(msgspec.Struct, frozen=True, array_like=True):
     shards: list[ShardRecord]
 
 
+class SnapshotFormat(msgspec.Struct, frozen=True, array_like=True):
+    """Every format starts with its number (the rest of the array is skipped here)."""
+
+    format_version: int
+
+
 _snapshot_encoder = msgspec.msgpack.Encoder()
+_format_decoder = msgspec.msgpack.Decoder(SnapshotFormat)
 _snapshot_decoder = msgspec.msgpack.Decoder(GroupSnapshot)
+_snapshot_v2_decoder = msgspec.msgpack.Decoder(GroupSnapshotV2)
 
 
 class ShardGroupMachine:
@@ -187,7 +272,10 @@ class ShardGroupMachine:
         session_results_max: int = SESSION_RESULTS_MAX_DEFAULT,
         expired_ttl_ms: int = EXPIRED_TTL_MS_DEFAULT,
         expired_count_max: int = EXPIRED_COUNT_MAX_DEFAULT,
+        history_events_max: int = SHARD_HISTORY_EVENTS_MAX_DEFAULT,
+        history_bytes_max: int = SHARD_HISTORY_BYTES_MAX_DEFAULT,
     ) -> None:
+        """`history_events_max` and `history_bytes_max` bound each shard's history."""
         if gid <= UNASSIGNED_GID:
             raise ValueError(f"gid must be positive, got {gid}")
         check_shard_count(shard_count)
@@ -198,7 +286,9 @@ class ShardGroupMachine:
         self.session_results_max = session_results_max
         self.expired_ttl_ms = expired_ttl_ms
         self.expired_count_max = expired_count_max
-        self.shards = [Shard(self.new_session_table()) for _ in range(shard_count)]
+        self.history_events_max = history_events_max
+        self.history_bytes_max = history_bytes_max
+        self.shards = [self.new_shard() for _ in range(shard_count)]
         self.current_configuration = empty_configuration(shard_count)
         self.previous_configuration = self.current_configuration
         """The configuration before the current one (the current one while it is 0): the
@@ -208,9 +298,17 @@ class ShardGroupMachine:
         self.duplicate_count = 0
         self.session_expired_count = 0
         """Commands refused because their client's session on the shard was gone."""
-        self.frozen_cache: dict[int, tuple[list[str], list[SessionRecord]]] = {}
-        """BE_PULLING shard → its sorted keys and its sessions (see `frozen_contents`); not
-        part of the state."""
+        self.frozen_cache: dict[int, tuple[list[str], list[SessionRecord], list[WatchEvent]]] = {}
+        """BE_PULLING shard → its sorted keys, its sessions and its history (see
+        `frozen_contents`); not part of the state."""
+        self.revision_listeners: list[Callable[[], None]] = []
+        """Called after each entry that may have changed a shard's revision or whether it
+        is served (the service wakes its watches; they must not change the machine)."""
+
+    def new_shard(self) -> Shard:
+        return Shard(
+            self.new_session_table(), new_store(self.history_events_max, self.history_bytes_max)
+        )
 
     def new_session_table(self) -> SessionTable:
         return SessionTable(
@@ -260,7 +358,14 @@ class ShardGroupMachine:
         shard = self.shard_for_key(key)
         if not self.can_serve(shard):
             return WrongGroup(shard, self.current_configuration.number)
-        return self.shards[shard].data.get(key)
+        record = self.shards[shard].store.records.get(key)
+        return None if record is None else record.value.decode("utf-8", errors="replace")
+
+    def shard_store(self, shard: int) -> MVCCStore | WrongGroup:
+        """Shard `shard`'s store, or WrongGroup if this group does not serve it now."""
+        if not self.can_serve(shard):
+            return WrongGroup(shard, self.current_configuration.number)
+        return self.shards[shard].store
 
     def shard_data(self, shard: int) -> dict[str, str]:
         """A copy of one shard's keys and values, whatever its state (for tests and tools)."""
@@ -304,11 +409,24 @@ class ShardGroupMachine:
         ):
             resume_at = None  # start over: slower, never a gap
         if resume_at is None and bytes_max <= 0:
+            contents = {shard: self.frozen_contents(shard)[0] for shard in ready}
             insert = InsertShards(
                 configuration_number=configuration_number,
-                shards={shard: dict(sorted(self.shards[shard].data.items())) for shard in ready},
+                shards={
+                    shard: {key: self.shards[shard].data[key] for key in keys}
+                    for shard, keys in contents.items()
+                },
                 sessions={shard: self.shards[shard].sessions.to_records() for shard in ready},
                 clock_ms=self.clock_ms,
+                key_revisions={
+                    shard: frozen_revisions(self.shards[shard].store, keys)
+                    for shard, keys in contents.items()
+                },
+                store_revisions={shard: self.shards[shard].store.revision for shard in ready},
+                history={shard: self.frozen_contents(shard)[2] for shard in ready},
+                compacted_revisions={
+                    shard: self.shards[shard].store.compacted_revision for shard in ready
+                },
             )
             return PullResponse(self.gid, configuration_number, PullStatus.OK, insert)
         return self.pull_chunk(configuration_number, ready, resume_at or (-1, 0), bytes_max)
@@ -320,53 +438,74 @@ class ShardGroupMachine:
         resume_at: tuple[int, int],
         bytes_max: int,
     ) -> PullResponse:
-        """One chunk of a chunked pull. Each shard is a sequence of its keys (sorted) then
-        its dedup sessions (in activity order); `resume_at` is (shard, position in that
-        sequence). Sessions count against `bytes_max` too: results can carry values, and
-        a shard with many clients would otherwise make one chunk larger than a frame."""
+        """One chunk of a chunked pull. Each shard is a sequence of its keys (sorted), its
+        dedup sessions (in activity order), then its history events (oldest first);
+        `resume_at` is (shard, position in that sequence). Sessions and events count
+        against `bytes_max` too: results can carry values, and a shard with many clients
+        or a long history would otherwise make one chunk larger than a frame."""
         resume_shard, resume_position = resume_at
-        chunk: dict[int, dict[str, str]] = {}
-        chunk_sessions: dict[int, list[SessionRecord]] = {}
+        pieces: dict[int, ShardPiece] = {}
         finished: list[int] = []
         size = 0
         next_resume: tuple[int, int] | None = None
         for shard_index in ready:
             if shard_index < resume_shard:
                 continue
-            keys, records = self.frozen_contents(shard_index)
-            total = len(keys) + len(records)
             position = resume_position if shard_index == resume_shard else 0
-            data = self.shards[shard_index].data
-            items: dict[str, str] = {}
-            sessions: list[SessionRecord] = []
-            while position < total and (bytes_max <= 0 or size < bytes_max):
-                if position < len(keys):
-                    key = keys[position]
-                    value = data[key]
-                    items[key] = value
-                    size += len(key) + len(value) + PULL_ITEM_OVERHEAD_BYTES
-                else:
-                    record = records[position - len(keys)]
-                    sessions.append(record)
-                    size += session_record_bytes(record)
-                position += 1
-            chunk[shard_index] = items
-            if sessions:
-                chunk_sessions[shard_index] = sessions
-            if position < total:
-                next_resume = (shard_index, position)
+            piece = self.shard_piece(shard_index, position, bytes_max - size, bytes_max <= 0)
+            pieces[shard_index] = piece
+            size += piece.size
+            if piece.next_position < piece.total:
+                next_resume = (shard_index, piece.next_position)
                 break
             finished.append(shard_index)
         insert = InsertShards(
             configuration_number=configuration_number,
-            shards=chunk,
-            sessions=chunk_sessions,
+            shards={index: piece.items for index, piece in pieces.items()},
+            sessions={index: piece.sessions for index, piece in pieces.items() if piece.sessions},
             finished=finished,
             clock_ms=self.clock_ms,
+            key_revisions={
+                index: frozen_revisions(self.shards[index].store, list(piece.items))
+                for index, piece in pieces.items()
+            },
+            store_revisions={index: self.shards[index].store.revision for index in pieces},
+            history={index: piece.events for index, piece in pieces.items()},
+            compacted_revisions={
+                index: self.shards[index].store.compacted_revision for index in pieces
+            },
         )
         return PullResponse(
             self.gid, configuration_number, PullStatus.OK, insert, resume_at=next_resume
         )
+
+    def shard_piece(
+        self, shard_index: int, position: int, bytes_left: int, unbounded: bool
+    ) -> ShardPiece:
+        """What of one frozen shard fits in `bytes_left`, from `position` in its sequence
+        of keys, sessions and events. The first shard of a chunk has all of `bytes_max`
+        left, so every chunk carries at least one item."""
+        keys, records, events = self.frozen_contents(shard_index)
+        data = self.shards[shard_index].data
+        piece = ShardPiece(len(keys) + len(records) + len(events))
+        while position < piece.total and (unbounded or piece.size < bytes_left):
+            if position < len(keys):
+                key = keys[position]
+                value = data[key]
+                piece.items[key] = value
+                piece.size += len(key) + len(value) + PULL_ITEM_OVERHEAD_BYTES
+                piece.size += KEY_REVISIONS_BYTES
+            elif position < len(keys) + len(records):
+                record = records[position - len(keys)]
+                piece.sessions.append(record)
+                piece.size += session_record_bytes(record)
+            else:
+                event = events[position - len(keys) - len(records)]
+                piece.events.append(event)
+                piece.size += history_event_bytes(event)
+            position += 1
+        piece.next_position = position
+        return piece
 
     def resume_point_holds(
         self, ready: list[int], resume_at: tuple[int, int], last_key: str
@@ -377,17 +516,23 @@ class ShardGroupMachine:
         shard_index, position = resume_at
         if not ready or shard_index != ready[0]:
             return False
-        keys, _ = self.frozen_contents(shard_index)
+        keys, _, _ = self.frozen_contents(shard_index)
         return 0 < position <= len(keys) and keys[position - 1] == last_key
 
-    def frozen_contents(self, shard_index: int) -> tuple[list[str], list[SessionRecord]]:
-        """The sorted keys and the session records of a BE_PULLING shard, computed once:
-        neither can change until the shard is dropped, and a chunked pull reads them many
-        times."""
+    def frozen_contents(
+        self, shard_index: int
+    ) -> tuple[list[str], list[SessionRecord], list[WatchEvent]]:
+        """The sorted keys, the session records and the history of a BE_PULLING shard,
+        computed once: none can change until the shard is dropped, and a chunked pull
+        reads them many times."""
         contents = self.frozen_cache.get(shard_index)
         if contents is None:
             shard = self.shards[shard_index]
-            contents = (sorted(shard.data), shard.sessions.to_records())
+            contents = (
+                list(shard.store.sorted_keys),
+                shard.sessions.to_records(),
+                list(shard.store.history),
+            )
             self.frozen_cache[shard_index] = contents
         return contents
 
@@ -409,16 +554,23 @@ class ShardGroupMachine:
             self._applied_index = index
 
     def apply_entry(self, entry: GroupEntry) -> GroupApplyResult:
+        result: GroupApplyResult
         if isinstance(entry, ClientWrites):
-            return self.apply_client_writes(entry)
-        if isinstance(entry, NewConfiguration):
-            return self.apply_new_configuration(entry.configuration)
-        if isinstance(entry, InsertShards):
-            return self.apply_insert_shards(entry)
-        if isinstance(entry, DeleteShards):
-            return self.apply_delete_shards(entry)
-        require(isinstance(entry, EmptyEntry), f"unknown shard group entry {entry!r}")
-        return ControlApplied(accepted=True, configuration_number=self.current_configuration.number)
+            result = self.apply_client_writes(entry)
+        elif isinstance(entry, NewConfiguration):
+            result = self.apply_new_configuration(entry.configuration)
+        elif isinstance(entry, InsertShards):
+            result = self.apply_insert_shards(entry)
+        elif isinstance(entry, DeleteShards):
+            result = self.apply_delete_shards(entry)
+        else:
+            require(isinstance(entry, EmptyEntry), f"unknown shard group entry {entry!r}")
+            return ControlApplied(
+                accepted=True, configuration_number=self.current_configuration.number
+            )
+        for listener in self.revision_listeners:
+            listener()
+        return result
 
     def apply_client_writes(self, entry: ClientWrites) -> WritesApplied:
         self.advance_clock(entry.timestamp_ms)
@@ -456,7 +608,9 @@ class ShardGroupMachine:
                 touched[index] = session
             result = lookup_duplicate(session, command.sequence)
             if result is None:
-                result = execute_write(shard.data, command)
+                # The plain KV's text commands over the shard's store: one revision each.
+                result = execute_text_write(shard.store, command)
+                shard.store.finish()
                 shard.sessions.remember(session, command.sequence, result)
             else:
                 self.duplicate_count += 1
@@ -515,7 +669,7 @@ class ShardGroupMachine:
         if new_owner == gid and old_owner != gid:
             # Not owned and SERVING means empty: deletes and drops leave nothing behind.
             require(
-                not shard.data and not len(shard.sessions),
+                not shard.store.records and not len(shard.sessions),
                 f"group {gid}: shard {index} holds data it does not own",
             )
             shard.state = ShardState.SERVING if old_owner == UNASSIGNED_GID else ShardState.PULLING
@@ -547,7 +701,17 @@ class ShardGroupMachine:
             # A chunk adds to what earlier chunks brought; a repeated chunk (a pull
             # restarted by a new leader) writes the same frozen values and merges the same
             # sessions again, which changes nothing.
-            shard.data.update(entry.shards.get(index, {}))
+            insert_pulled(
+                shard.store,
+                entry.shards.get(index, {}),
+                None if entry.key_revisions is None else entry.key_revisions.get(index),
+                None if entry.store_revisions is None else entry.store_revisions.get(index),
+                None if entry.history is None else entry.history.get(index),
+                None if entry.compacted_revisions is None else entry.compacted_revisions.get(index),
+            )
+            # Without history (an older build's insert) it stayed behind: see shard_store.
+            carried = entry.history is not None and entry.key_revisions is not None
+            shard.arrived_revision = 0 if carried else shard.store.revision
             merge_session_records(shard.sessions, entry.sessions.get(index, []), self.clock_ms)
             if entry.is_finished(index):
                 shard.state = ShardState.GARBAGE_COLLECTING
@@ -580,10 +744,7 @@ class ShardGroupMachine:
 
     def drop(self, index: int) -> None:
         self.frozen_cache.pop(index, None)
-        shard = self.shards[index]
-        shard.state = ShardState.SERVING
-        shard.data = {}
-        shard.sessions = self.new_session_table()
+        self.shards[index] = self.new_shard()
 
     def refused(self, reason: str) -> ControlApplied:
         return ControlApplied(
@@ -602,31 +763,27 @@ class ShardGroupMachine:
             clock_ms=self.clock_ms,
             current=self.current_configuration,
             previous=self.previous_configuration,
-            shards=[
-                ShardRecord(
-                    state=shard.state,
-                    data=dict(sorted(shard.data.items())),
-                    sessions=shard.sessions.to_records(),
-                )
-                for shard in self.shards
-            ],
+            shards=[shard_record(shard) for shard in self.shards],
         )
         return _snapshot_encoder.encode(snapshot)
 
     def restore(self, data: bytes) -> None:
         """Replace the whole state with a snapshot's; the state is unchanged if it fails."""
-        try:
-            snapshot = _snapshot_decoder.decode(data)
-        except wire.DECODE_ERRORS as error:
-            raise MalformedEntryError(
-                f"shard group {self.gid}: snapshot ({len(data)} bytes) does not decode: {error}"
-            ) from error
+        snapshot = self.decode_snapshot(data)
         self.check_snapshot(snapshot)
         shards: list[Shard] = []
         for record in snapshot.shards:
-            shard = Shard(self.new_session_table())
+            shard = self.new_shard()
             shard.state = record.state
-            shard.data = dict(record.data)
+            shard.arrived_revision = record.arrived_revision
+            load_store(
+                shard.store,
+                record.kvs,
+                record.revision,
+                record.compacted_revision,
+                record.history,
+                record.history_base,
+            )
             try:
                 shard.sessions.load_records(snapshot.clock_ms, record.sessions)
             except ValueError as error:
@@ -638,6 +795,26 @@ class ShardGroupMachine:
         self.previous_configuration = snapshot.previous
         self.clock_ms = snapshot.clock_ms
         self._applied_index = snapshot.applied_index
+        for listener in self.revision_listeners:
+            listener()
+
+    def decode_snapshot(self, data: bytes) -> GroupSnapshot:
+        """A snapshot of any format read, as format 3 (see the module docstring)."""
+        try:
+            format_version = _format_decoder.decode(data).format_version
+            if format_version == SNAPSHOT_FORMAT_VERSION:
+                snapshot: GroupSnapshot = _snapshot_decoder.decode(data)
+                return snapshot
+            if format_version in SNAPSHOT_FORMAT_VERSIONS_READ:
+                return upgrade_snapshot(_snapshot_v2_decoder.decode(data))
+        except wire.DECODE_ERRORS as error:
+            raise MalformedEntryError(
+                f"shard group {self.gid}: snapshot ({len(data)} bytes) does not decode: {error}"
+            ) from error
+        raise MalformedEntryError(
+            f"shard group {self.gid} snapshot: format {format_version}; this build reads "
+            f"formats {sorted(SNAPSHOT_FORMAT_VERSIONS_READ)}"
+        )
 
     def check_snapshot(self, snapshot: GroupSnapshot) -> None:
         """Raise MalformedEntryError unless the snapshot fits this group and is consistent."""
@@ -674,9 +851,57 @@ def snapshot_problem(snapshot: GroupSnapshot, gid: int, shard_count: int) -> str
             return f"shard {index} is {record.state.value} but not owned"
         if record.state is ShardState.BE_PULLING and owned:
             return f"shard {index} is be_pulling but owned"
-        if record.state is ShardState.SERVING and not owned and record.data:
+        if record.state is ShardState.SERVING and not owned and record.kvs:
             return f"shard {index} holds data it does not own"
+        if not 0 <= record.compacted_revision <= record.revision:
+            return f"shard {index} is compacted to {record.compacted_revision}, past its revision"
     return None
+
+
+def shard_record(shard: Shard) -> ShardRecord:
+    """One shard as a snapshot holds it (deterministic: keys in order)."""
+    store = shard.store
+    history, history_base = history_for_snapshot(store.history)
+    return ShardRecord(
+        state=shard.state,
+        kvs=[store.records[key] for key in store.sorted_keys],
+        sessions=shard.sessions.to_records(),
+        revision=store.revision,
+        compacted_revision=store.compacted_revision,
+        history=history,
+        history_base=history_base,
+        arrived_revision=shard.arrived_revision,
+    )
+
+
+def upgrade_snapshot(snapshot: GroupSnapshotV2) -> GroupSnapshot:
+    """A format 1 or 2 snapshot as format 3: each shard's revisions made up from it alone
+    (`shard_store.made_up_records`), its history starting at its last revision."""
+    shards: list[ShardRecord] = []
+    for record in snapshot.shards:
+        kvs = made_up_records(record.data)
+        shards.append(
+            ShardRecord(
+                state=record.state,
+                kvs=kvs,
+                sessions=record.sessions,
+                revision=len(kvs),
+                compacted_revision=len(kvs),
+                history=[],
+                history_base=[],
+                arrived_revision=0,
+            )
+        )
+    return GroupSnapshot(
+        format_version=SNAPSHOT_FORMAT_VERSION,
+        gid=snapshot.gid,
+        shard_count=snapshot.shard_count,
+        applied_index=snapshot.applied_index,
+        clock_ms=snapshot.clock_ms,
+        current=snapshot.current,
+        previous=snapshot.previous,
+        shards=shards,
+    )
 
 
 def session_record_bytes(record: SessionRecord) -> int:
@@ -744,9 +969,11 @@ __all__ = [
     "SERVABLE_STATES",
     "SESSION_SWEEP_INTERVAL_MS",
     "GroupSnapshot",
+    "GroupSnapshotV2",
     "Shard",
     "ShardGroupMachine",
     "ShardRecord",
+    "ShardRecordV2",
     "ShardState",
     "execute_write",
     "merge_session_records",

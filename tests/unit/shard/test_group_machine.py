@@ -607,7 +607,8 @@ def test_apply_skips_covered_indexes_and_rejects_garbage() -> None:
 
 def test_a_non_empty_unowned_shard_is_an_invariant_violation() -> None:
     replica = Replica(1)
-    replica.machine.shards[0].data["stray"] = "x"
+    replica.machine.shards[0].store.put("stray", b"x")
+    replica.machine.shards[0].store.finish()
     with pytest.raises(InvariantViolation, match="shard 0 holds data it does not own"):
         replica.configure(1, [1, 1, 1, 1])
 
