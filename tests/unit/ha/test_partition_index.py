@@ -18,14 +18,28 @@ def batch_message(base_offset: int, producer_id: str, base_sequence: int, count:
     return encode_message(base_offset, count, wire.encode_record_batch(batch))
 
 
-def test_the_head_of_a_batch_is_its_producer_and_sequence() -> None:
-    records = [wire.Record(value=b"x" * 30) for _ in range(50)]
-    for batch in (
-        wire.RecordBatch("producer-7", 42, 5, records),
-        wire.RecordBatch("p", 0, 5, [], compression="zstd", compressed=b"z", record_count=3),
-    ):
-        head = decode_batch_head(wire.encode_record_batch(batch))
-        assert (head.producer_id, head.base_sequence) == (batch.producer_id, batch.base_sequence)
+@pytest.mark.parametrize("producer_id", ["p", "x" * 31, "y" * 32, "z" * 300, "w" * 70_000])
+@pytest.mark.parametrize("base_sequence", [0, 127, 128, 65_536, 2**40, -1, -33, -200])
+def test_the_head_of_a_batch_is_its_producer_and_sequence(
+    producer_id: str, base_sequence: int
+) -> None:
+    """Every msgpack width of the two leading fields, read from the first bytes."""
+    records = [wire.Record(value=b"x" * 30) for _ in range(3)]
+    compressed = wire.RecordBatch(
+        producer_id, base_sequence, 5, [], compression="zstd", compressed=b"z", record_count=3
+    )
+    for batch in (wire.RecordBatch(producer_id, base_sequence, 5, records), compressed):
+        data = wire.encode_record_batch(batch)
+        for view in (data, memoryview(b"header" + data)[6:]):
+            head = decode_batch_head(view)
+            assert (head.producer_id, head.base_sequence) == (producer_id, base_sequence)
+
+
+def test_a_malformed_head_is_refused() -> None:
+    data = wire.encode_record_batch(wire.RecordBatch("producer", 1, 5, []))
+    for malformed in (data[:4], b"\x92\xa3ab", b"\x93\x01\x02\x03", b"\x92\xa1\xff\x01"):
+        with pytest.raises(ValueError):
+            decode_batch_head(malformed)
 
 
 def test_catch_up_rebuilds_offsets_and_producers_without_decoding_records(
