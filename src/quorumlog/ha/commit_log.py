@@ -45,10 +45,12 @@ from quorumlog.storage.mmap_store import (
 OFFSET_CACHE_ENTRIES_MAX = 64
 """Offsets (batch ends) remembered with the entry that follows them: each slave's transfer
 reads on from where the last batch ended, so the lookup is a dictionary hit, not a search."""
-RECENT_MESSAGES_BYTES_MAX = 4 * 1024 * 1024
+RECENT_MESSAGES_BYTES_MAX = 2 * 1024 * 1024
 """Message bytes of the latest appends kept in memory as they were appended: a master's
 transfers to its slaves, and a slave's indexing, read what was just written, and reading
-it back from the data files cost a copy and a checksum of every byte, per slave."""
+it back from the data files cost a copy and a checksum of every byte, per slave. Two
+produce batches of the largest size: every slave's next transfer, in steady state. Per
+commit log, so a node hosting many HA partitions holds this much for each."""
 
 
 class CommitLogBatch(msgspec.Struct, frozen=True):
