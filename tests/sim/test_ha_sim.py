@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from quorumlog.cli.main import cli
 from quorumlog.ha import replication_master, replication_slave
 from quorumlog.ha.epoch_file import EpochEntry
+from quorumlog.node.ha_controller_access import RequestControllerAccess
 from quorumlog.testing.sim.ha.runner import SHAPES, plan_seed, run_seed
 from quorumlog.testing.sim.trace import TraceRecorder
 
@@ -71,11 +72,24 @@ def test_a_master_that_acknowledges_alone_is_caught(monkeypatch: pytest.MonkeyPa
         self.confirm_offset = self.acknowledged_offset = self._durable_offset
 
     monkeypatch.setattr(replication_master.MasterCore, "_advance_confirm", acknowledge_alone)
-    # A partitioned master (3), a random seed (10), and the #5663 (1) and #7689 (2) shapes,
+    # A partitioned master (3), a random seed (15), and the #5663 (1) and #7689 (2) shapes,
     # whose slaves trail the master by a slow link when it dies.
-    results = [run_seed(seed, capture_trace=False) for seed in (1, 2, 3, 10)]
+    results = [run_seed(seed, capture_trace=False) for seed in (1, 2, 3, 15)]
     assert [plan_seed(seed).shape for seed in (1, 2)] == [
         "ack-lost-while-expanding",
         "controller-and-master-killed",
     ]
     assert not any(result.ok for result in results)
+
+
+def test_the_brokers_reach_the_controller_through_the_shipped_access(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The simulated brokers run the node's `RequestControllerAccess` (no simulator copy):
+    break how it reads the controller's answers and no broker ever registers."""
+
+    def no_answer(*_: object) -> None:
+        return None
+
+    monkeypatch.setattr(RequestControllerAccess, "result_of", no_answer)
+    assert not run_seed(4, capture_trace=False).ok

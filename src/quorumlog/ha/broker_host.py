@@ -20,12 +20,14 @@ run the same code:
   is the protocol; see replication_actions). Syncs run on the host's thread: one per burst
   of produces (group commit) at the master, one per transfer batch at a slave.
 
-What the host does, in order, after every event (`flush`): a master syncs what was appended
-since the last sync, then `take_actions`: sends, disconnects, a SyncStateSet change to
-forward, and the produces to complete (those whose end offset is at or below the
-acknowledged offset, in log order). A timer runs `take_actions` every `tick_seconds` too
-(transfer heartbeats and shrink decisions are due by time) and heartbeats the controller
-every `controller_heartbeat_seconds`.
+What the host does, in order, after every event (`flush`): `take_actions` (sends,
+disconnects, a SyncStateSet change to forward, and the produces to complete: those whose end
+offset is at or below the acknowledged offset, in log order); if something was appended
+since the last sync, the master then syncs it and takes the actions again. Transfers go out
+BEFORE the sync, so the slaves write their disks while the master writes its own; what the
+sync made durable counts in confirmOffset only after it. A timer runs `take_actions` every
+`tick_seconds` too (transfer heartbeats and shrink decisions are due by time) and heartbeats
+the controller every `controller_heartbeat_seconds`.
 
 Following the controller. Every controller answer carries the group's `BrokerGroupInfo`;
 the host follows it: master at the named MasterEpoch (a new `MasterCore`, which appends
@@ -623,6 +625,12 @@ class BrokerHost:
             return
         if self.unsynced:
             self.unsynced = False
+            # Replicate first, then sync: the slaves write their disks while this one syncs
+            # (the Raft leader's order). Nothing is acknowledged before this sync: the
+            # master's own durable offset bounds confirmOffset.
+            self.master_actions(master, master.take_actions(self.now_ms()))
+            if self.master is not master:
+                return  # the actions ended this mastership
             master.sync()
         self.master_actions(master, master.take_actions(self.now_ms()))
 

@@ -27,9 +27,9 @@ torn tail at open. `truncate_to_last_whole_message` says so and returns the offs
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import msgspec
 
@@ -45,6 +45,12 @@ from quorumlog.storage.mmap_store import (
 OFFSET_CACHE_ENTRIES_MAX = 64
 """Offsets (batch ends) remembered with the entry that follows them: each slave's transfer
 reads on from where the last batch ended, so the lookup is a dictionary hit, not a search."""
+RECENT_MESSAGES_BYTES_MAX = 2 * 1024 * 1024
+"""Message bytes of the latest appends kept in memory as they were appended: a master's
+transfers to its slaves, and a slave's indexing, read what was just written, and reading
+it back from the data files cost a copy and a checksum of every byte, per slave. Two
+produce batches of the largest size: every slave's next transfer, in steady state. Per
+commit log, so a node hosting many HA partitions holds this much for each."""
 
 
 class CommitLogBatch(msgspec.Struct, frozen=True):
@@ -54,6 +60,14 @@ class CommitLogBatch(msgspec.Struct, frozen=True):
     end_offset: int
     epoch: int
     messages: list[bytes]
+
+
+class RecentMessage(NamedTuple):
+    """A message as appended: where it ends in the log, its epoch, its bytes."""
+
+    end: int
+    epoch: int
+    data: bytes
 
 
 class CommitLog(Protocol):
@@ -104,6 +118,10 @@ class MmapCommitLog:
         self._store = store
         self._data_file_bytes = data_file_bytes
         self._next_index_by_offset: OrderedDict[int, int] = OrderedDict()
+        self._recent: dict[int, RecentMessage] = {}
+        """Start offset -> the message appended there (the latest appends only)."""
+        self._recent_starts: deque[int] = deque()
+        self._recent_bytes = 0
 
     @classmethod
     def open(
@@ -145,13 +163,25 @@ class MmapCommitLog:
 
     def append(self, messages: Sequence[bytes], epoch: int) -> int:
         store = self._store
-        store.append(message_entries(messages, epoch, store.last_index + 1))
+        start, first_index = store.data_end, store.last_index + 1
+        store.append(message_entries(messages, epoch, first_index))
+        for index, message in enumerate(messages, start=first_index):
+            if index == store.last_index:
+                end = store.data_end
+            else:
+                position, size = store.entry_span(index)
+                end = position + size
+            self._keep_recent(start, RecentMessage(end, epoch, message))
+            start = end
         return store.data_end
 
     def sync(self) -> None:
         self._store.sync()
 
     def read_batch(self, offset: int, bytes_max: int) -> CommitLogBatch | None:
+        recent = self._read_recent(offset, bytes_max)
+        if recent is not None:
+            return recent
         store = self._store
         index = self._index_at(offset)
         if index > store.last_index:
@@ -167,6 +197,7 @@ class MmapCommitLog:
             return
         index = self._index_at(offset)
         self._next_index_by_offset.clear()
+        self._forget_recent()
         self._store.truncate_suffix(index - 1)
         require(
             self._store.data_end == offset,
@@ -210,6 +241,40 @@ class MmapCommitLog:
         require(boundary, f"offset {offset} is not a message boundary of the commit log")
         self._remember(offset, low)
         return low
+
+    # --- the latest appends, in memory -----------------------------------------------
+
+    def _keep_recent(self, start: int, message: RecentMessage) -> None:
+        self._recent[start] = message
+        self._recent_starts.append(start)
+        self._recent_bytes += len(message.data)
+        while self._recent_bytes > RECENT_MESSAGES_BYTES_MAX and len(self._recent_starts) > 1:
+            dropped = self._recent.pop(self._recent_starts.popleft())
+            self._recent_bytes -= len(dropped.data)
+
+    def _forget_recent(self) -> None:
+        self._recent.clear()
+        self._recent_starts.clear()
+        self._recent_bytes = 0
+
+    def _read_recent(self, offset: int, bytes_max: int) -> CommitLogBatch | None:
+        """`read_batch` from the latest appends (None if the message at `offset` is not
+        among them); the same messages a read of the store gives, or a prefix of them."""
+        recent = self._recent.get(offset)
+        if recent is None:
+            return None
+        epoch = recent.epoch
+        messages: list[bytes] = []
+        data_bytes = 0
+        end = offset
+        while recent is not None and (
+            not messages or (recent.epoch == epoch and data_bytes + len(recent.data) <= bytes_max)
+        ):
+            messages.append(recent.data)
+            data_bytes += len(recent.data)
+            end = recent.end
+            recent = self._recent.get(end)
+        return CommitLogBatch(offset, end, epoch, messages)
 
     def _remember(self, offset: int, next_index: int) -> None:
         cache = self._next_index_by_offset

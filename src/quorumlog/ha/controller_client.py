@@ -19,6 +19,8 @@ lost answer is applied once; heartbeats and reads carry none (a repeat is harmle
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from quorumlog.codec import wire
@@ -48,6 +50,7 @@ from quorumlog.ha.controller_model import (
     encode_commands,
 )
 from quorumlog.kv.client import KVClient, tracked_sequence
+from quorumlog.kv.connection import CommandIdentity
 
 REFUSAL_ERRORS: dict[Refusal, type[HAControllerRefusedError]] = {
     Refusal.UNKNOWN_GROUP: UnknownBrokerGroupError,
@@ -145,8 +148,7 @@ class HAControllerClient(KVClient):
         """Send a deduplicated write under this client's next sequence (or the one held
         for the same call after an unknown outcome)."""
         what = f"{type(command).__name__} {command.group}"
-        identity = (type(command).__name__, command.group, msgspec.json.encode(command).decode())
-        with self.lock, tracked_sequence(self.sequences, (*identity, None)) as sequence:
+        with self.lock, tracked_sequence(self.sequences, write_identity(command)) as sequence:
             numbered = msgspec.structs.replace(command, sequence=sequence)
             result = self.send(what, numbered, self.session.first_unacknowledged())
             self.session.answered = True
@@ -159,30 +161,13 @@ class HAControllerClient(KVClient):
         self, what: str, command: HAControllerCommand, first_unacknowledged: int | None
     ) -> HAControllerResult:
         """One command; `first_unacknowledged` None marks a read (no side effects)."""
-        commands = encode_commands([command])
-        client_id = self.client_id
-
-        def make_request(request_id: int) -> wire.HAControllerRequest:
-            return wire.HAControllerRequest(
-                request_id=request_id,
-                client_id=client_id,
-                commands=commands,
-                first_unacknowledged=first_unacknowledged or 0,
-            )
-
         response = self.call(
             what,
-            make_request,
+            controller_request(command, self.client_id, first_unacknowledged or 0),
             wire.HAControllerResponse,
             side_effects=first_unacknowledged is not None,
         )
-        try:
-            results = decode_results(response.results)
-        except wire.DECODE_ERRORS as error:
-            raise ClientError(f"{what}: the answer does not decode: {error}") from error
-        if len(results) != 1:
-            raise ClientError(f"{what}: {len(results)} results for one command")
-        return results[0]
+        return single_result(what, response)
 
     def group_of(self, result: HAControllerResult, group: str) -> BrokerGroupInfo:
         if not result.ok:
@@ -192,4 +177,52 @@ class HAControllerClient(KVClient):
         return result.group
 
 
-__all__ = ["REFUSAL_ERRORS", "HAControllerClient", "refusal_error"]
+# --- shared with the brokers' event-driven access (node/ha_controller_access.py) ----------
+
+LoggedWrite = RegisterBroker | ElectMaster | AlterSyncStateSet | ConfigureGroup
+"""The commands the controller deduplicates by (client id, sequence)."""
+
+
+def write_identity(command: LoggedWrite) -> CommandIdentity:
+    """What makes two logged writes the same call: a retry of it after an unknown outcome
+    reuses its sequence (`SequenceTracker.hold_unknown`), so it is applied once."""
+    return (type(command).__name__, command.group, msgspec.json.encode(command).decode(), None)
+
+
+def controller_request(
+    command: HAControllerCommand, client_id: str, first_unacknowledged: int
+) -> Callable[[int], wire.HAControllerRequest]:
+    """The request carrying one command, for any request id (each attempt has its own)."""
+    commands = encode_commands([command])
+
+    def make_request(request_id: int) -> wire.HAControllerRequest:
+        return wire.HAControllerRequest(
+            request_id=request_id,
+            client_id=client_id,
+            commands=commands,
+            first_unacknowledged=first_unacknowledged,
+        )
+
+    return make_request
+
+
+def single_result(what: str, response: wire.HAControllerResponse) -> HAControllerResult:
+    """The one result of a one-command request; ClientError if the answer is malformed."""
+    try:
+        results = decode_results(response.results)
+    except wire.DECODE_ERRORS as error:
+        raise ClientError(f"{what}: the answer does not decode: {error}") from error
+    if len(results) != 1:
+        raise ClientError(f"{what}: {len(results)} results for one command")
+    return results[0]
+
+
+__all__ = [
+    "REFUSAL_ERRORS",
+    "HAControllerClient",
+    "LoggedWrite",
+    "controller_request",
+    "refusal_error",
+    "single_result",
+    "write_identity",
+]

@@ -6,8 +6,9 @@
   `BrokerHost` (ha/broker_host.py) over the partition's commit log (`MmapCommitLog` in
   `data_dir/ha/<group>/log`) and epoch file, on the node's event loop.
 - The HA controller ("ha-controller" group) names the master; brokers reach it through
-  `ThreadedControllerAccess`. Replication between brokers runs on the node's HA listener
-  (node/ha_links.py; its own port, registered with the controller as the broker address).
+  `RequestControllerAccess` (the code the simulator runs too). Replication between brokers
+  runs on the node's HA listener (node/ha_links.py; its own port, registered with the
+  controller as the broker address).
 - Records: one commit log message per produce batch (ha/partition_index.py for the
   layout). The master keeps an in-memory index from record offsets to log offsets and the
   producer table, built by reading the log when it becomes master; record offsets are
@@ -39,8 +40,9 @@ from quorumlog.ha.commit_log import MmapCommitLog
 from quorumlog.ha.epoch_file import EpochFile
 from quorumlog.ha.partition_index import HAPartitionIndex, decode_message, encode_message
 from quorumlog.ha.replication_actions import HAReplicationConfig
-from quorumlog.node.ha_controller_access import ThreadedControllerAccess
+from quorumlog.node.ha_controller_access import RequestControllerAccess
 from quorumlog.node.ha_links import AsyncioHALinks
+from quorumlog.node.peer_requests import AsyncioPeerRequests, PeerRequester
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.group import AsyncioScheduler
 from quorumlog.runtime.transport import Replier, format_address
@@ -111,7 +113,8 @@ class HATopicService:
         self.config = config
         self.partitions: dict[tuple[str, int], HAPartition] = {}
         self.links: AsyncioHALinks | None = None
-        self.controller: ThreadedControllerAccess | None = None
+        self.controller: RequestControllerAccess | None = None
+        self.controller_requests: AsyncioPeerRequests | None = None
         self.ha_address: str | None = None
         self.listening: asyncio.Task[None] | None = None
         self.tasks: set[asyncio.Task[None]] = set()
@@ -148,13 +151,17 @@ class HATopicService:
         self.links = AsyncioHALinks(loop, self.cluster_id, self.tls)
         port = await self.links.listen(self.listen_host)
         self.ha_address = format_address(self.advertised_host, port)
-        self.controller = ThreadedControllerAccess(loop, self.metadata_endpoints(), self.cluster_id)
+        requester = PeerRequester(
+            self.cluster_id, f"ha-broker-{self.node_id}", tls=self.tls.dialing_tls()
+        )
+        scheduler = AsyncioScheduler(loop)
+        self.controller_requests = AsyncioPeerRequests(requester, scheduler)
+        self.controller = RequestControllerAccess(
+            self.controller_requests, scheduler, self.metadata_endpoints()
+        )
         indexing = loop.create_task(self.index_slaves_forever())
         self.tasks.add(indexing)
         indexing.add_done_callback(self.tasks.discard)
-        self.controller = ThreadedControllerAccess(
-            loop, self.metadata_endpoints(), self.cluster_id, tls=self.tls.dialing_tls()
-        )
         log.info("node %s: HA replication listens on %s", self.node_id, self.ha_address)
 
     def start_broker(self, descriptor: wire.TopicDescriptor, partition: int) -> None:
@@ -249,7 +256,9 @@ class HATopicService:
         if self.links is not None:
             self.links.close()
         if self.controller is not None:
-            await asyncio.to_thread(self.controller.close)
+            self.controller.close()
+        if self.controller_requests is not None:
+            await self.controller_requests.close()
 
     # --- requests --------------------------------------------------------------------------
 

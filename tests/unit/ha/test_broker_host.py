@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from quorumlog.errors import MasterFencedError, NotEnoughReplicasError
+from quorumlog.ha.wire import HAFrame, TransferBatch
 from quorumlog.runtime.completion import Completion
 
 from .broker_harness import GROUP, BrokerCluster
@@ -180,3 +181,31 @@ def test_admin_switch_over_moves_the_master(tmp_path: Path, broker_id: str) -> N
 def _members(cluster: BrokerCluster, broker_id: str) -> int:
     master = cluster.host(broker_id).master
     return 0 if master is None else len(master.sync_state_set)
+
+
+def test_the_master_replicates_a_produce_before_it_syncs_it(tmp_path: Path) -> None:
+    """The slaves write their disks while the master writes its own (one fsync less on the
+    path of a produce); the acknowledgement still waits for the master's sync."""
+    cluster = started(tmp_path)
+    master = cluster.host("b1")
+    log = cluster.brokers["b1"].log
+    events: list[str] = []
+    acknowledged_at_sync: list[int] = []
+    send, sync = master.links.send, log.sync
+
+    def recording_send(connection_id: int, frame: HAFrame) -> None:
+        if isinstance(frame, TransferBatch) and frame.messages:
+            events.append("transfer")
+        send(connection_id, frame)
+
+    def recording_sync() -> None:
+        events.append("sync")
+        acknowledged_at_sync.append(master.acknowledged_offset)
+        sync()
+
+    master.links.send = recording_send  # type: ignore[method-assign]
+    log.sync = recording_sync  # type: ignore[method-assign]
+    done = produce(cluster, "b1", b"m")
+    cluster.run_until(done.done)
+    assert events[:3] == ["transfer", "transfer", "sync"]
+    assert acknowledged_at_sync[0] < done.result()

@@ -140,3 +140,38 @@ def test_truncate_to_a_boundary_is_durable_and_keeps_offsets(
     reopened.truncate(0)
     assert (reopened.max_offset, reopened.last_epoch) == (0, None)
     assert reopened.truncate_to_last_whole_message() == 0
+
+
+def test_reads_of_the_latest_appends_match_a_reopened_log(tmp_path: Path) -> None:
+    """The master's transfers read what it just appended from memory; what they get must
+    be what the files hold, across blanks, epochs and byte bounds."""
+    log = open_log(tmp_path / "log")
+    for number in range(30):
+        log.append([message(number, 40 + number * 7)], epoch=1 + number // 12)
+    log.append([message(number, 60) for number in range(5)], epoch=3)
+    offsets = [0]
+    while (batch := log.read_batch(offsets[-1], 1)) is not None:
+        offsets.append(batch.end_offset)
+    expected = {}
+    reopened = open_log(tmp_path / "copy")
+    for offset in offsets[:-1]:
+        for bytes_max in (1, 300, 1 << 20):
+            batch = log.read_batch(offset, bytes_max)
+            assert batch is not None
+            expected[(offset, bytes_max)] = batch
+    log.close()
+    reopened.close()
+    log = open_log(tmp_path / "log")  # nothing in memory now: every read is from the files
+    for (offset, bytes_max), batch in expected.items():
+        assert log.read_batch(offset, bytes_max) == batch
+
+
+def test_a_truncation_forgets_the_latest_appends(tmp_path: Path) -> None:
+    log = open_log(tmp_path / "log")
+    ends = [log.append([message(number)], epoch=1) for number in range(4)]
+    log.truncate(ends[1])
+    with pytest.raises(InvariantViolation):
+        log.read_batch(ends[2], 1 << 20)  # past the end now: not served from memory
+    log.append([message(9)], epoch=2)
+    batch = log.read_batch(ends[1], 1 << 20)
+    assert batch is not None and (batch.epoch, batch.messages) == (2, [message(9)])

@@ -23,7 +23,7 @@ from quorumlog.storage.base import SyncPolicy
 from quorumlog.testing.sim.events import EventQueue, derive_random
 from quorumlog.testing.sim.filesystem import DiskCrashReport, SimFileSystem, SimulatedCrash
 from quorumlog.testing.sim.frame_network import SimFrameNetwork
-from quorumlog.testing.sim.ha.controller import SimControllerAccess
+from quorumlog.testing.sim.ha.controller import broker_controller_access
 from quorumlog.testing.sim.ha.links import LinkEnd, LinkHost, SimHALinks, ha_address
 from quorumlog.testing.sim.process import SimProcess, SimScheduler
 
@@ -93,12 +93,11 @@ class SimBroker:
             self.storage_failures += 1
             self.process.kill()
             return
-        access = SimControllerAccess(
+        access = broker_controller_access(
             self.name,
             self.process,
             self.frames,
             self.controller_nodes,
-            derive_random(self.seed, f"access:{self.name}:{self.process.incarnation}"),
             client_id=f"broker/{self.name}/{self.process.incarnation}",
             lose_alter_answers=lambda: self.drop_alter_answers,
         )

@@ -3,41 +3,33 @@
 Every controller node of a `SimCluster` runs `ha.controller_machine.HAControllerMachine`
 (wrapped only to observe what it applies: `ObservedControllerMachine`) behind the shipped
 `node.ha_controller_service.HAControllerService`, with its periodic election check on the
-node's scheduler. Brokers reach it as real brokers do: `codec.wire.HAControllerRequest`
-frames over the simulated frame network, following NOT_LEADER hints, timing out and trying
-another node (`SimControllerAccess`).
+node's scheduler. Brokers reach it with the code real brokers run: the shipped
+`node.ha_controller_access.RequestControllerAccess` (sequences, lanes, answers) on the
+shipped attempt loop (`node.peer_requests.request_by_attempts`: leader hints, timeouts,
+back-off), its `codec.wire.HAControllerRequest` frames sent over the simulated network.
 """
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
-
-import msgspec
 
 from quorumlog.codec import wire
+from quorumlog.ha.broker_host import ControllerCall, ControllerDone
 from quorumlog.ha.controller_machine import HAControllerMachine
-from quorumlog.ha.controller_model import (
-    HA_CONTROLLER_QUERY_TYPES,
-    AlterSyncStateSet,
-    BrokerHeartbeat,
-    HAControllerCommand,
-    HAControllerResult,
-    decode_results,
-    encode_commands,
-)
+from quorumlog.ha.controller_model import AlterSyncStateSet, HAControllerResult
+from quorumlog.node.ha_controller_access import ControllerAccessConfig, RequestControllerAccess
 from quorumlog.node.ha_controller_service import HAControllerService
 from quorumlog.runtime.handle import GroupHandle
 from quorumlog.testing.sim.application import LeaderAddress, SimApplication
 from quorumlog.testing.sim.frame_network import Replier, RequestHandler, SimFrameNetwork
 from quorumlog.testing.sim.node import client_address
 from quorumlog.testing.sim.process import SimProcess
+from quorumlog.testing.sim.shardkv.transport import FrameCalls, SimPeerRequests
 
 CHECK_INTERVAL_SECONDS = 0.1
-REQUEST_TIMEOUT_MS = 300
-UNSEQUENCED_TYPES: tuple[type, ...] = (*HA_CONTROLLER_QUERY_TYPES, BrokerHeartbeat)
-"""Commands the controller does not deduplicate (a repeat is harmless)."""
+ACCESS_CONFIG = ControllerAccessConfig(timeout_seconds=1.0, attempt_timeout_seconds=0.3)
+"""Shorter than a node's: the simulated controller declares a broker dead after 1 s of
+silence (a node's after 1.5 s), and an attempt at a dead node must end well before."""
 
 ApplyObserver = Callable[[HAControllerMachine, dict[str, tuple[str | None, int, list[str]]]], None]
 """Told after every entry a controller machine applies: the machine and, per group, its
@@ -91,102 +83,41 @@ def controller_application(
     return SimApplication(machine_factory, service_factory)
 
 
-@dataclass
-class PendingCall:
-    command: HAControllerCommand
-    sequence: int
-    on_result: Callable[[HAControllerResult | None], None]
-    answered: bool = False
+class LosableAlterAnswers:
+    """The shipped access with a fault on top: while `lose()` says so, the answer to an
+    AlterSyncStateSet is lost after the controller applied it (apache/rocketmq #5663)."""
 
+    def __init__(self, access: RequestControllerAccess, lose: Callable[[], bool]) -> None:
+        self.access = access
+        self.lose = lose
 
-@dataclass
-class SimControllerAccess:
-    """A broker's way to the controller: one command per request, an answer or None (no
-    answer in time: the outcome is unknown). Deduplicated commands carry a sequence of this
-    client; a timed-out one is not retried here (the caller decides, as the cores do)."""
-
-    name: str
-    process: SimProcess
-    frames: SimFrameNetwork
-    node_ids: list[str]
-    rng: random.Random
-    client_id: str = ""
-    next_sequence: int = 1
-    next_request_id: int = 1
-    target: int = 0
-    outstanding: dict[int, PendingCall] = field(default_factory=dict)
-    lose_alter_answers: Callable[[], bool] = lambda: False
-    """While it says so, the answer to an applied AlterSyncStateSet is lost (#5663)."""
-
-    def submit(
-        self, command: HAControllerCommand, on_result: Callable[[HAControllerResult | None], None]
-    ) -> None:
-        """`ha.broker_host.ControllerAccess`: the answer comes from a later event, never
-        from inside this call."""
-        sequence = 0
-        if not isinstance(command, UNSEQUENCED_TYPES):
-            sequence = self.next_sequence
-            self.next_sequence += 1
-            command = msgspec.structs.replace(command, sequence=sequence)
-        pending = PendingCall(command, sequence, on_result)
-        self.send(pending, hops_left=3)
-
-    def send(self, pending: PendingCall, hops_left: int) -> None:
-        request_id = self.next_request_id
-        self.next_request_id += 1
-        self.outstanding[request_id] = pending
-        first_unacknowledged = min(
-            (call.sequence for call in self.outstanding.values() if call.sequence),
-            default=self.next_sequence,
-        )
-        request = wire.HAControllerRequest(
-            request_id=request_id,
-            client_id=self.client_id,
-            commands=encode_commands([pending.command]),
-            first_unacknowledged=first_unacknowledged,
-        )
-        node_id = self.node_ids[self.target % len(self.node_ids)]
-
-        def on_reply(frame: wire.Frame) -> None:
-            self.reply(request_id, frame, hops_left)
-
-        self.frames.call(self.name, node_id, request, on_reply)
-        self.process.schedule(REQUEST_TIMEOUT_MS, self.timed_out, request_id)
-
-    def reply(self, request_id: int, frame: wire.Frame, hops_left: int) -> None:
-        pending = self.outstanding.pop(request_id, None)
-        if pending is None or pending.answered:
+    def submit(self, command: ControllerCall, done: ControllerDone) -> None:
+        if not isinstance(command, AlterSyncStateSet):
+            self.access.submit(command, done)
             return
-        if isinstance(frame, wire.HAControllerResponse):
-            pending.answered = True
-            lost = isinstance(pending.command, AlterSyncStateSet) and self.lose_alter_answers()
-            pending.on_result(None if lost else decode_results(frame.results)[0])
-            return
-        if isinstance(frame, wire.ErrorResponse) and frame.leader_hint is not None:
-            hinted = [
-                position
-                for position, node_id in enumerate(self.node_ids)
-                if client_address(node_id) == frame.leader_hint
-            ]
-            if hinted:
-                self.target = hinted[0]
-        else:
-            self.target += 1
-        if hops_left > 0 and frame_is_retryable(frame):
-            self.send(pending, hops_left - 1)  # not applied: NOT_LEADER and the like
-            return
-        pending.answered = True
-        pending.on_result(None)
 
-    def timed_out(self, request_id: int) -> None:
-        pending = self.outstanding.pop(request_id, None)
-        if pending is None or pending.answered:
-            return
-        self.target += 1 + self.rng.randrange(len(self.node_ids))
-        pending.answered = True
-        pending.on_result(None)
+        def answered(result: HAControllerResult | None) -> None:
+            done(None if result is not None and self.lose() else result)
+
+        self.access.submit(command, answered)
 
 
-def frame_is_retryable(frame: wire.Frame) -> bool:
-    """An error that says the command was not taken (so sending it again is safe)."""
-    return isinstance(frame, wire.ErrorResponse) and frame.code is wire.ErrorCode.NOT_LEADER
+def broker_controller_access(
+    name: str,
+    process: SimProcess,
+    frames: SimFrameNetwork,
+    node_ids: list[str],
+    client_id: str,
+    lose_alter_answers: Callable[[], bool],
+) -> LosableAlterAnswers:
+    """A broker's way to the controller: the shipped `RequestControllerAccess` on the
+    shipped attempt loop, its attempts sent as simulated frames."""
+    calls = FrameCalls(name, frames, process)
+    access = RequestControllerAccess(
+        SimPeerRequests(calls),
+        calls.scheduler,
+        [client_address(node_id) for node_id in node_ids],
+        ACCESS_CONFIG,
+        client_id=client_id,
+    )
+    return LosableAlterAnswers(access, lose_alter_answers)
