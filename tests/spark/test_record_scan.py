@@ -18,14 +18,14 @@ from quorumlog.spark.arrow import (
     decode_stored_batch,
     entry_record_count,
 )
-from quorumlog.spark.record_scan import RecordBlock, scan_entry
+from quorumlog.spark.record_scan import SCAN_RECORDS_MIN, RecordBlock, scan_entry
 
 VALUE_LENGTHS = [0, 1, 100, 255, 256, 70_000]
 """Across the bin8 / bin16 / bin32 boundaries."""
 TIMES_MS = [0, 5, 127, 128, 255, 256, 65_535, 65_536, 2**32 - 1, 2**32, 1_700_000_000_123]
 """Across the fixint / u8 / u16 / u32 / u64 boundaries."""
-COUNTS = [1, 15, 16, 300]
-"""Across the fixarray / array16 boundary."""
+COUNTS = [SCAN_RECORDS_MIN, 300]
+"""Fewer than SCAN_RECORDS_MIN records are decoded record by record, never scanned."""
 
 
 def uniform_batch(chooser: random.Random, count: int) -> RecordBatch:
@@ -67,6 +67,16 @@ def test_a_scanned_batch_holds_what_msgspec_decodes(seed: int) -> None:
         assert block_records(block, decoded.timestamp_ms) == expected
 
 
+def test_an_entry_of_more_than_65535_records_is_scanned_and_a_small_one_is_not() -> None:
+    """The array32 header; and below SCAN_RECORDS_MIN the decode is cheaper than a scan."""
+    records = [Record(bytes([number % 256]), None, 1_700_000_000_000) for number in range(70_000)]
+    block = scan_entry(encode_record_batch(RecordBatch("p", 0, 7, records)))
+    assert block is not None
+    assert block_records(block, 7) == [(r.value, r.key, r.timestamp_ms) for r in records]
+    small = encode_record_batch(RecordBatch("p", 0, 7, records[: SCAN_RECORDS_MIN - 1]))
+    assert scan_entry(small) is None
+
+
 def test_a_compressed_one_layout_batch_is_scanned_after_decompressing() -> None:
     records = [
         Record(bytes([number]) * 10, b"k", 1_700_000_000_000 + number) for number in range(50)
@@ -79,7 +89,7 @@ def test_a_compressed_one_layout_batch_is_scanned_after_decompressing() -> None:
 
 
 @pytest.mark.parametrize(
-    "records",
+    "pattern",
     [
         [Record(b"aa"), Record(b"bbb")],  # value lengths differ
         [Record(b"aa"), Record(b"bb", b"k")],  # a key on some records only
@@ -93,8 +103,9 @@ def test_a_compressed_one_layout_batch_is_scanned_after_decompressing() -> None:
     ],
 )
 def test_batches_of_mixed_layouts_are_refused_and_still_read_right(
-    records: list[Record],
+    pattern: list[Record],
 ) -> None:
+    records = pattern * (SCAN_RECORDS_MIN // len(pattern))  # enough to be worth a scan
     data = encode_record_batch(RecordBatch("p", 0, 1_700_000_000_000, records))
     assert scan_entry(data) is None
     entry = decode_entry(data)

@@ -16,7 +16,8 @@ Rows travel to Spark as Arrow record batches built column by column from the enc
 record batches a Fetch returns. An entry whose records share one layout is read straight
 from its bytes (`record_scan`: each column a numpy slice, copied once into the Arrow
 buffer); any other takes one msgspec decode (in C), then each column in bulk (`map` over
-the decoded records, numpy for numbers). No row objects and no Python code per record. `read()` results must match `ARROW_SCHEMA` exactly (Spark checks it).
+the decoded records, numpy for numbers). No row objects and no Python code per record.
+`read()` results must match `ARROW_SCHEMA` exactly (Spark checks it).
 """
 
 from __future__ import annotations

@@ -22,6 +22,11 @@ import numpy as np
 
 from quorumlog.codec.compression import decompress
 
+SCAN_RECORDS_MIN = 32
+"""Entries with fewer records are decoded record by record: a scan costs about 14 us
+whatever the count, the record-by-record path about 0.4 us a record, Arrow columns
+included (measured on the 2-core bench machine)."""
+
 Bytes2D = np.ndarray[Any, np.dtype[np.uint8]]
 Int64Array = np.ndarray[Any, np.dtype[np.int64]]
 
@@ -175,7 +180,7 @@ def scan_records(encoded: Any, append_time_ms: int) -> RecordBlock | None:
         count, start = int.from_bytes(view[1:5], "big"), 5
     else:
         return None
-    if count == 0 or (total - start) % count != 0:
+    if count < SCAN_RECORDS_MIN or (total - start) % count != 0:
         return None
     size = (total - start) // count
     layout = RecordLayout.of(bytes(view[start : start + size]))
