@@ -13,16 +13,18 @@ when the partition leader stamped it on append (LogAppendTime). `headers` is nul
 record without headers, as in Kafka.
 
 Rows travel to Spark as Arrow record batches built column by column from the encoded
-record batches a Fetch returns: one msgspec decode per log entry (in C), then each column
-in bulk (`map` over the decoded records, numpy for numbers), no row objects and no Python
-code per record. `read()` results must match `ARROW_SCHEMA` exactly (Spark checks it).
+record batches a Fetch returns. An entry whose records share one layout is read straight
+from its bytes (`record_scan`: each column a numpy slice, copied once into the Arrow
+buffer); any other takes one msgspec decode (in C), then each column in bulk (`map` over
+the decoded records, numpy for numbers). No row objects and no Python code per record.
+`read()` results must match `ARROW_SCHEMA` exactly (Spark checks it).
 """
 
 from __future__ import annotations
 
-from itertools import chain
+from itertools import chain, groupby
 from operator import attrgetter
-from typing import Any, cast
+from typing import cast
 
 import msgspec
 import numpy as np
@@ -40,6 +42,7 @@ from pyspark.sql.types import (
 
 from quorumlog.codec.compression import decompress
 from quorumlog.raft.invariants import require
+from quorumlog.spark.record_scan import Bytes2D, Int64Array, RecordBlock, scan_entry
 
 TIMESTAMP_TYPE_CREATE_TIME = 0
 TIMESTAMP_TYPE_LOG_APPEND_TIME = 1
@@ -168,21 +171,48 @@ def decode_stored_batch(data: bytes) -> StoredRecordBatch:
     return batch
 
 
-class RecordRun(msgspec.Struct, gc=False):
-    """Records of one log entry with consecutive offsets, as gathered for the next batch."""
+class RecordRun:
+    """Records of one log entry with consecutive offsets, as gathered for the next batch:
+    decoded records, or a RecordBlock of columns scanned from the entry's bytes."""
 
-    first_offset: int
-    records: list[StoredRecord]
-    append_time_ms: int
-    create_times: bool
-    """Some record carries its producer's time (else all take `append_time_ms`)."""
+    __slots__ = ("append_time_ms", "count", "first_offset", "own_times_ms", "records")
+
+    def __init__(
+        self,
+        first_offset: int,
+        records: list[StoredRecord] | RecordBlock,
+        append_time_ms: int,
+        own_times_ms: Int64Array | None,
+    ) -> None:
+        self.first_offset = first_offset
+        self.records = records
+        self.count = len(records)
+        self.append_time_ms = append_time_ms
+        self.own_times_ms = own_times_ms
+        """Each record's own time (0: none), or None: no record has one."""
+
+
+StoredEntry = StoredRecordBatch | RecordBlock
+"""One log entry as the reader decoded it (`decode_entry`)."""
+
+
+def decode_entry(data: bytes) -> StoredEntry:
+    """One log entry's encoded `wire.RecordBatch`: scanned into columns when its records
+    share one layout, else decoded record by record. Raises one of wire.DECODE_ERRORS."""
+    block = scan_entry(data)
+    return block if block is not None else decode_stored_batch(data)
+
+
+def entry_record_count(entry: StoredEntry) -> int:
+    return len(entry) if isinstance(entry, RecordBlock) else len(entry.records)
 
 
 class RecordColumns:
     """Records of one topic partition gathered entry by entry, handed out as Arrow batches.
 
-    Each column is built in bulk: attribute reads run as `map` over whole lists and
-    numbers become numpy arrays, so no Python bytecode runs per record unless records
+    Entries scanned into RecordBlocks become columns by numpy slicing and one copy; for
+    decoded entries each column is built in bulk (attribute reads as `map` over whole
+    lists, numbers as numpy arrays). No Python bytecode runs per record unless records
     carry headers (rare, converted one by one).
     """
 
@@ -203,21 +233,29 @@ class RecordColumns:
         return self.count
 
     def add_batch(
-        self, base_offset: int, batch: StoredRecordBatch, start: int, end: int, encoded_bytes: int
+        self, base_offset: int, batch: StoredEntry, start: int, end: int, encoded_bytes: int
     ) -> int:
         """Add the records of one log entry (`batch`, at `base_offset`, `encoded_bytes`
         long) with offsets in [start, end); returns how many."""
-        records = batch.records
+        total = entry_record_count(batch)
         first = max(start - base_offset, 0)
-        last = min(end - base_offset, len(records))
+        last = min(end - base_offset, total)
         if first >= last:
             return 0
-        taken = records if last - first == len(records) else records[first:last]
-        # any() over map runs in C: true when some record carries its producer's time.
-        create_times = any(map(timestamp_of, taken))
-        self.runs.append(RecordRun(base_offset + first, taken, batch.timestamp_ms, create_times))
+        if isinstance(batch, RecordBlock):
+            block = batch.rows(first, last)
+            run = RecordRun(base_offset + first, block, batch.append_time_ms, block.own_times_ms)
+        else:
+            records = batch.records
+            taken = records if last - first == total else records[first:last]
+            own_times: Int64Array | None = None
+            # any() over map runs in C: true when some record carries its producer's time.
+            if any(map(timestamp_of, taken)):
+                own_times = np.fromiter(map(timestamp_of, taken), np.int64, len(taken))
+            run = RecordRun(base_offset + first, taken, batch.timestamp_ms, own_times)
+        self.runs.append(run)
         self.count += last - first
-        self.encoded_bytes += encoded_bytes * (last - first) // len(records)
+        self.encoded_bytes += encoded_bytes * (last - first) // total
         return last - first
 
     def full(self, rows_max: int, bytes_max: int) -> bool:
@@ -227,12 +265,30 @@ class RecordColumns:
         """Everything gathered so far as one Arrow batch (ARROW_SCHEMA, or without the
         headers column unless they are included); starts afresh."""
         count = self.count
-        records = list(chain.from_iterable(run.records for run in self.runs))
-        require(len(records) == count, "gathered %d records, counted %d", len(records), count)
+        keys: list[pa.Array] = []
+        values: list[pa.Array] = []
+        headers: list[pa.Array] = []
+        for scanned, group in groupby(self.runs, key=_is_scanned):
+            runs = list(group)
+            if scanned:
+                blocks = [cast(RecordBlock, run.records) for run in runs]
+                keys.append(blocks_binary([(len(block), block.keys) for block in blocks]))
+                values.append(blocks_binary([(len(block), block.values) for block in blocks]))
+                if self.include_headers:
+                    size = sum(len(block) for block in blocks)
+                    headers.append(pa.nulls(size, pa.list_(HEADER_ARROW_TYPE)))
+                continue
+            records = list(
+                chain.from_iterable(cast(list[StoredRecord], run.records) for run in runs)
+            )
+            keys.append(key_column(records))
+            values.append(binary_array(list(map(value_of, records))))
+            if self.include_headers:
+                headers.append(headers_column(records))
         timestamps, timestamp_types = self.timestamp_columns()
         columns = [
-            key_column(records),
-            binary_array(list(map(value_of, records))),
+            concatenated(keys, pa.binary()),
+            concatenated(values, pa.binary()),
             repeated_string(self.topic, count),
             pa.repeat(pa.scalar(self.partition, pa.int32()), count),
             pa.array(self.offset_column(), pa.int64()),
@@ -241,40 +297,78 @@ class RecordColumns:
         ]
         schema = ARROW_SCHEMA_WITHOUT_HEADERS
         if self.include_headers:
-            columns.append(headers_column(records))
+            columns.append(concatenated(headers, pa.list_(HEADER_ARROW_TYPE)))
             schema = ARROW_SCHEMA
+        require(len(columns[1]) == count, "gathered %d records, counted %d", len(columns[1]), count)
         batch = pa.RecordBatch.from_arrays(columns, schema=schema)
         self.clear()
         return batch
 
-    def offset_column(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+    def offset_column(self) -> Int64Array:
         runs = self.runs
         if not runs:
             return np.zeros(0, np.int64)
         first = runs[0].first_offset
-        if runs[-1].first_offset + len(runs[-1].records) - first == self.count:
+        if runs[-1].first_offset + runs[-1].count - first == self.count:
             return np.arange(first, first + self.count, dtype=np.int64)  # no gap: one range
         return np.concatenate(
-            [np.arange(run.first_offset, run.first_offset + len(run.records)) for run in runs]
+            [np.arange(run.first_offset, run.first_offset + run.count) for run in runs]
         )
 
     def timestamp_columns(self) -> tuple[pa.Array, pa.Array]:
         """(timestamp, timestampType): a record's own time (CreateTime) when its producer
         set one, else the leader's stamp on its entry (LogAppendTime)."""
         runs = self.runs
-        sizes = [len(run.records) for run in runs]
+        sizes = [run.count for run in runs]
         times_ms = np.repeat(np.array([run.append_time_ms for run in runs], np.int64), sizes)
         types = np.full(self.count, TIMESTAMP_TYPE_LOG_APPEND_TIME, np.int32)
         start = 0
         for run, size in zip(runs, sizes, strict=True):
-            if run.create_times:  # rare: only then is a record's own time read
-                own = np.fromiter(map(timestamp_of, run.records), np.int64, size)
+            own = run.own_times_ms
+            if own is not None:  # only then are a record's own times looked at
                 created = own != 0
                 times_ms[start : start + size][created] = own[created]
                 types[start : start + size][created] = TIMESTAMP_TYPE_CREATE_TIME
             start += size
         microseconds = times_ms * MICROSECONDS_PER_MILLISECOND
         return pa.array(microseconds, TIMESTAMP_ARROW_TYPE), pa.array(types, pa.int32())
+
+
+def _is_scanned(run: RecordRun) -> bool:
+    return isinstance(run.records, RecordBlock)
+
+
+def concatenated(parts: list[pa.Array], arrow_type: pa.DataType) -> pa.Array:
+    if not parts:
+        return pa.array([], arrow_type)
+    return parts[0] if len(parts) == 1 else pa.concat_arrays(parts)
+
+
+def blocks_binary(blocks: list[tuple[int, Bytes2D | None]]) -> pa.Array:
+    """A binary Arrow array from (row count, rows of bytes or None: that many nulls) pairs:
+    the rows are copied once, into the array's data buffer."""
+    count = sum(size for size, _ in blocks)
+    if all(rows is None for _, rows in blocks):
+        return pa.nulls(count, pa.binary())
+    widths = [0 if rows is None else rows.shape[1] for _, rows in blocks]
+    lengths = np.repeat(np.array(widths, np.int64), [size for size, _ in blocks])
+    ends = np.empty(count + 1, np.int64)
+    ends[0] = 0
+    np.cumsum(lengths, out=ends[1:])
+    require(ends[-1] <= BINARY_OFFSET_MAX, "%d bytes for one binary array", int(ends[-1]))
+    data = np.empty(int(ends[-1]), np.uint8)
+    position = 0
+    for (size, rows), width in zip(blocks, widths, strict=True):
+        if rows is not None:
+            data[position : position + size * width].reshape(size, width)[...] = rows
+            position += size * width
+    validity = None
+    null_count = sum(size for size, rows in blocks if rows is None)
+    if null_count:
+        present = np.repeat([rows is not None for _, rows in blocks], [size for size, _ in blocks])
+        validity = pa.py_buffer(np.packbits(present, bitorder="little"))
+    buffers = [validity, pa.py_buffer(ends.astype(np.int32)), pa.py_buffer(data)]
+    return pa.Array.from_buffers(pa.binary(), count, buffers, null_count=null_count)
 
 
 def key_column(records: list[StoredRecord]) -> pa.Array:

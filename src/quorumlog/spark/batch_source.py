@@ -20,7 +20,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from quorumlog.codec.wire import FetchResult
 from quorumlog.errors import UnavailableError
-from quorumlog.spark.arrow import RecordColumns, StoredRecordBatch, decode_stored_batch
+from quorumlog.spark.arrow import RecordColumns, StoredEntry, decode_entry, entry_record_count
 from quorumlog.spark.cluster import ClusterAccess
 from quorumlog.spark.errors import DataLossError, OptionError
 from quorumlog.spark.offsets import (
@@ -195,7 +195,7 @@ def read_range(
         yield columns.take()
 
 
-DecodedEntry = tuple[int, StoredRecordBatch, int, int]
+DecodedEntry = tuple[int, StoredEntry, int, int]
 """(base offset, decoded entry, first offset to take from it, encoded bytes)."""
 
 
@@ -204,9 +204,9 @@ def decode_answer(result: FetchResult, offset: int, end: int) -> tuple[list[Deco
     offset after the last record of [offset, end) the answer holds."""
     entries: list[DecodedEntry] = []
     for fetched in result.batches:
-        batch = decode_stored_batch(fetched.data)
+        batch = decode_entry(fetched.data)
         entries.append((fetched.base_offset, batch, offset, len(fetched.data)))
-        offset = max(offset, min(end, fetched.base_offset + len(batch.records)))
+        offset = max(offset, min(end, fetched.base_offset + entry_record_count(batch)))
     return entries, offset
 
 
