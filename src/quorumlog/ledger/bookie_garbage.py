@@ -105,8 +105,11 @@ class BookieGarbageCollector:
         settings: GarbageSettings | None = None,
         credentials: CredentialsSource | None = None,
         tls: TLSConfig | None = None,
+        on_collected: Callable[[int], None] | None = None,
     ) -> None:
+        """`on_collected`: told how many ledgers each scan that found some dropped."""
         self.bookie = bookie
+        self.on_collected = on_collected
         self.endpoints = endpoints
         """The metadata group's client addresses (read at every scan: they change)."""
         self.cluster_id = cluster_id
@@ -146,6 +149,8 @@ class BookieGarbageCollector:
             self.bookie.handle(wire.DropLedger(GARBAGE_REQUEST_ID, ledger_id), self.dropped)
         self.scans += 1
         self.collected += len(garbage)
+        if garbage and self.on_collected is not None:
+            self.on_collected(len(garbage))
         if garbage:
             log.info("bookie %s collected deleted ledgers %s", self.bookie.bookie_id, garbage)
         return garbage

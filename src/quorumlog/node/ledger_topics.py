@@ -247,11 +247,13 @@ class LedgerTopicService:
         credentials: CredentialsSource | None = None,
         tls: TLSConfig | None = None,
         sweeps: Callable[[], bool] | None = None,
+        on_swept: Callable[[int], None] | None = None,
     ) -> None:
         """`read_local`: a key of this node's copy of the metadata group (possibly behind;
         leases are only watched through it, every change is a CAS through a client);
         `credentials`: the node's own identity when auth is on; `sweeps`: whether this node
-        is the one to sweep deleted topics' leftovers now (the "kv" leader)."""
+        is the one to sweep deleted topics' leftovers now (the "kv" leader); `on_swept`:
+        told how many ledgers each sweep deleted."""
         settings.validate()
         self.node_id = node_id
         self.cluster_id = cluster_id
@@ -267,6 +269,7 @@ class LedgerTopicService:
         self.stopping = False
         self.deletions: set[asyncio.Task[None]] = set()
         self.sweeps = sweeps
+        self.on_swept = on_swept
         self.sweep_task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -502,6 +505,8 @@ class LedgerTopicService:
         except QuorumLogError as error:
             log.info("sweep of deleted topics failed, next time: %s", error)
             return None
+        if swept.ledgers and self.on_swept is not None:
+            self.on_swept(len(swept.ledgers))
         for ledger in swept.ledgers:
             bookies = {bookie for ensemble in ledger.ensembles.values() for bookie in ensemble}
             for bookie_id in sorted(bookies):

@@ -353,6 +353,7 @@ class Node:
             GarbageSettings(interval_seconds=self.settings.bookie_garbage_interval_ms / 1000),
             credentials=self.node_credentials,
             tls=self.settings.tls.dialing_tls(),
+            on_collected=self.observability.metrics.collected_by_bookie,
         )
         self.bookie_garbage.start()
 

@@ -139,6 +139,7 @@ class StreamService:
             node.node_credentials,
             tls=settings.tls.dialing_tls(),
             sweeps=lambda: self.metadata_group().core.is_leader,
+            on_swept=node.observability.metrics.collected_by_sweep,
         )
         self.ha_topics = HATopicService(
             node.node_id,

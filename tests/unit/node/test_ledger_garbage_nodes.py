@@ -230,3 +230,11 @@ async def check_an_unfinished_delete_is_swept(cluster: Cluster) -> None:
         "the bookies to drop the swept ledgers",
     )
     assert dropped
+    counted = sum(
+        node.observability.metrics.registry.get_sample_value(
+            "quorumlog_ledger_garbage_collected_total", {"collector": "sweep"}
+        )
+        or 0.0
+        for node in cluster.nodes
+    )
+    assert counted >= len(ledgers) + 1, "the sweep counts the ledgers it deleted"
