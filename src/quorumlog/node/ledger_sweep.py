@@ -1,4 +1,5 @@
-"""The sweep: remove what deleted ledger topics left in the metadata group.
+"""The sweep: remove what deleted ledger topics left in the metadata group, and the
+ledgers no live topic will ever list.
 
 A deleted topic's owner deletes its partitions' ledgers, ledger lists (`__managed/<name>`)
 and leases (`__owners/<name>`), retrying a few times. A node that stopped in the middle,
@@ -20,6 +21,15 @@ Why a live topic is never swept (`sweep_deleted_topics`, in this order):
 2. Before anything of a name is deleted, its topic's descriptor is read again on its own
    (linearizably): a name whose topic is there after all is kept.
 
+Orphans of a live topic: a ledger that names a managed ledger whose topic lives, that its
+record does not list, and whose `managed.epoch` property is below the record's owner
+epoch. Its creator's compare-and-set would have stored the record with that lower epoch,
+over a version it had read; the record's versions only go up and its epoch never goes
+down, so a record at a higher epoch means that write can never succeed: nobody will ever
+list the ledger (an owner that crashed between creating it and listing it, whose successor
+took over). A ledger of the current epoch is left alone (its owner may be about to list
+it), and so is one without the property (written by an older release).
+
 Ledgers go first (metadata deleted; the caller asks their bookies to drop them, and a
 bookie that misses it collects them itself, ledger/bookie_garbage.py), then the record,
 then the lease, each by compare-and-set against the value just read, so a write in between
@@ -35,7 +45,12 @@ import msgspec
 
 from quorumlog.errors import LedgerMetadataFormatError, LedgerNotFoundError
 from quorumlog.kv.internal_keys import internal_keys
-from quorumlog.ledger.managed_format import MANAGED_PREFIX, TOPIC_PROPERTY, decode_record
+from quorumlog.ledger.managed_format import (
+    EPOCH_PROPERTY,
+    MANAGED_PREFIX,
+    TOPIC_PROPERTY,
+    decode_record,
+)
 from quorumlog.ledger.metadata import LedgerMetadata
 from quorumlog.ledger.metadata_kv import KeyValueStore, KVMetadataStore
 from quorumlog.ledger.ownership import OWNER_PREFIX
@@ -97,19 +112,28 @@ def read_topic(kv: KeyValueStore, topic: str) -> dict[str, int]:
         return {topic: UNKNOWN_CREATED_MS}
 
 
-def ledgers_by_name(kv: KeyValueStore) -> dict[str, list[int]]:
+class NamedLedger(msgspec.Struct, frozen=True):
+    ledger_id: int
+    epoch: int | None
+    """Its `managed.epoch` property (None: absent or not a number)."""
+
+
+def ledgers_by_name(kv: KeyValueStore) -> dict[str, list[NamedLedger]]:
     """Managed-ledger name -> the ledgers whose metadata names it (`managed.name`)."""
-    found: dict[str, list[int]] = {}
+    found: dict[str, list[NamedLedger]] = {}
     for key, value in kv.scan_prefix(LEDGER_PREFIX):
         ledger_id = ledger_id_of_key(key)
         if ledger_id is None:
             continue
         try:
-            name = decode_ledger_value(value).properties.get(TOPIC_PROPERTY)
+            properties = decode_ledger_value(value).properties
         except LedgerMetadataFormatError:
             continue
+        name = properties.get(TOPIC_PROPERTY)
+        epoch = properties.get(EPOCH_PROPERTY, "")
         if name is not None:
-            found.setdefault(name, []).append(ledger_id)
+            parsed = int(epoch) if epoch.isascii() and epoch.isdigit() else None
+            found.setdefault(name, []).append(NamedLedger(ledger_id, parsed))
     return found
 
 
@@ -127,17 +151,41 @@ def sweep_deleted_topics(kv: KeyValueStore, metadata: KVMetadataStore) -> SweptG
     deleted: list[LedgerMetadata] = []
     for name in sorted(names):
         if not incarnation_gone(name, topics):
+            deleted += delete_ledgers(metadata, orphans(kv, name, ledgers.get(name, [])))
             continue
         incarnation = incarnation_of(name)
         if incarnation is None or not incarnation_gone(name, read_topic(kv, incarnation[0])):
             continue  # the second read: present after all
-        deleted += delete_ledgers(metadata, listed_ledgers(kv, name) + ledgers.get(name, []))
+        named = [ledger.ledger_id for ledger in ledgers.get(name, [])]
+        deleted += delete_ledgers(metadata, listed_ledgers(kv, name) + named)
         delete_key(kv, MANAGED_PREFIX + name)
         delete_key(kv, OWNER_PREFIX + name)
         swept.append(name)
-    if swept:
-        log.info("swept deleted topics' ledgers %s (%d ledgers)", swept, len(deleted))
+    if swept or deleted:
+        log.info("swept deleted topics %s and %d ledgers", swept, len(deleted))
     return SweptGarbage(swept, deleted)
+
+
+def orphans(kv: KeyValueStore, name: str, named: list[NamedLedger]) -> list[int]:
+    """The ledgers of a live managed ledger that its record will never list (see the
+    module docs); the record is read after the ledgers were listed."""
+    if not named:
+        return []
+    value = kv.get(MANAGED_PREFIX + name)
+    if value is None:
+        return []  # its first owner may be about to store it
+    try:
+        record = decode_record(value)
+    except LedgerMetadataFormatError:
+        return []
+    listed = {ledger.ledger_id for ledger in record.ledgers}
+    return [
+        ledger.ledger_id
+        for ledger in named
+        if ledger.ledger_id not in listed
+        and ledger.epoch is not None
+        and ledger.epoch < record.owner_epoch
+    ]
 
 
 def listed_ledgers(kv: KeyValueStore, name: str) -> list[int]:

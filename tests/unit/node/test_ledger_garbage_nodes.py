@@ -5,7 +5,8 @@
 - a topic whose owner never finished deleting it (as if killed in the middle) leaves its
   ledger list, lease and ledgers, plus a ledger no list names: the "kv" leader's sweep
   removes them all (node/ledger_sweep.py);
-- meanwhile a live topic keeps every ledger, and every record reads back.
+- a live topic's ledger from an owner epoch its record is past (never to be listed) is
+  swept too; the live topic keeps every ledger it lists, and every record reads back.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TypeVar
 
 from quorumlog.kv.client import KVClient
 from quorumlog.ledger.managed_format import (
+    EPOCH_PROPERTY,
     TOPIC_PROPERTY,
     decode_record,
     managed_ledger_key,
@@ -125,6 +127,10 @@ class Cluster:
             [] if value is None else [ledger.ledger_id for ledger in decode_record(value).ledgers]
         )
 
+    def ledger_exists(self, ledger_id: int) -> bool:
+        with KVClient(self.endpoints, timeout=5.0) as client:
+            return KVMetadataStore(client).ledger_exists(ledger_id)
+
     def leftovers(self, name: str, ledger_ids: list[int]) -> list[str]:
         """Which of the name's keys and ledgers' metadata are still there."""
         with KVClient(self.endpoints, timeout=5.0) as client:
@@ -132,15 +138,19 @@ class Cluster:
             keys = [key for key in (managed_ledger_key(name), owner_key(name)) if client.get(key)]
             return keys + [f"ledger {i}" for i in ledger_ids if store.ledger_exists(i)]
 
-    def orphan_ledger(self, name: str) -> int:
-        """A ledger naming `name` that no list holds: its owner crashed before listing it."""
+    def orphan_ledger(self, name: str, epoch: int | None = None) -> int:
+        """A ledger naming `name` that no list holds: its owner (of `epoch`) crashed before
+        listing it."""
+        properties = {TOPIC_PROPERTY: name}
+        if epoch is not None:
+            properties[EPOCH_PROPERTY] = str(epoch)
         with KVClient(self.endpoints, timeout=5.0) as client:
             metadata = new_ledger_metadata(
                 ensemble=["b0"],
                 write_quorum_size=1,
                 ack_quorum_size=1,
                 password=b"",
-                properties={TOPIC_PROPERTY: name},
+                properties=properties,
             )
             return KVMetadataStore(client).create_ledger(metadata).ledger_id
 
@@ -175,7 +185,10 @@ def test_deleted_topics_ledgers_are_collected_by_bookies_and_by_the_sweep(tmp_pa
             assert all(len(ledgers) >= 2 for ledgers in held.values()), held
             await check_a_bookie_down_during_a_delete(cluster)
             await check_an_unfinished_delete_is_swept(cluster)
-            # Every scan and sweep so far left the live topic alone.
+            # A ledger of the live topic from an owner epoch its record is past: swept.
+            orphan = await asyncio.to_thread(cluster.orphan_ledger, live, 0)
+            await eventually(lambda: not cluster.ledger_exists(orphan), "the orphan to go")
+            # Every scan and sweep so far left the live topic's own ledgers alone.
             assert await asyncio.to_thread(cluster.read, "gc-live", len(values)) == values
             for bookie_id, ledgers in held.items():
                 assert ledgers <= cluster.local_ledgers(bookie_id), bookie_id

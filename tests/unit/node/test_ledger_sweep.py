@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from quorumlog.codec import wire
 from quorumlog.ledger.managed_format import (
+    EPOCH_PROPERTY,
     TOPIC_PROPERTY,
     ManagedLedgerInfo,
     ManagedLedgerRecord,
@@ -42,12 +43,26 @@ def add_partition(
     """A managed ledger's record listing `listed` new ledgers, its lease, and `orphans`
     more ledgers naming it that the record does not list; every ledger id."""
     ids = [create_ledger(store, name) for _ in range(listed + orphans)]
-    infos = [ManagedLedgerInfo(ledger_id=ledger_id, first_offset=0) for ledger_id in ids[:listed]]
+    infos = ledger_list(ids[:listed])
     kv.data[managed_ledger_key(name)] = encode_record(
         ManagedLedgerRecord(name=name, owner_epoch=1, owner="n1", ledgers=infos)
     )
     kv.data[owner_key(name)] = encode_lease(OwnerLease("n1", epoch=1))
     return ids
+
+
+def ledger_list(ledger_ids: list[int]) -> list[ManagedLedgerInfo]:
+    """A well-formed list: one entry in each closed ledger, the last one open."""
+    last = len(ledger_ids) - 1
+    return [
+        ManagedLedgerInfo(
+            ledger_id=ledger_id,
+            first_offset=position,
+            closed=position < last,
+            last_entry_id=0 if position < last else -1,
+        )
+        for position, ledger_id in enumerate(ledger_ids)
+    ]
 
 
 def create_ledger(store: KVMetadataStore, name: str) -> int:
@@ -135,3 +150,41 @@ def test_a_ledger_that_no_record_lists_is_swept_by_the_name_in_its_metadata() ->
         [ledger_id],
     )
     assert ledger_key(ledger_id) not in kv.data
+
+
+def create_stamped(store: KVMetadataStore, name: str, epoch: int | None) -> int:
+    properties = {TOPIC_PROPERTY: name}
+    if epoch is not None:
+        properties[EPOCH_PROPERTY] = str(epoch)
+    metadata = new_ledger_metadata(
+        ensemble=["b1"], write_quorum_size=1, ack_quorum_size=1, password=b"", properties=properties
+    )
+    return store.create_ledger(metadata).ledger_id
+
+
+def test_a_live_topics_ledger_from_an_earlier_owner_epoch_that_no_record_lists_is_swept() -> None:
+    kv = DictKV()
+    store = KVMetadataStore(kv)
+    add_topic(kv, "live", 5)
+    name = "live@5/0"
+    listed = [create_stamped(store, name, 1), create_stamped(store, name, 2)]
+    orphan = create_stamped(store, name, 1)  # its owner crashed before listing it
+    pending = create_stamped(store, name, 2)  # the current owner may be listing it now
+    older_release = create_stamped(store, name, None)
+    infos = ledger_list(listed)
+    kv.data[managed_ledger_key(name)] = encode_record(
+        ManagedLedgerRecord(name=name, owner_epoch=2, owner="n2", ledgers=infos)
+    )
+    swept = sweep_deleted_topics(kv, store)
+    assert (swept.names, [ledger.ledger_id for ledger in swept.ledgers]) == ([], [orphan])
+    assert sorted(store.list_ledgers()) == sorted([*listed, pending, older_release])
+    assert managed_ledger_key(name) in kv.data
+
+
+def test_a_live_topics_unlisted_ledger_is_kept_while_there_is_no_record() -> None:
+    kv = DictKV()
+    store = KVMetadataStore(kv)
+    add_topic(kv, "live", 5)
+    ledger_id = create_stamped(store, "live@5/0", 1)  # the first owner's, before its record
+    assert sweep_deleted_topics(kv, store).ledgers == []
+    assert store.list_ledgers() == [ledger_id]
