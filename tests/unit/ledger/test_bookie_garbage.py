@@ -4,9 +4,13 @@ it is absent from the metadata listing, and still absent when read again on its 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+from collections.abc import Callable, Iterable
+from typing import cast
 
-from quorumlog.ledger.bookie_garbage import ledgers_to_collect
+from quorumlog.codec import wire
+from quorumlog.kv.client import KVClient
+from quorumlog.ledger.bookie_garbage import BookieGarbageCollector, ledgers_to_collect
 from quorumlog.ledger.metadata_kv import KVMetadataStore
 from quorumlog.ledger.registry import NEXT_LEDGER_ID_KEY, ledger_key
 from tests.unit.ledger.test_managed_kv import DictKV
@@ -70,3 +74,68 @@ def test_the_kv_store_reads_the_counter_as_the_watermark() -> None:
     assert store.allocated_id_watermark() == 7
     assert store.ledger_exists(3)
     assert not store.ledger_exists(4)
+
+
+class FakeBookie:
+    """A bookie's ledger list; the drops asked of it, answered at once."""
+
+    bookie_id = "b1"
+
+    def __init__(self, ledger_ids: list[int]) -> None:
+        self.ledgers = list(ledger_ids)
+        self.drops: list[int] = []
+
+    def ledger_ids(self) -> list[int]:
+        return list(self.ledgers)
+
+    def handle(self, request: object, reply: Callable[[object], None]) -> None:
+        assert isinstance(request, wire.DropLedger)
+        self.drops.append(request.ledger_id)
+        reply(wire.Done(request.request_id))
+
+
+class CollectorOnDict(BookieGarbageCollector):
+    """The shipped collector with its KV client replaced by an in-memory KV."""
+
+    def __init__(self, bookie: FakeBookie, kv: DictKV, collected: list[int]) -> None:
+        super().__init__(
+            bookie, lambda: ["127.0.0.1:1"], "quorumlog", on_collected=collected.append
+        )
+        self.kv = kv
+
+    def new_client(self, endpoints: list[str]) -> KVClient:
+        return cast(KVClient, self.kv)
+
+
+def test_a_scan_drops_the_collected_ledgers_through_the_bookie_and_counts_them() -> None:
+    kv = DictKV()
+    kv.data[NEXT_LEDGER_ID_KEY] = "5"
+    kv.data[ledger_key(1)] = "metadata"
+    bookie = FakeBookie([1, 2, 5])
+    collected: list[int] = []
+    collector = CollectorOnDict(bookie, kv, collected)
+
+    async def scan() -> list[int]:
+        collector.worker.start()
+        try:
+            return await collector.scan()
+        finally:
+            await collector.stop()
+
+    assert asyncio.run(scan()) == [2]
+    assert (bookie.drops, collected, collector.collected) == ([2], [1], 1)
+
+
+def test_a_scan_without_metadata_drops_nothing() -> None:
+    bookie = FakeBookie([1, 2])
+    collector = BookieGarbageCollector(bookie, lambda: [], "quorumlog")
+
+    async def scan() -> list[int]:
+        collector.worker.start()
+        try:
+            return await collector.scan()
+        finally:
+            await collector.stop()
+
+    assert asyncio.run(scan()) == []
+    assert (bookie.drops, collector.scans) == ([], 0)
