@@ -17,6 +17,9 @@ ledgers"): each partition a managed ledger (ledger/managed.py), written by one o
   the ledger list shows.
 - A clean stop closes the managed ledgers (so the next owner needs no recovery) and hands
   each lease to the next candidate, which then takes it without waiting for it to go stale.
+- Whatever a deleted topic leaves behind (a delete cut short, a ledger created and never
+  listed) is removed by the sweep (node/ledger_sweep.py), which the "kv" group's leader
+  runs every `sweep_seconds`.
 """
 
 from __future__ import annotations
