@@ -62,6 +62,10 @@ class BookieServer:
     def ledger_count(self) -> int:
         return len(self.storage.ledger_ids())
 
+    def ledger_ids(self) -> list[int]:
+        """The ledgers stored here, by id."""
+        return self.storage.ledger_ids()
+
     @property
     def journal_bytes(self) -> int:
         return self.storage.bytes_on_disk

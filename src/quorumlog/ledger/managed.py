@@ -67,6 +67,7 @@ from quorumlog.errors import (
 from quorumlog.ledger.driver import DriverWriter, LedgerDriver
 from quorumlog.ledger.managed_format import (
     ENTRY_FORMAT_WRITTEN,
+    EPOCH_PROPERTY,
     PRODUCERS_PROPERTY,
     SLICE_BYTES_MAX,
     SLICE_RECORDS_MAX,
@@ -428,6 +429,7 @@ class ManagedLedger:
             return
         properties = {
             TOPIC_PROPERTY: self.name,
+            EPOCH_PROPERTY: str(self.epoch_written(take_over)),
             PRODUCERS_PROPERTY: encode_producer_table(
                 self.producers, config.snapshot_producers_max
             ),
@@ -444,6 +446,13 @@ class ManagedLedger:
             lambda created: self.add_ledger(created, take_over, closed),
             self.fail,
         )
+
+    def epoch_written(self, take_over: bool) -> int:
+        """The owner epoch the record will hold if the change adding the next ledger is
+        stored (as `add_ledger` computes it: this owner's changes never move the epoch
+        but the take-over's own)."""
+        epoch = 0 if self.record is None else self.record.owner_epoch
+        return epoch + 1 if take_over else epoch
 
     def add_ledger(
         self, created: LedgerMetadata, take_over: bool, closed: ManagedLedgerInfo | None
@@ -464,6 +473,9 @@ class ManagedLedger:
                 )
             )
             epoch = record.owner_epoch + 1 if take_over else record.owner_epoch
+            # The sweep trusts the ledger's epoch property (managed_format.EPOCH_PROPERTY).
+            stamped = created.properties.get(EPOCH_PROPERTY)
+            require(stamped == str(epoch), "a ledger stamped with another owner epoch")
             return record.updated(ledgers=ledgers, owner_epoch=epoch, owner=owner)
 
         def stored(record: ManagedLedgerRecord) -> None:

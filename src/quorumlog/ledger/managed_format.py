@@ -71,6 +71,10 @@ PRODUCERS_PROPERTY = "managed.producers"
 """Ledger metadata property: the producer table before the ledger's first entry."""
 TOPIC_PROPERTY = "managed.name"
 """Ledger metadata property: the managed ledger a ledger belongs to (finds orphans)."""
+EPOCH_PROPERTY = "managed.epoch"
+"""Ledger metadata property: the owner epoch of the record that its creator's
+compare-and-set would store with it (decimal). Once the record holds a higher epoch that
+write can never succeed, so a ledger the record does not list is an orphan for good."""
 
 
 def managed_ledger_name(topic: str, partition: int) -> str:

@@ -129,6 +129,16 @@ class KVMetadataStore:
                 return
         raise LedgerError(f"ledger {ledger_id}: metadata kept changing under us")
 
+    def allocated_id_watermark(self) -> int:
+        """Every ledger id below this has been handed out (its metadata may still be on its
+        way); no id at or above it has. Read linearizably."""
+        current = self.kv.get(NEXT_LEDGER_ID_KEY)
+        return int(current) if current is not None else 0
+
+    def ledger_exists(self, ledger_id: int) -> bool:
+        """Whether the ledger's metadata is there now (a linearizable read)."""
+        return self.kv.get(ledger_key(ledger_id)) is not None
+
     def list_ledgers(self) -> list[int]:
         ids = (ledger_id_of_key(key) for key, _ in self.kv.scan_prefix(LEDGER_PREFIX))
         return sorted(ledger_id for ledger_id in ids if ledger_id is not None)

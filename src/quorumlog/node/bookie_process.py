@@ -14,6 +14,11 @@ from collections.abc import Callable
 
 import msgspec
 
+from quorumlog.ledger.bookie_garbage import (
+    GARBAGE_INTERVAL_SECONDS_DEFAULT,
+    BookieGarbageCollector,
+    GarbageSettings,
+)
 from quorumlog.ledger.bookie_registration import BookieRegistrar, RegistrationSettings
 from quorumlog.ledger.bookie_server import BookieServer
 from quorumlog.ledger.registry import BOOKIE_HEARTBEAT_SECONDS
@@ -39,6 +44,9 @@ class BookieProcessSettings(msgspec.Struct, frozen=True):
     tls: NodeTLS = NodeTLS()
     """TLS of the bookie's listener (clients reach it as they reach a node) and of its
     registration writes to the metadata nodes (as the node's dialing side)."""
+    garbage_interval_ms: int = int(GARBAGE_INTERVAL_SECONDS_DEFAULT * 1000)
+    """How often the bookie drops the ledgers whose metadata was deleted
+    (ledger/bookie_garbage.py)."""
 
 
 class BookieProcess:
@@ -48,6 +56,7 @@ class BookieProcess:
         self.settings = settings
         self.server: BookieServer | None = None
         self.registrar: BookieRegistrar | None = None
+        self.garbage: BookieGarbageCollector | None = None
         self.port = 0
         self.address = ""
 
@@ -74,6 +83,14 @@ class BookieProcess:
             tls=settings.tls.dialing_tls(),
         )
         self.registrar.start()
+        self.garbage = BookieGarbageCollector(
+            self.server,
+            lambda: metadata,
+            settings.cluster_id,
+            GarbageSettings(interval_seconds=settings.garbage_interval_ms / 1000),
+            tls=settings.tls.dialing_tls(),
+        )
+        self.garbage.start()
         log.info(
             "bookie %s listening on %s (data in %s, metadata at %s)",
             settings.bookie_id,
@@ -86,6 +103,8 @@ class BookieProcess:
     async def stop(self) -> None:
         if self.registrar is not None:
             await self.registrar.stop()
+        if self.garbage is not None:
+            await self.garbage.stop()
         if self.server is not None:
             await self.server.close()
 

@@ -17,6 +17,9 @@ ledgers"): each partition a managed ledger (ledger/managed.py), written by one o
   the ledger list shows.
 - A clean stop closes the managed ledgers (so the next owner needs no recovery) and hands
   each lease to the next candidate, which then takes it without waiting for it to go stale.
+- Whatever a deleted topic leaves behind (a delete cut short, a ledger created and never
+  listed) is removed by the sweep (node/ledger_sweep.py), which the "kv" group's leader
+  runs every `sweep_seconds`.
 """
 
 from __future__ import annotations
@@ -61,6 +64,11 @@ from quorumlog.ledger.ownership import (
     owner_key,
     taken_lease,
 )
+from quorumlog.node.ledger_sweep import (
+    SWEEP_INTERVAL_SECONDS_DEFAULT,
+    SweptGarbage,
+    sweep_deleted_topics,
+)
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.group import AsyncioScheduler, completion_future
 from quorumlog.runtime.transport import Replier
@@ -93,12 +101,16 @@ class LedgerTopicSettings(msgspec.Struct, frozen=True, kw_only=True):
     metadata_timeout_seconds: float = 10.0
     close_wait_seconds: float = 2.0
     """How long a clean stop waits for its managed ledgers to close."""
+    sweep_seconds: float = SWEEP_INTERVAL_SECONDS_DEFAULT
+    """How often the sweeping node removes what deleted topics left (node/ledger_sweep.py)."""
 
     def validate(self) -> None:
         if self.renew_seconds <= 0 or self.stale_seconds <= self.renew_seconds:
             raise ValueError("need 0 < renew_seconds < stale_seconds")
         if self.rollover_records_max < 1:
             raise ValueError("rollover_records_max must be >= 1")
+        if not self.sweep_seconds > 0:
+            raise ValueError("sweep_seconds must be > 0")
 
 
 @dataclass
@@ -237,10 +249,14 @@ class LedgerTopicService:
         address_of: Callable[[str | None], str | None],
         credentials: CredentialsSource | None = None,
         tls: TLSConfig | None = None,
+        sweeps: Callable[[], bool] | None = None,
+        on_swept: Callable[[int], None] | None = None,
     ) -> None:
         """`read_local`: a key of this node's copy of the metadata group (possibly behind;
         leases are only watched through it, every change is a CAS through a client);
-        `credentials`: the node's own identity when auth is on."""
+        `credentials`: the node's own identity when auth is on; `sweeps`: whether this node
+        is the one to sweep deleted topics' leftovers now (the "kv" leader); `on_swept`:
+        told how many ledgers each sweep deleted."""
         settings.validate()
         self.node_id = node_id
         self.cluster_id = cluster_id
@@ -255,6 +271,14 @@ class LedgerTopicService:
         self.task: asyncio.Task[None] | None = None
         self.stopping = False
         self.deletions: set[asyncio.Task[None]] = set()
+        self.sweeps = sweeps
+        self.on_swept = on_swept
+        self.sweep_task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start sweeping (see `sweep_forever`); hosting starts with the first topic."""
+        if self.sweeps is not None and self.sweep_task is None and not self.stopping:
+            self.sweep_task = asyncio.create_task(self.sweep_forever())
 
     # --- hosting ---------------------------------------------------------------------------
 
@@ -466,6 +490,32 @@ class LedgerTopicService:
                 continue
             managed.trim().add_done_callback(functools.partial(trimmed, part.name))
 
+    # --- sweeping --------------------------------------------------------------------------
+
+    async def sweep_forever(self) -> None:
+        while not self.stopping:
+            await asyncio.sleep(self.settings.sweep_seconds)
+            if self.sweeps is not None and self.sweeps():
+                await self.sweep()
+
+    async def sweep(self) -> SweptGarbage | None:
+        """One sweep (node/ledger_sweep.py), then each deleted ledger's bookies are asked
+        to drop it; None when the metadata group did not answer (the next one tries)."""
+        parts = self.ensure_parts()
+        job = functools.partial(sweep_deleted_topics, parts.ledger_kv, parts.metadata)
+        try:
+            swept = await completion_future(parts.call(job))
+        except QuorumLogError as error:
+            log.info("sweep of deleted topics failed, next time: %s", error)
+            return None
+        if swept.ledgers and self.on_swept is not None:
+            self.on_swept(len(swept.ledgers))
+        for ledger in swept.ledgers:
+            bookies = {bookie for ensemble in ledger.ensembles.values() for bookie in ensemble}
+            for bookie_id in sorted(bookies):
+                parts.drop_ledger(bookie_id, ledger.ledger_id)
+        return swept
+
     # --- requests --------------------------------------------------------------------------
 
     def owner_hint(self, part: LedgerPartition) -> tuple[str | None, str | None]:
@@ -611,6 +661,8 @@ class LedgerTopicService:
         self.stopping = True
         if self.task is not None:
             self.task.cancel()
+        if self.sweep_task is not None:
+            self.sweep_task.cancel()
         for deletion in self.deletions:
             deletion.cancel()
         closing = [

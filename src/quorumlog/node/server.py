@@ -50,6 +50,11 @@ from quorumlog.errors import QuorumLogError
 from quorumlog.ha.controller_machine import BROKER_HEARTBEAT_TIMEOUT_MS_DEFAULT, HAControllerMachine
 from quorumlog.kv.connection import parse_endpoint
 from quorumlog.kv.machine import KVStateMachine
+from quorumlog.ledger.bookie_garbage import (
+    GARBAGE_INTERVAL_SECONDS_DEFAULT,
+    BookieGarbageCollector,
+    GarbageSettings,
+)
 from quorumlog.ledger.bookie_registration import BookieRegistrar, RegistrationSettings
 from quorumlog.ledger.bookie_server import BookieServer
 from quorumlog.ledger.registry import BOOKIE_HEARTBEAT_SECONDS
@@ -63,6 +68,7 @@ from quorumlog.node.ha_controller_service import (
     HAControllerService,
 )
 from quorumlog.node.kv_service import KVLimits, KVService
+from quorumlog.node.ledger_sweep import SWEEP_INTERVAL_SECONDS_DEFAULT
 from quorumlog.node.offsets_import import KVPreviousOffsets
 from quorumlog.node.peer_requests import AsyncioPeerRequests, PeerRequester
 from quorumlog.node.preferred_leaders import PreferredLeaders
@@ -152,6 +158,12 @@ class NodeSettings(msgspec.Struct, frozen=True):
     """TLS for peers and clients (etcd's flags; tls/config.py says what each side uses)."""
     heartbeat_ticks: int = 1
     """A leader's heartbeat interval in ticks (`--heartbeat-interval-ms`; raft_timing.py)."""
+    bookie_garbage_interval_ms: int = int(GARBAGE_INTERVAL_SECONDS_DEFAULT * 1000)
+    """How often the bookie drops the ledgers whose metadata was deleted (BookKeeper's
+    gcWaitTime; ledger/bookie_garbage.py)."""
+    ledger_sweep_interval_ms: int = int(SWEEP_INTERVAL_SECONDS_DEFAULT * 1000)
+    """Ledger topics: how often the "kv" leader removes what deleted topics left behind
+    (node/ledger_sweep.py)."""
 
 
 class Node:
@@ -186,6 +198,7 @@ class Node:
         self.unknown_group_messages = 0
         self.bookie: BookieServer | None = None
         self.registrar: BookieRegistrar | None = None
+        self.bookie_garbage: BookieGarbageCollector | None = None
         self.ha_controller: HAControllerService | None = None
         self.group_coordinator: GroupCoordinatorService | None = None
         self.previous_offsets: KVPreviousOffsets | None = None
@@ -333,6 +346,16 @@ class Node:
             tls=self.settings.tls.dialing_tls(),
         )
         self.registrar.start()
+        self.bookie_garbage = BookieGarbageCollector(
+            self.bookie,
+            self.metadata_endpoints,
+            self.settings.cluster_id,
+            GarbageSettings(interval_seconds=self.settings.bookie_garbage_interval_ms / 1000),
+            credentials=self.node_credentials,
+            tls=self.settings.tls.dialing_tls(),
+            on_collected=self.observability.metrics.collected_by_bookie,
+        )
+        self.bookie_garbage.start()
 
     def metadata_endpoints(self) -> list[str]:
         """Client addresses of the "kv" group: this node first, then the peers it knows
@@ -473,6 +496,8 @@ class Node:
         if self.registrar is not None:
             # First, while the "kv" group still runs here to take the last write.
             await self.registrar.stop()
+        if self.bookie_garbage is not None:
+            await self.bookie_garbage.stop()
         self.sharded_kv.stop()
         if self.ha_controller is not None:
             self.ha_controller.stop()

@@ -131,12 +131,15 @@ class StreamService:
                 renew_seconds=settings.ledger_owner_renew_ms / 1000,
                 stale_seconds=settings.ledger_owner_stale_ms / 1000,
                 rollover_records_max=settings.ledger_rollover_records,
+                sweep_seconds=settings.ledger_sweep_interval_ms / 1000,
             ),
             metadata.data.get,
             node.metadata_endpoints,
             node.address_of,
             node.node_credentials,
             tls=settings.tls.dialing_tls(),
+            sweeps=lambda: self.metadata_group().core.is_leader,
+            on_swept=node.observability.metrics.collected_by_sweep,
         )
         self.ha_topics = HATopicService(
             node.node_id,
@@ -154,6 +157,7 @@ class StreamService:
 
     def start(self) -> None:
         self.retention_task = asyncio.create_task(self.enforce_retention_forever())
+        self.ledger_topics.start()
         self.schedule_sync()
 
     async def release_ledger_topics(self) -> None:

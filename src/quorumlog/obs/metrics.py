@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -89,10 +89,23 @@ class NodeMetrics:
             buckets=ROUND_TRIP_BUCKETS_SECONDS,
             registry=self.registry,
         )
+        self.ledgers_collected = Counter(
+            "quorumlog_ledger_garbage_collected",
+            "Ledgers of deleted topics removed here: dropped from this node's bookie"
+            ' (collector="bookie"), or their metadata deleted by the sweep (collector="sweep").',
+            ["collector"],
+            registry=self.registry,
+        )
 
     def round_trip(self, peer: str, seconds: float) -> None:
         """A ping on the peer link to `peer` came back after `seconds`."""
         self.round_trip_seconds.labels(peer).observe(seconds)
+
+    def collected_by_bookie(self, ledgers: int) -> None:
+        self.ledgers_collected.labels("bookie").inc(ledgers)
+
+    def collected_by_sweep(self, ledgers: int) -> None:
+        self.ledgers_collected.labels("sweep").inc(ledgers)
 
     def synced(
         self, group: str, log_sync_seconds: float | None, hard_state_seconds: float | None

@@ -17,6 +17,7 @@ from quorumlog.ledger.managed import ManagedLedger, ManagedLedgerConfig
 from quorumlog.ledger.managed_format import (
     ENTRY_FORMAT_V1,
     ENTRY_FORMAT_V3,
+    EPOCH_PROPERTY,
     PRODUCERS_PROPERTY,
     TOPIC_PROPERTY,
     CompressedRecords,
@@ -556,3 +557,22 @@ def test_compressed_batches_are_kept_whole_read_decompressed_and_replayed_by_a_n
     assert world.wait(second.append([], "p", 20, compressed_batch("p", 20, 2))).base_offset == 35
     with pytest.raises(ValueError, match="at least one record"):
         second.append(batch("p", 22, 1), "p", 22, compressed_batch("p", 22, 1))
+
+
+def test_each_ledger_is_stamped_with_the_owner_epoch_its_record_stores() -> None:
+    # The sweep (node/ledger_sweep.py) deletes an unlisted ledger stamped below the
+    # record's epoch: a stamp that ran ahead of the record would lose a live ledger.
+    world = ManagedWorld()
+    first = opened(world, "node-a", 1, rollover_records_max=3)
+    for number in range(3):
+        world.wait(first.append(batch("p", 2 * number, 2), "p", 2 * number))
+    second = opened(world, "node-b", 2, rollover_records_max=3)
+    for number in range(3, 6):
+        world.wait(second.append(batch("p", 2 * number, 2), "p", 2 * number))
+    record = stored_record(world)
+    stamps = [
+        world.metadata.read_ledger(ledger.ledger_id).properties[EPOCH_PROPERTY]
+        for ledger in record.ledgers
+    ]
+    assert record.owner_epoch == 2
+    assert stamps[0] == "1" and stamps[-1] == "2" and sorted(stamps) == stamps, stamps
