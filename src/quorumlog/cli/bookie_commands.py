@@ -60,6 +60,13 @@ EXIT_CANNOT_RUN = 2
     type=click.IntRange(10, 60_000),
     help="How often the bookie rewrites its registration.",
 )
+@click.option(
+    "--garbage-interval-ms",
+    default=300_000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="How often the bookie drops the ledgers it stores whose metadata is gone.",
+)
 @click.pass_context
 @node_tls_options
 def bookie_group(
@@ -71,6 +78,7 @@ def bookie_group(
     cluster_id: str,
     advertise: str,
     heartbeat_ms: int,
+    garbage_interval_ms: int,
     node_tls: NodeTLS,
 ) -> None:
     """Run a bookie-only process in the foreground (SIGTERM stops it cleanly), or list the
@@ -97,6 +105,7 @@ def bookie_group(
         cluster_id=cluster_id,
         advertise=advertise,
         heartbeat_ms=heartbeat_ms,
+        garbage_interval_ms=garbage_interval_ms,
         tls=node_tls,
     )
     run_bookie_process(settings)

@@ -166,6 +166,21 @@ def parse_shard_groups(values: tuple[str, ...]) -> dict[int, list[str]]:
     default=None,
     help="How often a leader heartbeats: a whole number of ticks (default: one tick).",
 )
+@click.option(
+    "--bookie-garbage-interval-ms",
+    default=300_000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Bookie: how often it drops the ledgers it stores whose metadata is gone.",
+)
+@click.option(
+    "--ledger-sweep-interval-ms",
+    default=300_000,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Ledger topics: how often the metadata leader sweeps deleted topics' ledgers, "
+    "lists and leases, and live topics' orphan ledgers.",
+)
 @node_tls_options
 def node_command(
     node_id: str,
@@ -197,6 +212,8 @@ def node_command(
     node_tls: NodeTLS,
     election_timeout_ms: int | None,
     heartbeat_interval_ms: int | None,
+    bookie_garbage_interval_ms: int,
+    ledger_sweep_interval_ms: int,
 ) -> None:
     """Run one node in the foreground; logs to stderr; SIGTERM stops it cleanly."""
     from quorumlog.node.raft_timing import raft_timing
@@ -236,6 +253,8 @@ def node_command(
         tls=node_tls,
         election_ticks=timing.election_ticks,
         heartbeat_ticks=timing.heartbeat_ticks,
+        bookie_garbage_interval_ms=bookie_garbage_interval_ms,
+        ledger_sweep_interval_ms=ledger_sweep_interval_ms,
     )
 
     async def main() -> None:

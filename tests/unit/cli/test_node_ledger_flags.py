@@ -14,9 +14,9 @@ import quorumlog.node.server as server
 from quorumlog.cli.node_commands import node_command
 
 
-def rollover_records_given(
+def settings_given(
     arguments: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> int:
+) -> server.NodeSettings:
     """Run `quorumlog node` with `arguments` up to the settings it would run with."""
     seen: list[server.NodeSettings] = []
 
@@ -27,7 +27,13 @@ def rollover_records_given(
     base = ["--id", "n1", "--listen", "127.0.0.1:1", "--data-dir", str(tmp_path / "n1")]
     result = CliRunner().invoke(node_command, [*base, *arguments])
     assert result.exit_code == 0, result.output
-    return seen[0].ledger_rollover_records
+    return seen[0]
+
+
+def rollover_records_given(
+    arguments: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> int:
+    return settings_given(arguments, tmp_path, monkeypatch).ledger_rollover_records
 
 
 def test_rollover_counts_records_under_the_new_name_and_the_old(
@@ -41,3 +47,16 @@ def test_rollover_counts_records_under_the_new_name_and_the_old(
     help_text = CliRunner().invoke(node_command, ["--help"]).output
     assert "--ledger-rollover-records" in help_text
     assert "--ledger-rollover-entries" not in help_text
+
+
+def test_the_garbage_collection_intervals_reach_the_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    default = settings_given([], tmp_path, monkeypatch)
+    assert (default.bookie_garbage_interval_ms, default.ledger_sweep_interval_ms) == (
+        300_000,
+        300_000,
+    )
+    flags = ["--bookie-garbage-interval-ms", "1500", "--ledger-sweep-interval-ms", "2500"]
+    given = settings_given(flags, tmp_path, monkeypatch)
+    assert (given.bookie_garbage_interval_ms, given.ledger_sweep_interval_ms) == (1500, 2500)
