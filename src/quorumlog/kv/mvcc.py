@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
+from array import array
 from collections.abc import Iterator, Mapping
 
 import msgspec
@@ -109,6 +111,12 @@ class MVCCStore:
         self.revision = 0
         self.compacted_revision = 0
         self.history: list[WatchEvent] = []
+        self.history_ends = array("q")
+        """Beside `history`: where each event ends, counting every event's bytes (see
+        `event_bytes`) since the store began; `history_offset` is where the first one
+        starts. A trim finds its cut by bisecting these instead of walking the oldest
+        events (cold in memory by then) to add up their sizes."""
+        self.history_offset = 0
         self.leases: dict[int, Lease] = {}
         self.lease_keys: dict[int, set[str]] = {}
         self.next_lease_id = 1
@@ -153,6 +161,8 @@ class MVCCStore:
         history_events_max = self.history_events_max
         history_bytes_max = self.history_bytes_max
         history_bytes = self.history_bytes
+        history_ends = self.history_ends
+        history_offset = self.history_offset
         revision = self.revision
         for key, value in zip(keys, values, strict=True):
             revision += 1
@@ -172,11 +182,13 @@ class MVCCStore:
             records[key] = record
             history.append(WatchEvent("PUT", record, previous))
             history_bytes += len(key) + len(value) + EVENT_OVERHEAD_BYTES
+            history_ends.append(history_offset + history_bytes)
             if history_bytes > history_bytes_max or len(history) > history_events_max:
                 self.revision = revision
                 self.history_bytes = history_bytes
                 self.trim_history()  # in place: `history` is still the history
                 history_bytes = self.history_bytes
+                history_offset = self.history_offset
         self.revision = revision
         self.history_bytes = history_bytes
 
@@ -206,6 +218,10 @@ class MVCCStore:
             return
         self.revision += 1
         self.history.extend(self.pending)
+        end = self.history_offset + self.history_bytes
+        for event in self.pending:
+            end += event_bytes(event)
+            self.history_ends.append(end)
         self.history_bytes += self.pending_bytes
         self.pending = []
         self.pending_bytes = 0
@@ -221,33 +237,39 @@ class MVCCStore:
         events_target = self.history_events_max - self.history_events_max // 8
         bytes_target = self.history_bytes_max - self.history_bytes_max // 8
         history = self.history
-        cut = max(len(history) - events_target, 0)
-        dropped_bytes = events_bytes(history[:cut])
+        ends = self.history_ends
         count = len(history)
-        # The bytes still over the target; each event's size is summed here, not by a
-        # call per event (a trim walks thousands of them).
-        excess_bytes = self.history_bytes - dropped_bytes - bytes_target
-        while cut < count and excess_bytes > 0:
-            kv = history[cut].kv
-            size = len(kv.key) + len(kv.value) + EVENT_OVERHEAD_BYTES
-            excess_bytes -= size
-            dropped_bytes += size
-            cut += 1
+        cut = max(count - events_target, 0)
+        # Past the events' cut, as few more events as bring the bytes to the target: the
+        # first whose end reaches it is the last one cut.
+        bytes_end = self.history_offset + self.history_bytes - bytes_target
+        if cut < count and bytes_end > (ends[cut - 1] if cut else self.history_offset):
+            cut = bisect.bisect_left(ends, bytes_end, lo=cut) + 1
         if cut == 0:
             return
         revision = history[cut - 1].kv.mod_revision
         # Whole revisions: the rest of the last one cut goes too.
         while cut < count and history[cut].kv.mod_revision == revision:
-            dropped_bytes += event_bytes(history[cut])
             cut += 1
-        del history[:cut]
-        self.history_bytes -= dropped_bytes
+        self.drop_history(cut)
         self.compacted_revision = max(self.compacted_revision, revision)
+
+    def drop_history(self, cut: int) -> None:
+        """Drop the oldest `cut` events (at least one)."""
+        require(
+            len(self.history_ends) == len(self.history),
+            f"{len(self.history_ends)} history ends for {len(self.history)} events",
+        )
+        dropped_end = self.history_ends[cut - 1]
+        del self.history[:cut]
+        del self.history_ends[:cut]
+        self.history_bytes -= dropped_end - self.history_offset
+        self.history_offset = dropped_end
 
     def compact_history(self, revision: int) -> None:
         cut = bisect.bisect_right(self.history, revision, key=event_revision)
-        self.history_bytes -= events_bytes(self.history[:cut])
-        del self.history[:cut]
+        if cut:
+            self.drop_history(cut)
         self.compacted_revision = max(self.compacted_revision, revision)
 
     # --- reads -------------------------------------------------------------------------
@@ -452,7 +474,9 @@ class MVCCStore:
         self.revision = revision
         self.compacted_revision = compacted_revision
         self.history = list(history)
-        self.history_bytes = events_bytes(history)
+        self.history_ends = array("q", itertools.accumulate(map(event_bytes, history)))
+        self.history_offset = 0
+        self.history_bytes = self.history_ends[-1] if history else 0
         self.leases = {lease.lease_id: lease for lease in leases}
         self.lease_keys = {lease.lease_id: set() for lease in leases}
         for record in records:
@@ -466,13 +490,6 @@ class MVCCStore:
 def event_bytes(event: WatchEvent) -> int:
     """What one event counts for against `history_bytes_max` (as `put`/`delete` count it)."""
     return len(event.kv.key) + len(event.kv.value) + EVENT_OVERHEAD_BYTES
-
-
-def events_bytes(events: list[WatchEvent]) -> int:
-    """`event_bytes` summed over `events` (in one pass: trimming sums thousands)."""
-    return sum([len(event.kv.key) + len(event.kv.value) for event in events]) + (
-        EVENT_OVERHEAD_BYTES * len(events)
-    )
 
 
 def history_for_snapshot(history: list[WatchEvent]) -> tuple[list[WatchEvent], list[KeyValue]]:

@@ -167,3 +167,71 @@ def test_a_leased_key_put_plainly_leaves_its_lease() -> None:
     record = machine.store.records["k"]
     assert record == KeyValue("k", b"y", record.create_revision, 2, 2, 0)
     assert machine.store.lease_keys[1] == set()
+
+
+def model_trim(
+    events: list[tuple[int, int]], events_max: int, bytes_max: int
+) -> tuple[list[tuple[int, int]], int]:
+    """The history bound's rule, written plainly over (revision, bytes) pairs: over
+    either bound, drop the oldest events until both are at seven eighths of their bound,
+    then the rest of the last revision cut. The events kept, and the revision compacted
+    to (0: none)."""
+    if len(events) <= events_max and sum(size for _, size in events) <= bytes_max:
+        return events, 0
+    cut = max(len(events) - (events_max - events_max // 8), 0)
+    while cut < len(events) and sum(size for _, size in events[cut:]) > (
+        bytes_max - bytes_max // 8
+    ):
+        cut += 1
+    if cut == 0:
+        return events, 0
+    revision = events[cut - 1][0]
+    while cut < len(events) and events[cut][0] == revision:
+        cut += 1
+    return events[cut:], revision
+
+
+def test_history_bounds_trim_exactly_as_the_plain_rule_says() -> None:
+    events_max, bytes_max = 24, 1500
+    store = MVCCStore(history_events_max=events_max, history_bytes_max=bytes_max)
+    model: list[tuple[int, int]] = []
+    """(revision, bytes) of each event the history should hold."""
+    compacted = 0
+    chooser = random.Random(11)
+    for step in range(600):
+        revision = store.revision
+        names = [f"k{chooser.randrange(8)}" for _ in range(chooser.randint(1, 4))]
+        kind = chooser.random()
+        # Each command's events (key + value + 48 bytes), bounded as it finishes.
+        commands: list[list[tuple[int, int]]] = []
+        if kind < 0.5:
+            sizes = [chooser.randrange(1, 200) for _ in names]
+            store.put_commands(names, [b"v" * size for size in sizes])
+            commands = [
+                [(revision + number, len(name) + size + 48)]
+                for number, (name, size) in enumerate(zip(names, sizes, strict=True), 1)
+            ]
+        elif kind < 0.7:
+            store.txn(Txn([], [RequestOp("put", name, value=b"t" * 30) for name in names], []))
+            commands = [[(revision + 1, len(name) + 30 + 48) for name in names]]
+        elif kind < 0.85:
+            present = set(store.records)
+            store.txn(Txn([], [RequestOp("delete", name) for name in names], []))
+            deleted = []
+            for name in names:
+                if name in present:  # a second delete of a key finds nothing
+                    present.discard(name)
+                    deleted.append(name)
+            commands = [[(revision + 1, len(name) + 48) for name in deleted]] if deleted else []
+        elif revision > store.compacted_revision + 1:
+            compacted = chooser.randrange(store.compacted_revision + 1, revision)
+            store.compact(compacted)
+            model = [pair for pair in model if pair[0] > compacted]
+        for events in commands:
+            model, cut_to = model_trim([*model, *events], events_max, bytes_max)
+            compacted = max(compacted, cut_to)
+        history = [(e.kv.mod_revision, len(e.kv.key) + len(e.kv.value) + 48) for e in store.history]
+        assert history == model, f"step {step}"
+        assert store.compacted_revision == compacted, f"step {step}"
+        assert store.history_bytes == sum(size for _, size in model)
+    assert compacted > 0
