@@ -407,11 +407,8 @@ def fresh_puts(
         return None
     if not results.keys().isdisjoint(sequences):
         return None
-    operations = [command.op for command in commands]
-    if operations.count("put") != count:
-        return None
-    texts = [command.value for command in commands]
-    if None in texts:
+    texts = [command.value for command in commands if command.op == "put"]
+    if len(texts) != count or None in texts:
         return None
     keys = [command.key for command in commands]
     return sequences, keys, [text.encode() for text in texts]  # type: ignore[union-attr]
