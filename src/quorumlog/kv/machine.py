@@ -27,6 +27,7 @@ none of these refuses the snapshot, naming the formats.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -57,10 +58,12 @@ from quorumlog.kv.sessions import (
     SESSION_RESULTS_MAX_DEFAULT,
     SESSION_TTL_MS_DEFAULT,
     NewClientRule,
+    Session,
     SessionRecord,
     SessionTable,
     lookup_duplicate,
 )
+from quorumlog.raft.invariants import require
 
 SNAPSHOT_FORMAT_VERSION = 3
 """The format `snapshot` writes."""
@@ -227,6 +230,7 @@ class KVStateMachine:
     def apply_entry(self, entry: KVEntry) -> list[list[KVCommandResult]]:
         sessions = self.sessions
         sessions.advance_clock(entry.timestamp_ms)
+        require(not self.store.pending, "a KV entry applied with a command left unfinished")
         revision = self.store.revision
         lease_count = len(self.store.leases)
         all_results: list[list[KVCommandResult]] = []
@@ -236,22 +240,34 @@ class KVStateMachine:
                 all_results.append([SESSION_EXPIRED_RESULT] * len(batch.commands))
                 continue
             session = sessions.touch(batch.client_id, batch.first_unacknowledged)
-            batch_results: list[KVCommandResult] = []
-            for command in batch.commands:
-                result = lookup_duplicate(session, command.sequence)
-                if result is None:
-                    result = self.execute(command)
-                    sessions.remember(session, command.sequence, result)
-                else:
-                    self.duplicate_count += 1
-                batch_results.append(result)
-            all_results.append(batch_results)
+            all_results.append(self.apply_batch(session, batch.commands))
         if entry.expired_leases:
             self.store.expire(entry.expired_leases, sessions.clock_ms)
         if self.store.revision != revision or len(self.store.leases) != lease_count:
             for listener in self.revision_listeners:
                 listener()
         return all_results
+
+    def apply_batch(self, session: Session, commands: list[KVCommand]) -> list[KVCommandResult]:
+        """One client batch, each command at most once: a duplicate gets its stored answer."""
+        puts = fresh_puts(session, commands, self.sessions.session_results_max)
+        if puts is not None:
+            # The common batch, applied per batch: see `fresh_puts`.
+            sequences, keys, values = puts
+            self.store.put_commands(keys, values)
+            session.results.update(zip(sequences, itertools.repeat(OK_RESULT)))
+            return [OK_RESULT] * len(commands)
+        sessions = self.sessions
+        batch_results: list[KVCommandResult] = []
+        for command in commands:
+            result = lookup_duplicate(session, command.sequence)
+            if result is None:
+                result = self.execute(command)
+                sessions.remember(session, command.sequence, result)
+            else:
+                self.duplicate_count += 1
+            batch_results.append(result)
+        return batch_results
 
     def execute(self, command: KVCommand) -> KVCommandResult:
         """Carry out one command that is not a duplicate."""
@@ -365,6 +381,37 @@ def upgrade_snapshot(snapshot: KVSnapshot) -> KVSnapshotV3:
         leases=[],
         next_lease_id=1,
     )
+
+
+def fresh_puts(
+    session: Session, commands: list[KVCommand], session_results_max: int
+) -> tuple[list[int], list[str], list[bytes]] | None:
+    """The sequences, keys and values (as bytes) of a batch that is only plain puts, none
+    of them a duplicate, whose answers fit in the session without dropping any; None for
+    any other batch (it is applied command by command).
+
+    Such a batch is what a client sends most: consecutive new sequences, all "put". For
+    it, command by command would do for each exactly what one `put_commands` and one
+    update of the session's results do for all (every put its own revision, each answer
+    OK_RESULT, remembered in order, nothing dropped), so it is applied that way: the
+    checks here are per-batch list work, cheaper than a put's share of the calls."""
+    count = len(commands)
+    results = session.results
+    if not commands or len(results) + count > session_results_max:
+        return None
+    sequences = [command.sequence for command in commands]
+    first = sequences[0]
+    # Consecutive and from first_unacknowledged on: none repeats another or is answered
+    # as forgotten; and none has a stored answer.
+    if first < session.first_unacknowledged or sequences != list(range(first, first + count)):
+        return None
+    if not results.keys().isdisjoint(sequences):
+        return None
+    texts = [command.value for command in commands if command.op == "put"]
+    if len(texts) != count or None in texts:
+        return None
+    keys = [command.key for command in commands]
+    return sequences, keys, [text.encode() for text in texts]  # type: ignore[union-attr]
 
 
 def execute_auth(store: MVCCStore, command: KVCommand) -> KVCommandResult:

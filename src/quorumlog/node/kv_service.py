@@ -118,28 +118,31 @@ class KVRequestService:
         # be over it, so only those are encoded to measure them.
         key_bound = limits.key_bytes_max // 4
         value_bound = limits.value_bytes_max // 4
+        write_ops = self.write_ops
+        # Once per command of every write: each field is read once, nothing is built.
         for command in request.commands:
-            if command.op not in self.write_ops:
-                return wire.ErrorCode.BAD_REQUEST, f"unknown write op {command.op!r}"
+            operation = command.op
+            if operation not in write_ops:
+                return wire.ErrorCode.BAD_REQUEST, f"unknown write op {operation!r}"
             key = command.key
             if len(key) > key_bound and len(key.encode()) > limits.key_bytes_max:
                 return (
                     wire.ErrorCode.TOO_LARGE,
                     f"key of {len(key.encode())} bytes; at most {limits.key_bytes_max}",
                 )
-            for value in (command.value, command.expected):
-                if (
-                    value is not None
-                    and len(value) > value_bound
-                    and len(value.encode()) > limits.value_bytes_max
-                ):
-                    return (
-                        wire.ErrorCode.TOO_LARGE,
-                        f"value of {len(value.encode())} bytes; at most {limits.value_bytes_max}",
-                    )
-            if command.op in ("put", "append") and command.value is None:
-                return wire.ErrorCode.BAD_REQUEST, f"{command.op} needs a value"
-            if command.op == V3_OP:
+            value = command.value
+            if value is not None and len(value) > value_bound:
+                problem = value_problem(value, limits)
+                if problem is not None:
+                    return problem
+            expected = command.expected
+            if expected is not None and len(expected) > value_bound:
+                problem = value_problem(expected, limits)
+                if problem is not None:
+                    return problem
+            if value is None and (operation == "put" or operation == "append"):
+                return wire.ErrorCode.BAD_REQUEST, f"{operation} needs a value"
+            if operation == V3_OP:
                 problem = check_v3_payload(command.payload, limits)
                 if problem is not None:
                     return problem
@@ -152,9 +155,20 @@ class KVRequestService:
         chunk: list[tuple[wire.KVWrite, Replier]] = []
         chunk_bytes = 0
         for request, reply in pending:
-            size = 64 + sum(
-                len(c.key) + len(c.value or "") + len(c.expected or "") + len(c.payload or b"") + 16
-                for c in request.commands
+            commands = request.commands
+            # A list, not a generator: summed for every command of every write.
+            size = (
+                64
+                + 16 * len(commands)
+                + sum(
+                    [
+                        len(c.key)
+                        + len(c.value or "")
+                        + len(c.expected or "")
+                        + len(c.payload or b"")
+                        for c in commands
+                    ]
+                )
             )
             if chunk and chunk_bytes + size > self.limits.entry_bytes_max:
                 self.propose(chunk, timestamp_ms)
@@ -248,7 +262,7 @@ class KVService(KVRequestService):
                 if reason is not None:
                     return wire.ErrorCode.RESERVED_KEY, reason
                 continue
-            if is_reserved_key(command.key):
+            if command.key.startswith(RESERVED_KEY_PREFIX):  # is_reserved_key, per command
                 return (
                     wire.ErrorCode.RESERVED_KEY,
                     f"cannot {command.op} {command.key!r}: keys starting with "
@@ -378,6 +392,14 @@ class KVService(KVRequestService):
             settled()
             return
         future.add_done_callback(lambda _: settled())
+
+
+def value_problem(value: str, limits: KVLimits) -> tuple[wire.ErrorCode, str] | None:
+    """TOO_LARGE if `value` is over the bound in UTF-8 bytes."""
+    size = len(value.encode())
+    if size > limits.value_bytes_max:
+        return wire.ErrorCode.TOO_LARGE, f"value of {size} bytes; at most {limits.value_bytes_max}"
+    return None
 
 
 def check_v3_payload(payload: bytes | None, limits: KVLimits) -> tuple[wire.ErrorCode, str] | None:
