@@ -262,8 +262,10 @@ async def check_refusal(nodes: list[Node], stopped: list[Node]) -> None:
     def refused() -> BaseException | None:
         from quorumlog.stream.producer import Producer
 
-        with Producer(live, producer_id="q", delivery_timeout_seconds=0.5) as producer:
-            return producer.send(TOPIC, b"refused", partition=0).exception(timeout=10)
+        # Long enough that a loaded machine answers at least one attempt in time: the last
+        # answer, a refusal, is what the producer reports (a timeout would be unknown).
+        with Producer(live, producer_id="q", delivery_timeout_seconds=3.0) as producer:
+            return producer.send(TOPIC, b"refused", partition=0).exception(timeout=30)
 
     problem = await asyncio.to_thread(refused)
     assert isinstance(problem, NotEnoughReplicasError), problem
