@@ -363,7 +363,7 @@ class Consumer(BlockingClient):
     def rejoin_if_left(self) -> None:
         """After leaving for the poll interval, the next poll joins again (a new member)."""
         membership = self.membership
-        if membership is None:
+        if membership is None or not self.subscribed:
             return
         try:
             left = self.give_up_lost_partitions()
@@ -567,8 +567,7 @@ class Consumer(BlockingClient):
         # Time inside poll does not count against max_poll_interval_ms.
         self.membership.poll_timer.poll_started()
         try:
-            if self.subscribed:
-                self.rejoin_if_left()
+            self.rejoin_if_left()
             return self.poll_records(topic, partitions, max_records, timeout_seconds)
         finally:
             self.membership.poll_timer.poll_ended()
@@ -592,6 +591,8 @@ class Consumer(BlockingClient):
         return self.poll_partitions(self.assigned_active, max_records, wait_seconds)
 
     def assigned_active(self) -> list[TopicPartition]:
+        # Also each round: the leave may have crossed the start of this poll.
+        self.rejoin_if_left()
         self.maybe_auto_commit()
         self.sync_assignment()
         return sorted(self.applied.assignment - self.paused_partitions)

@@ -256,13 +256,15 @@ def test_a_member_that_stops_polling_gives_its_partitions_up_and_rejoins(
         "auto_offset_reset": "earliest",
         "heartbeat_interval_seconds": 0.2,
     }
+    started = time.monotonic()
     stuck = Consumer(**settings, max_poll_interval_ms=int(interval_seconds * 1000))
     live = Consumer(**settings)
     with stuck, live:
         stuck.subscribe([topic])
-        read = stuck.poll(5.0)
+        read: list[Any] = []
         while len(read) < 10:
-            read += stuck.poll(5.0)
+            read += stuck.poll(1.0)
+            assert time.monotonic() - started < WAIT_SECONDS, "the records were never read"
         last_poll = time.monotonic()  # stuck from here on
         live.subscribe([topic])
         again: list[Any] = []
@@ -274,8 +276,10 @@ def test_a_member_that_stops_polling_gives_its_partitions_up_and_rejoins(
         assert time.monotonic() - last_poll >= interval_seconds, "it left before its interval"
         with pytest.raises(CommitFailedError):
             stuck.commit()
+        deadline = time.monotonic() + WAIT_SECONDS
         while len(again) < 10:  # nothing was committed: the survivor reads everything
-            again += live.poll(5.0)
+            again += live.poll(1.0)
+            assert time.monotonic() < deadline, "the survivor never read the records"
         assert sorted((r.partition, r.offset) for r in again) == sorted(
             (r.partition, r.offset) for r in read
         )

@@ -186,8 +186,10 @@ def test_a_consumer_past_its_poll_interval_loses_its_partitions_and_rejoins_on_p
     ) as consumer:
         consumer.subscribe(["events"])
         seen: set[tuple[int, int]] = set()
+        deadline = time.monotonic() + WAIT_SECONDS
         while len(seen) < 10:
-            seen |= {(r.partition, r.offset) for r in consumer.poll(5.0)}
+            seen |= {(r.partition, r.offset) for r in consumer.poll(1.0)}
+            assert time.monotonic() < deadline, "the records were never read"
         consumer.commit("events", 0, 2)  # only part of the work is done
         first_member = members(cluster)
         # The application is stuck now: no poll. The member leaves at once.
@@ -200,8 +202,10 @@ def test_a_consumer_past_its_poll_interval_loses_its_partitions_and_rejoins_on_p
         assert (consumer.committed("events", 0), consumer.committed("events", 1)) == (2, None)
         assert lost == []
         again: list[tuple[int, int]] = []
+        deadline = time.monotonic() + WAIT_SECONDS
         while len(again) < 8:  # read on from the last commits: 3 + 5 records
-            again += [(r.partition, r.offset) for r in consumer.poll(5.0)]
+            again += [(r.partition, r.offset) for r in consumer.poll(1.0)]
+            assert time.monotonic() < deadline, "the consumer never read again"
         assert lost == [both], "the lost partitions went to on_revoke"
         assert sorted(again) == sorted({(0, o) for o in range(2, 5)} | {(1, o) for o in range(5)})
         rejoined = members(cluster)
