@@ -348,7 +348,7 @@ class Consumer(BlockingClient):
         is `onPartitionsRevoked`). True if the member left (it must join again)."""
         if self.membership is None or not self.subscribed:
             return False
-        if not self.membership.latest().left_group:
+        if not self.membership.left_for_poll_interval():
             return False
         lost = set(self.applied.assignment)
         self.applied = Generation(NO_GENERATION, frozenset())
@@ -483,7 +483,7 @@ class Consumer(BlockingClient):
         """CommitFailedError if the member left the group for the poll interval (the
         coordinator would refuse it too, unless the leave was lost: refused here first)."""
         if self.membership is not None and self.subscribed:
-            if self.membership.latest().left_group:
+            if self.membership.left_for_poll_interval():
                 raise CommitFailedError(
                     Refusal.UNKNOWN_MEMBER.value,
                     f"member {self.membership.member_id!r} left group {self.group!r}: poll() "
@@ -529,7 +529,7 @@ class Consumer(BlockingClient):
             self.last_commit_seconds = time.monotonic()
 
     def commit_on_leaving(self) -> None:
-        left = self.membership is not None and self.membership.latest().left_group
+        left = self.membership is not None and self.membership.left_for_poll_interval()
         if self.enable_auto_commit and self.subscribed and not left:
             try:
                 self.commit_offsets(self.current_positions())

@@ -131,6 +131,12 @@ class Membership:
                 raise self.failure
             return self.current
 
+    def left_for_poll_interval(self) -> bool:
+        """The member left because the application did not poll in time (it has not
+        joined again yet)."""
+        with self.lock:
+            return self.current.left_group
+
     def hold(self, assignment: frozenset[TopicPartition]) -> None:
         """The consumer now reads `assignment` (it finished revoking anything else)."""
         with self.lock:
@@ -285,8 +291,10 @@ class Membership:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
             self.task = None
-        if (not self.topics and self.pattern is None) or self.current.left_group:
-            return
+        if not self.topics and self.pattern is None:
+            return  # never subscribed
+        # Sent even after a leave for the poll interval: that leave may have been cut
+        # short (this cancelled it), and leaving twice changes nothing.
         with contextlib.suppress(ClientError):
             await self.link.send(
                 f"leave group {self.group}", LeaveGroup(self.group, self.member_id)
