@@ -341,15 +341,15 @@ class Consumer(BlockingClient):
                 self.positions.pop(key, None)
                 self.paused_partitions.discard(key)
 
-    def give_up_lost_partitions(self) -> bool:
+    def give_up_lost_partitions(self) -> None:
         """If the member left the group for the poll interval: forget its partitions and
         their positions without committing (another member may read them already, from
         the last commit), and tell `on_revoke` (Kafka's `onPartitionsLost`, whose default
-        is `onPartitionsRevoked`). True if the member left (it must join again)."""
+        is `onPartitionsRevoked`)."""
         if self.membership is None or not self.subscribed:
-            return False
+            return
         if not self.membership.left_for_poll_interval():
-            return False
+            return
         lost = set(self.applied.assignment)
         self.applied = Generation(NO_GENERATION, frozenset())
         self.membership.hold(frozenset())
@@ -358,20 +358,18 @@ class Consumer(BlockingClient):
             self.paused_partitions.discard(key)
         if lost and self.on_revoke is not None:
             self.on_revoke(lost)
-        return True
 
     def rejoin_if_left(self) -> None:
         """After leaving for the poll interval, the next poll joins again (a new member)."""
         membership = self.membership
         if membership is None or not self.subscribed:
             return
+        if not membership.left_for_poll_interval():
+            return
         try:
-            left = self.give_up_lost_partitions()
-        except BaseException:
-            # on_revoke raised: join all the same (its error goes to the caller of poll).
-            self.run(membership.rejoin())
-            raise
-        if left:
+            self.give_up_lost_partitions()
+        finally:
+            # Even if on_revoke raised (its error goes to the caller of poll).
             self.run(membership.rejoin())
 
     def position_partitions(self, keys: set[TopicPartition]) -> None:
