@@ -217,3 +217,33 @@ def test_a_consumer_past_its_poll_interval_loses_its_partitions_and_rejoins_on_p
 def members(cluster: FakeStreamCluster) -> list[str]:
     info = cluster.coordinator.group_info("g")
     return [] if info is None else [member.member_id for member in info.members]
+
+
+def test_an_on_revoke_that_raises_for_lost_partitions_still_joins_again(
+    cluster: FakeStreamCluster,
+) -> None:
+    with Admin(cluster.endpoints) as admin:
+        admin.create_topic("events", partitions=2)
+    armed = False
+
+    def on_revoke(partitions: set[TopicPartition]) -> None:
+        if armed:
+            raise RuntimeError("the application's callback failed")
+
+    with Consumer(
+        cluster.endpoints,
+        group="g",
+        heartbeat_interval_seconds=0.05,
+        max_poll_interval_ms=500,
+        on_revoke=on_revoke,
+    ) as consumer:
+        consumer.subscribe(["events"])
+        consumer.poll(0.1)
+        wait_for(lambda: members(cluster) == [], "the member leaving the group")
+        armed = True
+        with pytest.raises(RuntimeError, match="callback failed"):
+            consumer.poll(0.1)
+        armed = False  # close revokes again
+        assert len(members(cluster)) == 1, "joined again although on_revoke raised"
+        assert consumer.poll(0.1) == []
+        assert consumer.assignment() == {("events", 0), ("events", 1)}
