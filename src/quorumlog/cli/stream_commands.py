@@ -20,6 +20,7 @@ from quorumlog.cli.credentials import USER_OPTIONS, user_and_password
 from quorumlog.cli.defaults import default_endpoints
 from quorumlog.cli.tls_options import CLIENT_TLS_OPTIONS, client_tls
 from quorumlog.kv.connection import CLUSTER_ID_DEFAULT, parse_endpoints
+from quorumlog.stream.poll_interval import MAX_POLL_INTERVAL_MS_DEFAULT
 from quorumlog.tls.config import TLSConfig
 
 TIMEOUT_SECONDS_DEFAULT = 10.0
@@ -331,6 +332,14 @@ def split_lines(stream: IO[bytes], separator: bytes | None) -> Iterator[tuple[by
 @click.option("--print-partition", is_flag=True)
 @click.option("--print-timestamp", is_flag=True, help="Milliseconds since the Unix epoch.")
 @click.option("--separator", default="\t", show_default=r"\t", help="Between printed fields.")
+@click.option(
+    "--max-poll-interval-ms",
+    type=click.IntRange(1, 2**31 - 1),
+    default=MAX_POLL_INTERVAL_MS_DEFAULT,
+    show_default=True,
+    help="With --group: leave the group if printing stalls this long (Kafka's "
+    "max.poll.interval.ms); the next poll joins again.",
+)
 @client_options
 def consume_command(
     settings: StreamSettings,
@@ -346,6 +355,7 @@ def consume_command(
     print_partition: bool,
     print_timestamp: bool,
     separator: str,
+    max_poll_interval_ms: int,
 ) -> None:
     """Print TOPIC's records, one a line (values as UTF-8, undecodable bytes escaped)."""
     from quorumlog.stream.consumer import Consumer
@@ -363,6 +373,7 @@ def consume_command(
         password=settings.password,
         tls=settings.tls,
         enable_auto_commit=False,
+        max_poll_interval_ms=max_poll_interval_ms,
     ) as consumer:
         if group is not None and partition is None:
             consumer.subscribe([topic])

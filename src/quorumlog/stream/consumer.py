@@ -29,6 +29,15 @@ so no committed offset goes back because of a member that lost its partitions. D
 at least once: a partition taken from a member that stopped (its session expired) is read
 again from its last commit by the new owner.
 
+A member whose application does not call `poll` for `max_poll_interval_ms` (default five
+minutes, as Kafka's) leaves the group, even though its heartbeats would keep it in: its
+partitions (and any it was handing over) go to the other members at once, not after a
+session timeout, and nothing more of its positions is committed (`commit` raises
+`CommitFailedError`, as Kafka's does). The next `poll` gives those partitions up as lost
+(`on_revoke` runs, as Kafka's default `onPartitionsLost`; positions are forgotten, not
+committed) and joins again as a new member. Time inside `poll` does not count; raise the
+interval if processing what one poll returns may take longer.
+
 `read` asks one replica of the partition (the leader by default). An offset deleted by
 retention raises OffsetOutOfRangeError naming the first offset kept.
 """
@@ -68,6 +77,7 @@ from quorumlog.stream.membership import (
     Membership,
 )
 from quorumlog.stream.offset_lookup import offset_for_time
+from quorumlog.stream.poll_interval import MAX_POLL_INTERVAL_MS_DEFAULT, check_max_poll_interval_ms
 from quorumlog.stream.records import Record
 from quorumlog.tls.config import TLSConfig
 
@@ -113,12 +123,15 @@ class Consumer(BlockingClient):
         on_assign: PartitionsCallback | None = None,
         on_revoke: PartitionsCallback | None = None,
         fetch_max_wait_seconds: float = FETCH_MAX_WAIT_SECONDS_DEFAULT,
+        max_poll_interval_ms: int = MAX_POLL_INTERVAL_MS_DEFAULT,
     ) -> None:
         """`read_from_followers`: let any replica answer reads (spreads load; a follower may
         trail the leader by a moment). By default the leader answers, as in Kafka, so a
         read sees every record a producer had acknowledged. The group settings take
         Kafka's names and defaults; `enable_auto_commit` commits the positions `poll`
-        reached every `auto_commit_interval_seconds` (and at `close`)."""
+        reached every `auto_commit_interval_seconds` (and at `close`);
+        `max_poll_interval_ms` is the longest the application may go without calling
+        `poll` before the member leaves the group (module docstring)."""
         self.read_from_followers = read_from_followers
         if auto_offset_reset not in OFFSET_RESETS:
             raise ValueError(
@@ -130,6 +143,7 @@ class Consumer(BlockingClient):
             raise ValueError(f"a group name is not empty and has no '/', got {group!r}")
         if auto_commit_interval_seconds <= 0 or fetch_max_wait_seconds < 0:
             raise ValueError("auto_commit_interval_seconds > 0 and fetch_max_wait_seconds >= 0")
+        check_max_poll_interval_ms(max_poll_interval_ms)
         self.group = group
         self.auto_offset_reset = auto_offset_reset
         self.fetch_bytes_max = fetch_bytes_max
@@ -172,6 +186,7 @@ class Consumer(BlockingClient):
                 session_timeout_ms,
                 heartbeat_interval_seconds,
                 partition_assignment_strategy,
+                max_poll_interval_ms,
             )
         self.subscribed = False
 
@@ -239,6 +254,7 @@ class Consumer(BlockingClient):
             raise ValueError("subscribe to topics or to a pattern (one of the two)")
         compiled = re.compile(pattern) if pattern is not None else None
         self.manual_assignment = None
+        self.give_up_lost_partitions()
         self.run(membership.subscribe(list(topics or []), compiled))
         self.subscribed = True
         self.sync_assignment()
@@ -272,6 +288,8 @@ class Consumer(BlockingClient):
             latest = Generation(NO_GENERATION, self.manual_assignment)
         elif self.membership is not None and self.subscribed:
             latest = self.membership.latest()
+            if latest.left_group:
+                return  # lost, not revoked: the next poll gives them up, committing nothing
         else:
             latest = Generation(NO_GENERATION, frozenset())
         if self.revoking or (
@@ -322,6 +340,37 @@ class Consumer(BlockingClient):
             for key in revoked:
                 self.positions.pop(key, None)
                 self.paused_partitions.discard(key)
+
+    def give_up_lost_partitions(self) -> None:
+        """If the member left the group for the poll interval: forget its partitions and
+        their positions without committing (another member may read them already, from
+        the last commit), and tell `on_revoke` (Kafka's `onPartitionsLost`, whose default
+        is `onPartitionsRevoked`)."""
+        if self.membership is None or not self.subscribed:
+            return
+        if not self.membership.left_for_poll_interval():
+            return
+        lost = set(self.applied.assignment)
+        self.applied = Generation(NO_GENERATION, frozenset())
+        self.membership.hold(frozenset())
+        for key in lost:
+            self.positions.pop(key, None)
+            self.paused_partitions.discard(key)
+        if lost and self.on_revoke is not None:
+            self.on_revoke(lost)
+
+    def rejoin_if_left(self) -> None:
+        """After leaving for the poll interval, the next poll joins again (a new member)."""
+        membership = self.membership
+        if membership is None or not self.subscribed:
+            return
+        if not membership.left_for_poll_interval():
+            return
+        try:
+            self.give_up_lost_partitions()
+        finally:
+            # Even if on_revoke raised (its error goes to the caller of poll).
+            self.run(membership.rejoin())
 
     def position_partitions(self, keys: set[TopicPartition]) -> None:
         committed = self.run(self.link.committed_offsets(self.group)) if self.group else {}
@@ -403,7 +452,14 @@ class Consumer(BlockingClient):
         CommitFailedError is not retried, as Kafka's commitAsync does not)."""
         group = self.require_group()
         offsets = self.current_positions()
-        member_id, generation = self.member_and_generation()
+        try:
+            member_id, generation = self.member_and_generation()
+        except CommitFailedError as error:
+            failed: Future[None] = Future()
+            failed.set_exception(error)
+            if callback is not None:
+                failed.add_done_callback(callback)
+            return failed
         future = self.io.submit(self.link.commit(group, offsets, member_id, generation))
         if callback is not None:
             future.add_done_callback(callback)
@@ -422,7 +478,17 @@ class Consumer(BlockingClient):
         return dict(self.positions)
 
     def member_and_generation(self) -> tuple[str, int]:
+        """CommitFailedError if the member left the group for the poll interval (the
+        coordinator would refuse it too, unless the leave was lost: refused here first)."""
         if self.membership is not None and self.subscribed:
+            if self.membership.left_for_poll_interval():
+                raise CommitFailedError(
+                    Refusal.UNKNOWN_MEMBER.value,
+                    f"member {self.membership.member_id!r} left group {self.group!r}: poll() "
+                    "was not called within max_poll_interval_ms, so its partitions went to "
+                    "other members (the next poll() joins again)",
+                    self.group,
+                )
             return self.membership.member_id, self.applied.generation
         return "", NO_GENERATION
 
@@ -461,7 +527,8 @@ class Consumer(BlockingClient):
             self.last_commit_seconds = time.monotonic()
 
     def commit_on_leaving(self) -> None:
-        if self.enable_auto_commit and self.subscribed:
+        left = self.membership is not None and self.membership.left_for_poll_interval()
+        if self.enable_auto_commit and self.subscribed and not left:
             try:
                 self.commit_offsets(self.current_positions())
             except ClientError as error:
@@ -490,8 +557,26 @@ class Consumer(BlockingClient):
         none came); positions move past what is returned.
 
         `poll(1.0)` reads the assigned partitions (after `subscribe` or `assign`);
-        `poll("topic", partitions)` reads a topic's partitions (default: all) by itself."""
+        `poll("topic", partitions)` reads a topic's partitions (default: all) by itself.
+        A member that left its group for `max_poll_interval_ms` joins again first."""
         check_read(0, max_records)
+        if self.membership is None:
+            return self.poll_records(topic, partitions, max_records, timeout_seconds)
+        # Time inside poll does not count against max_poll_interval_ms.
+        self.membership.poll_timer.poll_started()
+        try:
+            self.rejoin_if_left()
+            return self.poll_records(topic, partitions, max_records, timeout_seconds)
+        finally:
+            self.membership.poll_timer.poll_ended()
+
+    def poll_records(
+        self,
+        topic: str | float | None,
+        partitions: list[int] | None,
+        max_records: int,
+        timeout_seconds: float | None,
+    ) -> list[Record]:
         if isinstance(topic, str):
             chosen = self.partitions(topic) if partitions is None else list(partitions)
             keys = [(topic, partition) for partition in chosen]
@@ -504,6 +589,8 @@ class Consumer(BlockingClient):
         return self.poll_partitions(self.assigned_active, max_records, wait_seconds)
 
     def assigned_active(self) -> list[TopicPartition]:
+        # Also each round: the leave may have crossed the start of this poll.
+        self.rejoin_if_left()
         self.maybe_auto_commit()
         self.sync_assignment()
         return sorted(self.applied.assignment - self.paused_partitions)

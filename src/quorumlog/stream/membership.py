@@ -8,6 +8,11 @@ and this member's partitions. The user's thread picks the newest answer up in `p
 I/O thread. The consumer says what it still reads (`hold`) once it has revoked what it
 lost, and every join carries that: a partition taken from this member reaches its new
 owner only after that (`group_model` docstring).
+
+A member whose application stops calling `poll` for `max_poll_interval_ms` leaves the
+group from the I/O loop (Kafka's poll timeout, `poll_interval`): its heartbeats stop, its
+partitions go to the others at once, its commits are refused, and the next `poll` joins
+again as a new member (`rejoin`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import contextlib
 import logging
 import re
 import threading
+import time
 import uuid
 
 from quorumlog.errors import ClientError, GroupCoordinatorRefusedError
@@ -30,6 +36,7 @@ from quorumlog.stream.group_model import (
     JoinGroup,
     LeaveGroup,
 )
+from quorumlog.stream.poll_interval import MAX_POLL_INTERVAL_MS_DEFAULT, Clock, PollTimer
 
 log = logging.getLogger("quorumlog.consumer")
 
@@ -44,11 +51,22 @@ minutes; topics here are few and the list is one request)."""
 
 
 class Generation:
-    """One answer of the coordinator: the group's generation and this member's share."""
+    """One answer of the coordinator: the group's generation and this member's share.
+    `left_group`: the member left because the application did not poll in time; what it
+    was assigned is lost (see the module docstring)."""
 
-    def __init__(self, generation: int, assignment: frozenset[TopicPartition]) -> None:
+    def __init__(
+        self,
+        generation: int,
+        assignment: frozenset[TopicPartition],
+        left_group: bool = False,
+    ) -> None:
         self.generation = generation
         self.assignment = assignment
+        self.left_group = left_group
+
+
+LEFT_FOR_POLL_INTERVAL = Generation(NO_GENERATION, frozenset(), left_group=True)
 
 
 class Membership:
@@ -64,7 +82,11 @@ class Membership:
         session_timeout_ms: int,
         heartbeat_interval_seconds: float,
         assignor: str,
+        max_poll_interval_ms: int = MAX_POLL_INTERVAL_MS_DEFAULT,
+        clock: Clock = time.monotonic,
     ) -> None:
+        """`clock`: monotonic seconds, read for the poll interval (tests pass a virtual
+        one)."""
         if not SESSION_TIMEOUT_MS_MIN <= session_timeout_ms <= SESSION_TIMEOUT_MS_MAX:
             raise ValueError(
                 f"session_timeout_ms is {SESSION_TIMEOUT_MS_MIN} to {SESSION_TIMEOUT_MS_MAX}, "
@@ -80,7 +102,7 @@ class Membership:
         self.transport = transport
         self.group = group
         self.client_id = client_id
-        self.member_id = f"{client_id}-{uuid.uuid4().hex[:12]}"
+        self.member_id = new_member_id(client_id)
         self.session_timeout_ms = session_timeout_ms
         self.heartbeat_interval_seconds = heartbeat_interval_seconds
         self.assignor = assignor
@@ -99,6 +121,7 @@ class Membership:
         """What the consumer still reads (`hold`): sent with every join, so the group
         knows when partitions taken from this member are free for their new owners."""
         self.rebalancing = False
+        self.poll_timer = PollTimer(max_poll_interval_ms, clock)
 
     # --- any thread ---------------------------------------------------------------------
 
@@ -107,6 +130,12 @@ class Membership:
             if self.failure is not None:
                 raise self.failure
             return self.current
+
+    def left_for_poll_interval(self) -> bool:
+        """The member left because the application did not poll in time (it has not
+        joined again yet)."""
+        with self.lock:
+            return self.current.left_group
 
     def hold(self, assignment: frozenset[TopicPartition]) -> None:
         """The consumer now reads `assignment` (it finished revoking anything else)."""
@@ -129,8 +158,34 @@ class Membership:
         self.pattern = pattern
         self.leaving = False
         self.topics_refreshed_seconds = float("-inf")
+        if self.current.left_group:
+            self.become_new_member()
+        self.poll_timer.restart()
         await self.heartbeat()
-        if self.task is None:
+        self.start_heartbeats()
+
+    async def rejoin(self) -> None:
+        """Join again, as a new member, after leaving for the poll interval (Kafka gives the
+        member a new id too: the old one may still be in the group if the leave was lost,
+        until its session times out)."""
+        self.become_new_member()
+        self.poll_timer.restart()
+        try:
+            await self.heartbeat()
+        finally:
+            # Heartbeats go on even if this join failed: the loop joins again.
+            self.start_heartbeats()
+
+    def become_new_member(self) -> None:
+        self.member_id = new_member_id(self.client_id)
+        with self.changed:
+            self.owned = []
+            self.rebalancing = False
+            self.current = Generation(NO_GENERATION, frozenset())
+            self.changed.notify_all()
+
+    def start_heartbeats(self) -> None:
+        if self.task is None or self.task.done():
             self.task = asyncio.ensure_future(self.heartbeat_forever())
 
     async def heartbeat_forever(self) -> None:
@@ -142,12 +197,19 @@ class Membership:
             interval_seconds = self.heartbeat_interval_seconds
             if self.rebalancing:
                 interval_seconds = min(interval_seconds, REBALANCE_HEARTBEAT_SECONDS)
+            # Wake when the poll interval runs out, not a heartbeat later.
+            interval_seconds = max(min(interval_seconds, self.poll_timer.seconds_left()), 0.0)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval_seconds):
                     await self.wake.wait()
             self.wake.clear()
             if self.leaving:
                 return
+            if self.poll_timer.overdue():
+                await self.leave_for_poll_interval()
+                if self.current.left_group:
+                    return  # `rejoin` starts the heartbeats again
+                continue  # the application polled (and joined again) while the leave went
             started = loop.time()
             try:
                 await self.heartbeat()
@@ -157,10 +219,13 @@ class Membership:
                 log.warning("group %s: a heartbeat took longer than the session", self.group)
 
     async def heartbeat(self) -> None:
+        if self.current.left_group:
+            return  # only `rejoin` (the next poll) or `subscribe` joins again
+        member_id = self.member_id
         topics = await self.subscribed_topics()
         command = JoinGroup(
             self.group,
-            self.member_id,
+            member_id,
             self.client_id,
             topics,
             self.session_timeout_ms,
@@ -169,6 +234,8 @@ class Membership:
         )
         result = await self.link.send(f"heartbeat of group {self.group}", command)
         with self.changed:
+            if self.current.left_group or member_id != self.member_id:
+                return  # an answer that crossed the leave: it no longer speaks for us
             self.rebalancing = result.ok and result.rebalancing
             if not result.ok:
                 self.failure = refusal_error(result, self.group)
@@ -193,6 +260,28 @@ class Membership:
             self.topics = sorted(name for name in known if pattern.fullmatch(name))
         return self.topics
 
+    async def leave_for_poll_interval(self) -> None:
+        """The application did not poll in time: leave now, so the group gives this
+        member's partitions (and any it was handing over) to the others at once. Marked
+        before the leave is sent, so no commit of this member goes out meanwhile. If the
+        leave is lost, the heartbeats have stopped all the same: the session times out."""
+        log.warning(
+            "group %s: member %s leaves the group: poll() was not called within "
+            "max_poll_interval_ms (%d ms), so its partitions go to other members; the "
+            "next poll() joins again",
+            self.group,
+            self.member_id,
+            round(self.poll_timer.max_poll_interval_seconds * 1000),
+        )
+        with self.changed:
+            self.current = LEFT_FOR_POLL_INTERVAL
+            self.rebalancing = False
+            self.changed.notify_all()
+        with contextlib.suppress(ClientError):
+            await self.link.send(
+                f"leave group {self.group}", LeaveGroup(self.group, self.member_id)
+            )
+
     async def leave(self) -> None:
         """Stop heartbeating and leave at once (the partitions go to others now, not after
         a session timeout)."""
@@ -203,7 +292,9 @@ class Membership:
                 await self.task
             self.task = None
         if not self.topics and self.pattern is None:
-            return
+            return  # never subscribed
+        # Sent even after a leave for the poll interval: that leave may have been cut
+        # short (this cancelled it), and leaving twice changes nothing.
         with contextlib.suppress(ClientError):
             await self.link.send(
                 f"leave group {self.group}", LeaveGroup(self.group, self.member_id)
@@ -213,4 +304,13 @@ class Membership:
             self.changed.notify_all()
 
 
-__all__ = ["HEARTBEAT_INTERVAL_SECONDS_DEFAULT", "Generation", "Membership"]
+def new_member_id(client_id: str) -> str:
+    return f"{client_id}-{uuid.uuid4().hex[:12]}"
+
+
+__all__ = [
+    "HEARTBEAT_INTERVAL_SECONDS_DEFAULT",
+    "LEFT_FOR_POLL_INTERVAL",
+    "Generation",
+    "Membership",
+]

@@ -1,7 +1,8 @@
 """Consumer groups against three real nodes in one process (their loop on a thread of its
 own, the clients blocking in the test's thread): long-polled fetches, pattern
 subscriptions, the assignment callbacks, pause/resume, seeks, offsets by time,
-commit_async, and a tombstone and the leader's stamp through a real partition."""
+commit_async, a tombstone and the leader's stamp through a real partition, and a member
+that stops polling (max_poll_interval_ms)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 
 from quorumlog import Admin, Consumer, Producer
+from quorumlog.errors import CommitFailedError
 from quorumlog.node.server import Node
 from quorumlog.stream.assignors import TopicPartition
 from tests.unit.node.in_process_cluster import node_settings, start_nodes
@@ -229,3 +231,66 @@ def test_on_revoke_runs_and_commits_before_the_new_owner_reads(endpoints: list[s
     assert revocations[0][2] == [moved]
     assert revocations[0][3] == {moved: 5}, "the first member committed where it stood"
     assert first_fetch[2:] == (moved, 5), "the new owner starts at that commit"
+
+
+def test_a_member_that_stops_polling_gives_its_partitions_up_and_rejoins(
+    endpoints: list[str],
+) -> None:
+    """Kafka's max.poll.interval.ms on real nodes: the first member reads everything and
+    then stops polling while a second joins. The partition moving to the second waits on
+    the first; once the first has not polled for its interval it leaves, and the second gets
+    every partition, reading from the last commit (the first's positions are not
+    committed). The first's late commit is refused; its next poll joins again."""
+    topic = "stalled"
+    interval_seconds = 1.5
+    with Admin(endpoints) as admin:
+        admin.create_topic(topic, partitions=2, replication=3)
+    with Producer(endpoints) as producer:
+        for number in range(10):
+            producer.send(topic, b"%d" % number, partition=number % 2)
+        producer.flush(timeout=10)
+    both = {(topic, 0), (topic, 1)}
+    settings: dict[str, Any] = {
+        "endpoints": endpoints,
+        "group": "stalled",
+        "auto_offset_reset": "earliest",
+        "heartbeat_interval_seconds": 0.2,
+    }
+    started = time.monotonic()
+    stuck = Consumer(**settings, max_poll_interval_ms=int(interval_seconds * 1000))
+    live = Consumer(**settings)
+    with stuck, live:
+        stuck.subscribe([topic])
+        read: list[Any] = []
+        while len(read) < 10:
+            read += stuck.poll(1.0)
+            assert time.monotonic() - started < WAIT_SECONDS, "the records were never read"
+        last_poll = time.monotonic()  # stuck from here on
+        live.subscribe([topic])
+        again: list[Any] = []
+        deadline = last_poll + interval_seconds + WAIT_SECONDS
+        while live.assignment() != both:
+            assert not live.assignment(), "a partition moved before its owner let go"
+            again += live.poll(0.1)
+            assert time.monotonic() < deadline, "the stuck member's partitions never moved"
+        assert time.monotonic() - last_poll >= interval_seconds, "it left before its interval"
+        with pytest.raises(CommitFailedError):
+            stuck.commit()
+        deadline = time.monotonic() + WAIT_SECONDS
+        while len(again) < 10:  # nothing was committed: the survivor reads everything
+            again += live.poll(1.0)
+            assert time.monotonic() < deadline, "the survivor never read the records"
+        assert sorted((r.partition, r.offset) for r in again) == sorted(
+            (r.partition, r.offset) for r in read
+        )
+        live.commit()
+        # The stuck member's next poll joins again, as a new member: what it gets is
+        # withheld until the other lets go, and then the two share the partitions.
+        assert stuck.poll(0.1) == [] and stuck.assignment() == set()
+        deadline = time.monotonic() + WAIT_SECONDS
+        while not (stuck.assignment() and live.assignment()):
+            assert stuck.poll(0.1) == [], "a rejoined member reads from the last commit"
+            live.poll(0.1)
+            assert time.monotonic() < deadline, "the stuck member never got a partition back"
+        assert stuck.assignment() | live.assignment() == both
+        assert not stuck.assignment() & live.assignment()

@@ -62,9 +62,9 @@ class Harness:
         )
         self.service.start()
 
-    def join(self, member: str) -> GroupResult:
+    def join(self, member: str, owned: list[tuple[str, int]] | None = None) -> GroupResult:
         answers: list[wire.Frame] = []
-        command = JoinGroup("g", member, "c", ["t"], SESSION_MS)
+        command = JoinGroup("g", member, "c", ["t"], SESSION_MS, owned=owned)
         request = wire.GroupCoordinatorRequest(request_id=1, commands=encode_commands([command]))
         self.service.handle(request, answers.append)
         self.scheduler.run_until_idle()
@@ -122,3 +122,19 @@ def test_a_topic_that_grows_starts_a_generation() -> None:
     harness.beat_for(0.5, "a")
     grown = harness.join("a")
     assert grown.generation == 2 and len(grown.assignment) == 4
+
+
+def test_a_hand_over_waiting_on_an_owner_that_goes_silent_completes() -> None:
+    """The owner of a partition the group moves stops heartbeating before it lets go (a
+    process that hangs): the partition goes to its new owner once the session times out,
+    and the group stops rebalancing."""
+    harness = Harness()
+    everything = harness.join("a", owned=[]).assignment
+    withheld = harness.join("b", owned=[])
+    assert withheld.assignment == [] and withheld.rebalancing
+    harness.beat_for(1.5, "b")  # a still holds all three: b waits
+    assert harness.join("b", owned=[]).assignment == []
+    harness.beat_for(1.0, "b")  # past a's session: removed, and the hand-over completes
+    assert harness.members() == ["b"]
+    taken = harness.join("b", owned=[])
+    assert taken.assignment == everything and not taken.rebalancing

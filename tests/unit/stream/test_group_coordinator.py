@@ -103,6 +103,32 @@ def test_a_moved_partition_waits_for_its_owner_to_let_go_and_may_be_committed_me
     assert sorted(held) == ALL
 
 
+def test_a_hand_over_completes_when_either_side_expires_or_leaves() -> None:
+    """A partition withheld from its new owner until the old one lets go: if the old owner
+    expires or leaves (a consumer past its max_poll_interval_ms leaves), the new owner gets
+    it in the next generation; if the new owner goes, the old one keeps it."""
+    for removal in ("expire", "leave"):
+        log = Log()
+        log.run(join("a", owned=[]))
+        assert log.run(join("b", owned=[])).assignment == []
+        state = log.machine.groups["g"]
+        assert state.members["a"].revoking
+        if removal == "expire":
+            log.run(ExpireMembers("g", ["a"]))
+        else:
+            log.run(LeaveGroup("g", "a"))
+        taken = log.run(join("b", owned=[]))
+        assert (taken.assignment, taken.rebalancing) == (ALL, False), removal
+        assert not state.members["b"].revoking
+    log = Log()
+    log.run(join("a", owned=[]))
+    log.run(join("b", owned=[]))
+    log.run(ExpireMembers("g", ["b"]))
+    kept = log.run(join("a", owned=ALL))
+    assert (kept.assignment, kept.rebalancing) == (ALL, False)
+    assert not log.machine.groups["g"].members["a"].revoking
+
+
 def test_commits_are_fenced_by_member_generation_and_assignment() -> None:
     log = Log()
     log.run(join("a"))

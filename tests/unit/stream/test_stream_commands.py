@@ -67,6 +67,16 @@ def test_consume_with_group_commits_its_offsets(common: list[str]) -> None:
     assert invoke(["consume", "lines", *group, *common]) == "c\n"
 
 
+def test_consume_takes_a_max_poll_interval(common: list[str]) -> None:
+    invoke(["topic", "create", "lines", *common])
+    invoke(["produce", "lines", *common], "a\n")
+    group = ["--group", "g", "--from-beginning", "--timeout-ms", "50"]
+    interval = ["--max-poll-interval-ms", "60000"]
+    assert invoke(["consume", "lines", *interval, *group, *common]) == "a\n"
+    refused = CliRunner().invoke(cli, ["consume", "lines", "--max-poll-interval-ms", "0"])
+    assert refused.exit_code == 2 and "--max-poll-interval-ms" in refused.output
+
+
 def test_produce_refuses_a_line_without_the_key_separator(common: list[str]) -> None:
     invoke(["topic", "create", "lines", *common])
     result = CliRunner().invoke(
