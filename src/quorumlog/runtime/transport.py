@@ -355,6 +355,9 @@ class Endpoint:
         self.flush_scheduled = False
         self.server: asyncio.Server | None = None
         self.dialers: dict[str, asyncio.Task[None]] = {}
+        self.retired_dialers: set[asyncio.Task[None]] = set()
+        """Dialers cancelled for a moved or removed peer, awaited at close (a cancelled task
+        left pending when the loop ends is reported as destroyed)."""
         """Per peer: dialling it (a larger id) or announcing to it (a smaller id)."""
         self.listen_address = ""
         """Where peers should reach this node (said in every Hello we send)."""
@@ -457,12 +460,18 @@ class Endpoint:
         for peer, address in sorted(self.peer_addresses.items()):
             if peer in self.dialers and previous.get(peer) != address:
                 # The peer moved (or its address was a placeholder): dial the new one now.
-                self.dialers.pop(peer).cancel()
+                self.retire_dialer(peer)
             if peer not in self.dialers:
                 dial = self.dial_forever if peer > self.node_id else self.announce_forever
                 self.dialers[peer] = asyncio.create_task(dial(peer, address))
         for peer in [p for p in self.dialers if p not in self.peer_addresses]:
-            self.dialers.pop(peer).cancel()
+            self.retire_dialer(peer)
+
+    def retire_dialer(self, peer: str) -> None:
+        task = self.dialers.pop(peer)
+        task.cancel()
+        self.retired_dialers.add(task)
+        task.add_done_callback(self.retired_dialers.discard)
 
     async def dial_forever(self, peer: str, address: str) -> None:
         delay = RECONNECT_DELAY_SECONDS_MIN
@@ -618,9 +627,10 @@ class Endpoint:
 
     async def close(self) -> None:
         self.stopping = True
-        for task in self.dialers.values():
+        dialers = [*self.dialers.values(), *self.retired_dialers]
+        for task in dialers:
             task.cancel()
-        for task in self.dialers.values():
+        for task in dialers:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         if self.server is not None:
