@@ -10,8 +10,12 @@ the `managed.name` property of ledgers) whose topic incarnation is gone is clean
 
 A managed ledger's name is `<topic>@<created_ms>/<partition>` (stream/topics.py
 `group_id`): the incarnation is gone when no descriptor `__topics/<topic>` exists, or the
-one there was created later (the topic was deleted and created again under the same name;
-that new incarnation's names differ, so it is never touched).
+one there has another `created_ms` (the topic was deleted and created again under the same
+name; that new incarnation's names differ, so it is never touched). Another, not only a
+later one: a descriptor is never rewritten, so a live name's `created_ms` is always its
+descriptor's, and the metadata leader that created the topic again may have had a clock
+behind the first one's (a name kept only because its stamp was the larger would never be
+swept).
 
 Why a live topic is never swept (`sweep_deleted_topics`, in this order):
 
@@ -88,7 +92,9 @@ def incarnation_gone(name: str, topics: Mapping[str, int]) -> bool:
         return False  # not a name this code makes: not ours to delete
     topic, created_ms = incarnation
     current = topics.get(topic)
-    return current is None or current > created_ms
+    if current is None:
+        return True
+    return current != UNKNOWN_CREATED_MS and current != created_ms
 
 
 def read_topics(kv: KeyValueStore) -> dict[str, int]:

@@ -87,8 +87,10 @@ def test_an_incarnation_is_gone_when_its_topic_is_absent_or_was_created_again() 
     assert not incarnation_gone("live@5/0", topics)
     assert incarnation_gone("again@5/1", topics)
     assert not incarnation_gone("again@9/1", topics)
-    # A name from a descriptor older than the one stored, or not one we make: never ours.
-    assert not incarnation_gone("live@7/0", topics)
+    # A name whose stamp is larger than the stored descriptor's is gone too (that topic
+    # was created again by a leader whose clock was behind); one we do not make: not ours.
+    assert incarnation_gone("live@7/0", topics)
+    assert not incarnation_gone("bad@5/0", {"bad": -1})  # a descriptor that does not decode
     assert not incarnation_gone("deleted/0", topics)
     assert not incarnation_gone("deleted@x/0", topics)
 
@@ -188,3 +190,21 @@ def test_a_live_topics_unlisted_ledger_is_kept_while_there_is_no_record() -> Non
     ledger_id = create_stamped(store, "live@5/0", 1)  # the first owner's, before its record
     assert sweep_deleted_topics(kv, store).ledgers == []
     assert store.list_ledgers() == [ledger_id]
+
+
+def test_a_topic_created_again_by_a_clock_behind_the_first_still_sweeps_the_first() -> None:
+    # The metadata leader that created "again" the second time had a clock behind the one
+    # that created it first (leadership moved to a node with a slower clock), so the new
+    # incarnation's created_ms is the smaller one. The first incarnation is gone all the
+    # same: a descriptor is never rewritten, so one holding another created_ms means the
+    # one a name was made from was deleted.
+    kv = DictKV()
+    store = KVMetadataStore(kv)
+    add_topic(kv, "again", 4)
+    old = add_partition(kv, store, "again@9/0", listed=2, orphans=1)
+    new = add_partition(kv, store, "again@4/0", listed=1, orphans=0)
+    swept = sweep_deleted_topics(kv, store)
+    assert swept.names == ["again@9/0"]
+    assert sorted(ledger.ledger_id for ledger in swept.ledgers) == sorted(old)
+    assert keys_of(kv, "again@9/0", old) == []
+    assert len(keys_of(kv, "again@4/0", new)) == 3
