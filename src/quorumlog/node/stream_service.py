@@ -123,6 +123,11 @@ class StreamService:
         self.sync_scheduled = False
         self.retention_task: asyncio.Task[None] | None = None
         self.stopping = False
+        self.last_created_ms = 0
+        """The newest topic stamp this node issued: each create gets a later one, so a topic
+        deleted and created again within a millisecond is still another incarnation (its
+        partitions' group and ledger names differ, and the old one's cleanup cannot reach
+        the new one's data)."""
         settings = node.settings
         self.ledger_topics = LedgerTopicService(
             node.node_id,
@@ -423,7 +428,7 @@ class StreamService:
                 voters, request.settings.partitions, request.settings.replication
             ),
             addresses={v: a for v, a in self.node.addresses.items() if v in voters},
-            created_ms=int(time.time() * 1000),
+            created_ms=self.next_created_ms(),
         )
         command = wire.KVCommand(
             sequence=1,
@@ -449,6 +454,10 @@ class StreamService:
         self.propose_metadata(
             group, command, done, lambda problem: self.refuse(reply, request.request_id, problem)
         )
+
+    def next_created_ms(self) -> int:
+        self.last_created_ms = max(int(time.time() * 1000), self.last_created_ms + 1)
+        return self.last_created_ms
 
     def delete_topic(self, request: wire.DeleteTopic, reply: Replier) -> None:
         group = self.metadata_leader_or_refuse(request.request_id, reply)
