@@ -265,6 +265,7 @@ class StreamService:
             node.ticker,
             hooks=node.observability.hooks_for(gid),
             store=store,
+            background=node.sync_background,
         )
         hosted = HostedPartition(descriptor, partition, group, machine, directory)
         group.on_snapshot_saved = self.cut_done_callback(hosted)
