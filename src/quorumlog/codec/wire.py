@@ -750,6 +750,20 @@ class LeaseTimeToLiveResult(msgspec.Struct, frozen=True, tag=True):
     keys: list[str] = []
 
 
+class ProduceMany(msgspec.Struct, frozen=True, tag=True):
+    """Batches for several partitions in one frame, as Kafka's ProduceRequest carries one
+    per broker: the producer sends the batches of one loop turn bound for one node together.
+
+    Each part is served exactly as a `Produce` of its own and answered on its own, under its
+    own request_id (a ProduceResult or an ErrorResponse, whenever its partition answers), so
+    sequences, deduplication and errors stay per partition. A refusal of the frame as a whole
+    (auth) is one ErrorResponse under this frame's request_id, which the client hands to
+    every part."""
+
+    request_id: int
+    parts: list[Produce]
+
+
 Frame = (
     Hello
     | Welcome
@@ -810,6 +824,7 @@ Frame = (
     | WatchPollResult
     | LeaseTimeToLiveRequest
     | LeaseTimeToLiveResult
+    | ProduceMany
 )
 
 ClientRequest = (
@@ -842,6 +857,7 @@ ClientRequest = (
     | KVRangeRequest
     | WatchPoll
     | LeaseTimeToLiveRequest
+    | ProduceMany
 )
 
 CLIENT_REQUEST_TYPES: tuple[type, ...] = (
@@ -874,6 +890,7 @@ CLIENT_REQUEST_TYPES: tuple[type, ...] = (
     KVRangeRequest,
     WatchPoll,
     LeaseTimeToLiveRequest,
+    ProduceMany,
 )
 
 _batch_encoder = msgspec.msgpack.Encoder()
