@@ -32,6 +32,10 @@ class Hello(msgspec.Struct, frozen=True, tag=True):
 
 class Welcome(msgspec.Struct, frozen=True, tag=True):
     node_id: str
+    produce_many: bool = False
+    """The node serves ProduceMany frames. A trailing field with a default: a node from
+    before them says nothing, and its clients send each Produce alone (an unknown frame
+    type would close the connection)."""
 
 
 class Refused(msgspec.Struct, frozen=True, tag=True):

@@ -57,6 +57,7 @@ from quorumlog.codec.wire import (
     StatusRequest,
     StatusResponse,
     TransferLeaderRequest,
+    Welcome,
     decode,
     encode,
 )
@@ -140,6 +141,8 @@ class StreamConnection:
         """The node no longer knows the token: open a new connection (authenticating again)."""
         self.authenticated = False
         """Credentials were sent (the token may still be "" if auth was off then)."""
+        self.produce_many = False
+        """The node said (in its Welcome) that it serves ProduceMany frames."""
         self.produce_parts: list[Produce] = []
         """Produce requests of this loop turn, written together as one ProduceMany."""
         self.produce_frames: dict[int, list[int]] = {}
@@ -171,6 +174,7 @@ class StreamConnection:
                         raise
                     raise closed_after_handshake_error(endpoint) from error
                 connection.node_id = welcome_node_id(frame, endpoint)
+                connection.produce_many = isinstance(frame, Welcome) and frame.produce_many
                 if credentials is not None:
                     writer.write(encode_frame(encode(authenticate_request(credentials))))
                     connection.token = token_from(await connection.read_frame(), endpoint)
@@ -235,7 +239,7 @@ class StreamConnection:
         future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self.waiting[request_id] = future
         try:
-            if isinstance(frame, Produce):
+            if self.produce_many and isinstance(frame, Produce):
                 self.queue_produce(frame)
             else:
                 self.write_request(frame)

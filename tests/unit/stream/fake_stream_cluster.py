@@ -62,6 +62,7 @@ class FakeStreamNode(FakeNode):
 
     def __init__(self, cluster: FakeStreamCluster, node_id: str) -> None:
         super().__init__(cluster, node_id)
+        self.produce_many = True
         self.unanswered_produces = 0
         """Apply this many next produces without answering them."""
         self.produce_errors: list[wire.ErrorCode | None] = []

@@ -75,3 +75,17 @@ def test_a_refusal_of_the_whole_frame_reaches_every_part(cluster: FakeStreamClus
     assert frames_of(cluster, wire.ProduceMany)
     assert cluster.partition("events", 0).machine.next_offset == 0
     assert cluster.partition("events", 3).machine.next_offset == 0
+
+
+def test_a_node_that_does_not_say_it_serves_them_gets_each_produce_alone(
+    cluster: FakeStreamCluster,
+) -> None:
+    """A node from before ProduceMany (its Welcome has no `produce_many`) would close a
+    connection that sent one: its clients send each Produce on its own."""
+    for node_id in ("n1", "n2", "n3"):
+        cluster.node(node_id).produce_many = False
+    with Producer(cluster.endpoints, linger_ms=20) as producer:
+        futures = [producer.send("events", b"x", partition=p) for p in range(PARTITIONS)]
+        assert [future.result(timeout=10).offset for future in futures] == [0] * PARTITIONS
+    assert frames_of(cluster, wire.ProduceMany) == []
+    assert len(frames_of(cluster, wire.Produce)) == PARTITIONS
