@@ -8,7 +8,8 @@
   consumer-group commits before the coordinator) need read on the topic. Other internal
   keys (ledgers, bookies, owners) are checked as ordinary keys: grant them to the users of
   LedgerClient.
-- Produce: write on the topic; Fetch: read on the topic; partition status: either.
+- Produce: write on the topic (ProduceMany: on every part's topic); Fetch: read on the
+  topic; partition status: either.
 - Consumer groups (the coordinator): join, commit and reset need read on each topic named;
   delete needs the "topics" admin right (`group_coordinator_denial`).
 - Topic creation and deletion: the "topics" admin right. Membership changes, leader
@@ -231,6 +232,12 @@ def request_denial(rights: Rights, request: wire.ClientRequest) -> str | None:
         return scan_denial(rights, request.start, request.end)
     if isinstance(request, wire.Produce):
         return topic_denial(rights, request.topic, Access.WRITE)
+    if isinstance(request, wire.ProduceMany):
+        for part in request.parts:
+            denial = topic_denial(rights, part.topic, Access.WRITE)
+            if denial is not None:
+                return denial
+        return None
     if isinstance(request, wire.Fetch):
         return topic_denial(rights, request.topic, Access.READ)
     if isinstance(request, wire.PartitionStatusRequest):

@@ -32,6 +32,10 @@ class Hello(msgspec.Struct, frozen=True, tag=True):
 
 class Welcome(msgspec.Struct, frozen=True, tag=True):
     node_id: str
+    produce_many: bool = False
+    """The node serves ProduceMany frames. A trailing field with a default: a node from
+    before them says nothing, and its clients send each Produce alone (an unknown frame
+    type would close the connection)."""
 
 
 class Refused(msgspec.Struct, frozen=True, tag=True):
@@ -754,6 +758,20 @@ class LeaseTimeToLiveResult(msgspec.Struct, frozen=True, tag=True):
     keys: list[str] = []
 
 
+class ProduceMany(msgspec.Struct, frozen=True, tag=True):
+    """Batches for several partitions in one frame, as Kafka's ProduceRequest carries one
+    per broker: the producer sends the batches of one loop turn bound for one node together.
+
+    Each part is served exactly as a `Produce` of its own and answered on its own, under its
+    own request_id (a ProduceResult or an ErrorResponse, whenever its partition answers), so
+    sequences, deduplication and errors stay per partition. A refusal of the frame as a whole
+    (auth) is one ErrorResponse under this frame's request_id, which the client hands to
+    every part."""
+
+    request_id: int
+    parts: list[Produce]
+
+
 Frame = (
     Hello
     | Welcome
@@ -814,6 +832,7 @@ Frame = (
     | WatchPollResult
     | LeaseTimeToLiveRequest
     | LeaseTimeToLiveResult
+    | ProduceMany
 )
 
 ClientRequest = (
@@ -846,6 +865,7 @@ ClientRequest = (
     | KVRangeRequest
     | WatchPoll
     | LeaseTimeToLiveRequest
+    | ProduceMany
 )
 
 CLIENT_REQUEST_TYPES: tuple[type, ...] = (
@@ -878,6 +898,7 @@ CLIENT_REQUEST_TYPES: tuple[type, ...] = (
     KVRangeRequest,
     WatchPoll,
     LeaseTimeToLiveRequest,
+    ProduceMany,
 )
 
 _batch_encoder = msgspec.msgpack.Encoder()

@@ -26,6 +26,8 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
+import msgspec
+
 from quorumlog.auth.credentials import (
     Credentials,
     CredentialsSource,
@@ -41,6 +43,7 @@ from quorumlog.codec.wire import (
     AuthenticatedRequest,
     ClientRequest,
     Done,
+    ErrorResponse,
     Frame,
     KVCommand,
     KVCommandResult,
@@ -49,9 +52,12 @@ from quorumlog.codec.wire import (
     KVWrite,
     KVWriteResult,
     MemberChangeRequest,
+    Produce,
+    ProduceMany,
     StatusRequest,
     StatusResponse,
     TransferLeaderRequest,
+    Welcome,
     decode,
     encode,
 )
@@ -79,6 +85,9 @@ from quorumlog.tls.handshake import closed_after_handshake_error, open_stream
 
 ResponseType = TypeVar("ResponseType")
 RECEIVE_BYTES = 256 * 1024
+PRODUCE_FRAMES_TRACKED_MAX = 1024
+"""ProduceMany frames remembered per connection (for a refusal of the whole frame) before
+those with no part waiting any more are forgotten."""
 BATCH_COMMANDS_MAX_DEFAULT = 1000
 BATCH_BYTES_MAX = 8 * 1024 * 1024
 """Bytes of keys and values in one KVWrite (well under the node's 64 MiB frame bound)."""
@@ -132,6 +141,14 @@ class StreamConnection:
         """The node no longer knows the token: open a new connection (authenticating again)."""
         self.authenticated = False
         """Credentials were sent (the token may still be "" if auth was off then)."""
+        self.produce_many = False
+        """The node said (in its Welcome) that it serves ProduceMany frames."""
+        self.produce_parts: list[Produce] = []
+        """Produce requests of this loop turn, written together as one ProduceMany."""
+        self.produce_frames: dict[int, list[int]] = {}
+        """ProduceMany request id (negative: never a request's own) → its parts' ids, for
+        a refusal of the whole frame; pruned once none of its parts is waiting."""
+        self.last_produce_frame_id = 0
 
     @classmethod
     async def open(
@@ -157,6 +174,7 @@ class StreamConnection:
                         raise
                     raise closed_after_handshake_error(endpoint) from error
                 connection.node_id = welcome_node_id(frame, endpoint)
+                connection.produce_many = isinstance(frame, Welcome) and frame.produce_many
                 if credentials is not None:
                     writer.write(encode_frame(encode(authenticate_request(credentials))))
                     connection.token = token_from(await connection.read_frame(), endpoint)
@@ -190,6 +208,9 @@ class StreamConnection:
                     if replace:
                         self.token_invalid = True
                     request_id = getattr(frame, "request_id", None)
+                    if request_id is not None and request_id < 0:
+                        self.answer_produce_frame(request_id, frame)
+                        continue
                     future = self.waiting.pop(request_id, None) if request_id is not None else None
                     if future is not None and not future.done():
                         future.set_result(frame)
@@ -217,15 +238,59 @@ class StreamConnection:
             raise self.failure
         future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         self.waiting[request_id] = future
-        if self.token:
-            frame = AuthenticatedRequest(request_id=request_id, token=self.token, request=frame)
         try:
-            self.writer.write(encode_frame(encode(frame)))
+            if self.produce_many and isinstance(frame, Produce):
+                self.queue_produce(frame)
+            else:
+                self.write_request(frame)
             await self.writer.drain()
             async with asyncio.timeout_at(deadline):
                 return await future
         finally:
             self.waiting.pop(request_id, None)
+
+    def write_request(self, frame: ClientRequest) -> None:
+        if self.token:
+            frame = AuthenticatedRequest(
+                request_id=frame.request_id, token=self.token, request=frame
+            )
+        self.writer.write(encode_frame(encode(frame)))
+
+    def queue_produce(self, frame: Produce) -> None:
+        """Write `frame` with the other produce requests of this loop turn: a producer
+        spread over many partitions makes one frame per node a turn, not one per batch."""
+        self.produce_parts.append(frame)
+        if len(self.produce_parts) == 1:
+            asyncio.get_running_loop().call_soon(self.write_produce_parts)
+
+    def write_produce_parts(self) -> None:
+        parts, self.produce_parts = self.produce_parts, []
+        if not parts or not self.usable:
+            return  # failed meanwhile: `fail` told every waiter
+        if len(parts) == 1:
+            self.write_request(parts[0])
+            return
+        if len(self.produce_frames) > PRODUCE_FRAMES_TRACKED_MAX:
+            waiting = self.waiting
+            self.produce_frames = {
+                frame_id: part_ids
+                for frame_id, part_ids in self.produce_frames.items()
+                if any(part_id in waiting for part_id in part_ids)
+            }
+        self.last_produce_frame_id -= 1
+        frame_id = self.last_produce_frame_id
+        self.produce_frames[frame_id] = [part.request_id for part in parts]
+        self.write_request(ProduceMany(request_id=frame_id, parts=parts))
+
+    def answer_produce_frame(self, frame_id: int, frame: Frame) -> None:
+        """An answer to a whole ProduceMany (a refusal): every part gets it, as its own."""
+        part_ids = self.produce_frames.pop(frame_id, [])
+        if not isinstance(frame, ErrorResponse):
+            return  # a ProduceMany is answered per part; nothing else comes under its id
+        for part_id in part_ids:
+            future = self.waiting.pop(part_id, None)
+            if future is not None and not future.done():
+                future.set_result(msgspec.structs.replace(frame, request_id=part_id))
 
     async def close(self) -> None:
         if self.reader_task is not None:

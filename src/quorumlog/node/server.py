@@ -87,6 +87,7 @@ from quorumlog.raft.messages import Message
 from quorumlog.runtime.group import AsyncioScheduler, GroupRunner, GroupSettings, StateMachine
 from quorumlog.runtime.host import RaftHost
 from quorumlog.runtime.liveness import PeerLiveness
+from quorumlog.runtime.sync_batch import BatchedBackground
 from quorumlog.runtime.ticker import GroupTicker
 from quorumlog.runtime.transport import Endpoint, Replier, format_address, parse_address
 from quorumlog.shard.config import SHARD_COUNT_DEFAULT
@@ -173,6 +174,8 @@ class Node:
         # Each group keeps at most one sync in flight; several groups may sync at once.
         self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fsync")
         self.auth_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="auth")
+        self.sync_background = BatchedBackground()
+        """Where every hosted group's syncs run: those of one loop turn go out together."""
         self.address_book = AddressBook(settings.node_id)
         self.address_book.learn_all(dict(settings.peers), AddressSource.OPERATOR)
         settings.tls.validate()
@@ -383,6 +386,7 @@ class Node:
             ),
             self.ticker,
             hooks=self.observability.hooks_for(name),
+            background=self.sync_background,
         )
         self.register_group(name, group)
         return group
@@ -518,6 +522,7 @@ class Node:
         if self.bookie is not None:
             await self.bookie.close()
         self.executor.shutdown(wait=True)
+        self.sync_background.shutdown()
         self.auth_executor.shutdown(wait=False, cancel_futures=True)
 
     @property

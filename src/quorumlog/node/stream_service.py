@@ -64,6 +64,8 @@ log = logging.getLogger("quorumlog.streams")
 PRODUCE_RECORDS_MAX = 100_000
 PRODUCE_BYTES_MAX = 32 * 1024 * 1024
 FETCH_RECORDS_MAX = 100_000
+PRODUCE_PARTS_MAX = 10_000
+"""Batches in one ProduceMany frame (the frame's bytes are bounded by the transport too)."""
 RETENTION_CHECK_SECONDS = 1.0
 NEVER_SNAPSHOT_ENTRIES = 10**15
 HOST_PARTITIONS_PER_TURN = 16
@@ -274,6 +276,7 @@ class StreamService:
             node.ticker,
             hooks=node.observability.hooks_for(gid),
             store=store,
+            background=node.sync_background,
         )
         hosted = HostedPartition(descriptor, partition, group, machine, directory)
         group.on_snapshot_saved = self.cut_done_callback(hosted)
@@ -352,6 +355,8 @@ class StreamService:
             )
         elif isinstance(request, wire.Produce):
             self.produce(request, reply)
+        elif isinstance(request, wire.ProduceMany):
+            self.produce_many(request, reply)
         elif isinstance(request, wire.Fetch):
             self.fetch(request, reply)
         elif isinstance(request, wire.PartitionStatusRequest):
@@ -573,6 +578,19 @@ class StreamService:
                 error(reply, request.request_id, wire.ErrorCode.INTERNAL, str(outcome))
 
         future.add_done_callback(answer)
+
+    def produce_many(self, request: wire.ProduceMany, reply: Replier) -> None:
+        """Serve every part as a Produce of its own; each answers under its own request id."""
+        if len(request.parts) > PRODUCE_PARTS_MAX:
+            error(
+                reply,
+                request.request_id,
+                wire.ErrorCode.BAD_REQUEST,
+                f"{len(request.parts)} batches in one frame; at most {PRODUCE_PARTS_MAX}",
+            )
+            return
+        for part in request.parts:
+            self.produce(part, reply)
 
     def fetch(self, request: wire.Fetch, reply: Replier) -> None:
         ledger_partition = self.ledger_topics.serves(request.topic, request.partition)

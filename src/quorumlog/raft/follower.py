@@ -8,7 +8,9 @@ What the follower tracks about the current leader:
   diverge from the leader (not yet compared) are never applied.
 
 Every response that claims a match goes out after persist: the leader counts it toward a
-quorum, so the entries it covers must be durable first.
+quorum, so the entries it covers must be durable first. The one exception, a heartbeat's
+answer (`answer_heartbeat`), goes out at once and claims a match only through what is
+durable already.
 """
 
 from __future__ import annotations
@@ -84,11 +86,14 @@ class FollowerState:
             self.handle_append(push)
         else:
             self.advance_commit(push.commit_index)
-            quiet = push.quiesce and self.holds_everything(push)
-            if quiet:
-                core.quiet = True
-                self.parked = {}
-            self.respond(push, success=True, match_index=self.verified_index, quiet=quiet)
+            if push.quiesce:
+                quiet = self.holds_everything(push)
+                if quiet:
+                    core.quiet = True
+                    self.parked = {}
+                self.respond(push, success=True, match_index=self.verified_index, quiet=quiet)
+            else:
+                self.answer_heartbeat(push)
 
     def holds_everything(self, push: Push) -> bool:
         """May we go quiet on this quiesce push? Only if our log is the leader's, verified,
@@ -199,6 +204,23 @@ class FollowerState:
             require(commit <= core.log.last_index, "commit beyond our log")
             core.commit_index = commit
 
+    def answer_heartbeat(self, push: Push) -> None:
+        """Answer a heartbeat now, not after persist, claiming only what is durable already.
+
+        Every other answer waits for the follower's sync, and so did this one; with many
+        groups syncing on a busy disk that took longer than an election timeout, and
+        leaders that heard no answer stepped down (check-quorum) although every follower
+        was there. A heartbeat answer that claims a match only through `persisted_index`
+        can go out at once: what the leader counts toward a quorum is durable, and it is
+        never below a match this follower reported before (those went out after their
+        sync). A term taken up in this very step is not saved yet: then it waits."""
+        core = self.core
+        if core.term != core.last_hard_state.term:
+            self.respond(push, success=True, match_index=self.verified_index)
+            return
+        durable_match = min(self.verified_index, core.log.persisted_index)
+        core.send(self.push_response(push, success=True, match_index=durable_match))
+
     def respond(
         self,
         push: Push,
@@ -210,21 +232,40 @@ class FollowerState:
         quiet: bool = False,
     ) -> None:
         self.core.send_after_persist(
-            PushResponse(
-                source=self.core.node_id,
-                target=push.source,
-                term=self.core.term,
-                kind=push.kind,
-                round=push.round,
+            self.push_response(
+                push,
                 success=success,
-                index=push.index,
                 match_index=match_index,
-                end_index=self.core.log.last_index,
                 conflict_term=conflict_term,
                 conflict_index=conflict_index,
-                read_sequence=push.read_sequence,
                 quiet=quiet,
             )
+        )
+
+    def push_response(
+        self,
+        push: Push,
+        *,
+        success: bool,
+        match_index: int = 0,
+        conflict_term: int = 0,
+        conflict_index: int = 0,
+        quiet: bool = False,
+    ) -> PushResponse:
+        return PushResponse(
+            source=self.core.node_id,
+            target=push.source,
+            term=self.core.term,
+            kind=push.kind,
+            round=push.round,
+            success=success,
+            index=push.index,
+            match_index=match_index,
+            end_index=self.core.log.last_index,
+            conflict_term=conflict_term,
+            conflict_index=conflict_index,
+            read_sequence=push.read_sequence,
+            quiet=quiet,
         )
 
     # --- snapshots ------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from quorumlog.raft.core import RaftCore
 from quorumlog.raft.messages import Message, SnapshotMeta
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.host import HostHooks, HostSettings, RaftHost
-from quorumlog.runtime.resources import StateMachine, Timer
+from quorumlog.runtime.resources import Background, StateMachine, Timer
 from quorumlog.runtime.stable import HardStateFile, SnapshotStore
 from quorumlog.runtime.ticker import GroupTicker
 from quorumlog.storage import MmapLogStore, SegmentLogStore, SyncPolicy
@@ -198,9 +198,11 @@ class GroupRunner:
         ticker: GroupTicker | None = None,
         hooks: HostHooks | None = None,
         store: LogStore | None = None,
+        background: Background | None = None,
     ) -> None:
         """`ticker`: the node's shared ticker (None: the group ticks on a timer of its own);
-        `hooks`: what observes the host (the node's events and metrics)."""
+        `hooks`: what observes the host (the node's events and metrics); `background`: where
+        its syncs run (the node's shared `BatchedBackground`; None: on `executor`)."""
         self.settings = settings or GroupSettings()
         data_dir.mkdir(parents=True, exist_ok=True)
         loop = asyncio.get_running_loop()
@@ -217,7 +219,7 @@ class GroupRunner:
                 send=lambda message: send(group_id, message.target, message),
                 bootstrap=bootstrap,
                 scheduler=AsyncioScheduler(loop),
-                background=ExecutorBackground(executor, loop),
+                background=background or ExecutorBackground(executor, loop),
                 random_source=random.Random(),
                 settings=self.settings.host_settings(),
                 ticker=ticker,

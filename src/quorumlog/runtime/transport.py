@@ -244,7 +244,7 @@ class Connection(asyncio.Protocol):
                 self.refuse(f"peer {frame.sender!r}: {problem}")
                 return False
         self.ready = True
-        self.write(wire.Welcome(node_id=endpoint.node_id))
+        self.write(wire.Welcome(node_id=endpoint.node_id, produce_many=True))
         if frame.is_peer:
             self.peer_id = frame.sender
             address = announced_address(frame.listen, self.remote_host)

@@ -42,6 +42,8 @@ class FakeNode:
         """Hold write answers until this many writes arrived (proves pipelining)."""
         self.held_answers: list[wire.Frame] = []
         self.requests: list[wire.Frame] = []
+        self.produce_many = False
+        """Say in the Welcome that this node serves ProduceMany frames."""
         self.request_arrived = asyncio.Condition()
 
     @property
@@ -108,7 +110,7 @@ class FakeNode:
         if frame.cluster_id != self.cluster.cluster_id:
             reply(wire.Refused(reason=f"cluster id {frame.cluster_id!r} is not ours"))
             return False
-        reply(wire.Welcome(node_id=self.node_id))
+        reply(wire.Welcome(node_id=self.node_id, produce_many=self.produce_many))
         return True
 
     def not_leader(self, request_id: int) -> wire.ErrorResponse:

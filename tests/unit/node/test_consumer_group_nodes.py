@@ -7,6 +7,7 @@ that stops polling (max_poll_interval_ms)."""
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -294,3 +295,31 @@ def test_a_member_that_stops_polling_gives_its_partitions_up_and_rejoins(
             assert time.monotonic() < deadline, "the stuck member never got a partition back"
         assert stuck.assignment() | live.assignment() == both
         assert not stuck.assignment() & live.assignment()
+
+
+def test_batches_for_many_partitions_of_one_node_share_a_frame(endpoints: list[str]) -> None:
+    """Six partitions over three nodes: a node leads two or more, and the producer sends their
+    batches in one ProduceMany, which the node serves part by part (stream_service.py)."""
+    topic = "spread"
+    partitions = 6
+    with Admin(endpoints) as admin:
+        admin.create_topic(topic, partitions=partitions, replication=3)
+    with Producer(endpoints, linger_ms=math.inf) as producer:
+        for partition in range(partitions):  # leaders known: later batches go straight there
+            producer.send(topic, b"first", partition=partition)
+        producer.flush(timeout=WAIT_SECONDS)
+        futures = [
+            producer.send(topic, f"v{number}".encode(), partition=number % partitions)
+            for number in range(600)
+        ]
+        producer.flush(timeout=WAIT_SECONDS)  # every partition's batch leaves in one turn
+        offsets = [future.result(0).offset for future in futures]
+        connections = [task.result() for task in producer.transport.kv.connections.values()]
+        assert any(connection.last_produce_frame_id < 0 for connection in connections)
+    for partition in range(partitions):
+        assert offsets[partition::partitions] == list(range(1, 101))
+    with Consumer(endpoints) as consumer:
+        records = consumer.read(topic, 5, 0, 1000)
+        assert [r.value for r in records] == [b"first"] + [
+            f"v{number}".encode() for number in range(5, 600, partitions)
+        ]

@@ -62,15 +62,25 @@ class FakeStreamNode(FakeNode):
 
     def __init__(self, cluster: FakeStreamCluster, node_id: str) -> None:
         super().__init__(cluster, node_id)
+        self.produce_many = True
         self.unanswered_produces = 0
         """Apply this many next produces without answering them."""
         self.produce_errors: list[wire.ErrorCode | None] = []
         """Answer the next produces with these codes in turn; None: apply it, answer nothing."""
         self.stale_topic_list = False
         """Answer ListTopics as a follower that has not applied any topic yet."""
+        self.refuse_produce_frames: wire.ErrorCode | None = None
+        """Refuse every ProduceMany as a whole with this code (as auth would)."""
 
     def produces(self) -> list[wire.Produce]:
-        return [frame for frame in self.requests if isinstance(frame, wire.Produce)]
+        """Every produce received, those that came as parts of a ProduceMany included."""
+        found: list[wire.Produce] = []
+        for frame in self.requests:
+            if isinstance(frame, wire.Produce):
+                found.append(frame)
+            elif isinstance(frame, wire.ProduceMany):
+                found += frame.parts
+        return found
 
     def handle(self, frame: wire.Frame, reply: Any) -> None:
         if isinstance(frame, wire.CreateTopic | wire.DeleteTopic):
@@ -83,6 +93,12 @@ class FakeStreamNode(FakeNode):
             reply(wire.TopicList(request_id=frame.request_id, topics=topics))
         elif isinstance(frame, wire.Produce):
             self.produce(frame, reply)
+        elif isinstance(frame, wire.ProduceMany):
+            if self.refuse_produce_frames is not None:
+                reply(wire.ErrorResponse(frame.request_id, self.refuse_produce_frames, "refused"))
+                return
+            for part in frame.parts:
+                self.produce(part, reply)
         elif isinstance(frame, wire.Fetch):
             self.fetch(frame, reply)
         elif isinstance(frame, wire.PartitionStatusRequest):
