@@ -484,7 +484,11 @@ class ManagedLedger:
             self.begin_writing(created, first_offset)
 
         def refused(error: BaseException) -> None:
-            self.store.delete_ledger(created.ledger_id)  # never used: nothing to keep
+            if isinstance(error, NotPartitionOwnerError):
+                # The record changed under us: certainly not listed, never used.
+                self.store.delete_ledger(created.ledger_id)
+            # Otherwise the record may yet list it (an unknown outcome): the next owner finds
+            # it there, or the sweep collects it as an orphan of an earlier owner epoch.
             self.fail(error)
 
         chain(self.change_record(change), stored, refused)

@@ -25,10 +25,10 @@ from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from quorumlog.errors import (
-    LedgerError,
     LedgerNotFoundError,
     ManagedLedgerConflictError,
     QuorumLogError,
+    UnknownOutcomeError,
 )
 from quorumlog.kv.internal_keys import internal_keys
 from quorumlog.ledger.managed_format import (
@@ -43,6 +43,8 @@ from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.resources import Scheduler
 
 log = logging.getLogger("quorumlog.ledger.managed_kv")
+CAS_SETTLE_ATTEMPTS = 3
+"""Compare-and-sets sent again after an unknown outcome before giving up as unknown."""
 
 ResultType = TypeVar("ResultType")
 
@@ -148,16 +150,25 @@ class KVManagedLedgerStore:
 
 
 def compare_and_set(kv: KeyValueStore, key: str, expected: str | None, new: str | None) -> bool:
-    """`kv.cas`, with an unknown outcome settled by reading the key back: True if `new` is
-    stored now (ours took effect), False if something else is. Typed errors of the read
-    back propagate (the outcome is still unknown: the caller retries or gives up)."""
+    """`kv.cas`, with an unknown outcome settled: True if `new` is stored now (ours took
+    effect), False if something else is. A read back that still finds `expected` proves
+    nothing (the first write may yet apply), so the same compare-and-set is sent again:
+    whichever of the two applies first decides, and the other then fails its compare.
+    UnknownOutcomeError if no attempt settles it; typed errors of the read back propagate."""
     try:
         return kv.cas(key, expected, new)
     except QuorumLogError as error:
-        log.info("compare-and-set of %s: outcome unknown (%s); reading it back", key, error)
+        problem: QuorumLogError = error
+    for _ in range(CAS_SETTLE_ATTEMPTS):
+        log.info("compare-and-set of %s: outcome unknown (%s); reading it back", key, problem)
         after = kv.get(key)
         if after == new:
             return True
-        if after == expected:
-            raise LedgerError(f"compare-and-set of {key} did not take effect: {error}") from error
-        return False
+        if after != expected:
+            return False
+        try:
+            if kv.cas(key, expected, new):
+                return True
+        except QuorumLogError as error:
+            problem = error
+    raise UnknownOutcomeError(f"compare-and-set of {key}: outcome unknown: {problem}")

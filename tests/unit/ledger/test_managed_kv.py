@@ -11,13 +11,12 @@ from typing import TypeVar
 import pytest
 
 from quorumlog.errors import (
-    LedgerError,
     ManagedLedgerConflictError,
     QuorumLogError,
     UnknownOutcomeError,
 )
 from quorumlog.ledger.managed_format import ManagedLedgerRecord
-from quorumlog.ledger.managed_kv import KVManagedLedgerStore
+from quorumlog.ledger.managed_kv import KVManagedLedgerStore, compare_and_set
 from quorumlog.ledger.metadata import new_ledger_metadata
 from quorumlog.ledger.metadata_kv import KVMetadataStore
 from quorumlog.runtime.completion import Completion
@@ -112,10 +111,57 @@ def test_an_unknown_outcome_is_settled_by_reading_the_record_back() -> None:
     record = ManagedLedgerRecord(name=NAME, owner="n1", owner_epoch=1)
     world.kv.unknown_after_cas = True
     assert world.wait(world.store.write_record(record, None)) == record
+    # Timed out before the write: the read back finds the old record, which proves nothing
+    # (the write may still apply), so the same compare-and-set goes again and settles it.
     world.kv.unknown_after_cas = False
-    with pytest.raises(LedgerError, match="did not take effect"):
-        world.wait(world.store.write_record(record.updated(), 0))
-    assert world.wait(world.store.read_record(NAME)) == record
+    updated = record.updated()
+    assert world.wait(world.store.write_record(updated, 0)) == updated
+    assert world.wait(world.store.read_record(NAME)) == updated
+
+
+def test_a_write_that_applies_after_the_read_back_still_counts_as_ours() -> None:
+    """The first compare-and-set times out, the read back finds the old value, then the
+    first write applies late: the resent one fails its compare, and the record is ours."""
+    kv = LateKV()
+    kv.data["key"] = "old"
+    assert compare_and_set(kv, "key", "old", "new")
+    assert kv.data["key"] == "new"
+
+
+def test_an_outcome_never_settled_is_reported_unknown_not_refused() -> None:
+    kv = DictKV()
+    kv.data["key"] = "old"
+    kv.cas = lambda key, expected, new: raise_unknown()  # type: ignore[method-assign]
+    with pytest.raises(UnknownOutcomeError):
+        compare_and_set(kv, "key", "old", "new")
+
+
+def raise_unknown() -> bool:
+    raise UnknownOutcomeError("no answer")
+
+
+class LateKV(DictKV):
+    """Its first compare-and-set times out and applies only after the next read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.late: tuple[str, str | None] | None = None
+
+    def get(self, key: str, stale: bool = False) -> str | None:
+        found = super().get(key)
+        if self.late is not None:
+            late_key, late_value = self.late
+            self.late = None
+            if late_value is not None:
+                self.data[late_key] = late_value
+        return found
+
+    def cas(self, key: str, expected: str | None, new: str | None) -> bool:
+        if self.late is None and not hasattr(self, "sent"):
+            self.sent = True
+            self.late = (key, new)
+            raise UnknownOutcomeError("timed out; still in the log")
+        return super().cas(key, expected, new)
 
 
 def test_deleting_a_ledger_drops_it_on_its_bookies_and_a_missing_one_counts_as_deleted() -> None:
