@@ -25,7 +25,7 @@ import hashlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import msgspec
 
@@ -360,31 +360,37 @@ class V3Operations(ABC):
         return Watch(self.watch_client(), key, range_end(key, end, prefix), start_revision)
 
 
-class Watch:
-    """One watch: iterate it for events (it blocks until there are some); `close` ends it
-    (the iteration then stops). Each event comes once, in revision order, with no gap:
-    every poll asks from the revision after the last one seen, of whichever node leads."""
+def next_revision_after(next_revision: int, answer: wire.WatchPollResult) -> int:
+    """Where a watch's next poll starts after `answer`: after its last event, or, with
+    none, after the revision it answered at (nothing in range changed up to it, nor, asking
+    from "now", since the poll started)."""
+    if answer.events:
+        return answer.events[-1].kv.mod_revision + 1
+    return max(next_revision, answer.revision + 1)
 
-    def __init__(
-        self, client: V3Operations, key: str, end: str | None, start_revision: int
-    ) -> None:
-        self.client = client
-        self.key = key
-        self.end = end
+
+class PolledWatch(ABC):
+    """A watch made of long polls: iterate it for events (it blocks until there are some);
+    `close` ends it (the iteration then stops). Each event comes once, in revision order,
+    with no gap: every poll asks from the revision after the last one seen. Subclasses say
+    whom to ask (`ask`) and what to close (`close_client`)."""
+
+    def __init__(self, start_revision: int) -> None:
         self.next_revision = start_revision
         """The first revision not yet seen (0: from now, until the first answer)."""
         self.buffered: collections.deque[WatchEvent] = collections.deque()
         self.closed = False
 
+    @abstractmethod
+    def ask(self, from_revision: int, wait_seconds: float) -> wire.WatchPollResult: ...
+
+    @abstractmethod
+    def close_client(self) -> None: ...
+
     def poll(self, wait_seconds: float = WATCH_WAIT_SECONDS) -> list[WatchEvent]:
         """One long poll: the events it brought (none if nothing changed in the wait)."""
-        answer = self.client.watch_poll(self.key, self.end, self.next_revision, wait_seconds)
-        if answer.events:
-            self.next_revision = answer.events[-1].kv.mod_revision + 1
-        else:
-            # Nothing in range changed up to the answer's revision (nor, asking from "now",
-            # since the poll started).
-            self.next_revision = max(self.next_revision, answer.revision + 1)
+        answer = self.ask(self.next_revision, wait_seconds)
+        self.next_revision = next_revision_after(self.next_revision, answer)
         return answer.events
 
     def __iter__(self) -> Iterator[WatchEvent]:
@@ -399,8 +405,9 @@ class Watch:
             except UnavailableError:
                 if self.closed:  # closed from another thread under a poll
                     raise StopIteration from None
-                # No node answered for a whole client timeout: a watch outlasts outages
-                # (as etcd's does) and asks again from the same revision.
+                # Nobody answered for a whole client timeout (a leader change, a shard on
+                # the move): a watch outlasts outages (as etcd's does) and asks again from
+                # the same revision.
                 continue
             except ClientError:
                 if self.closed:
@@ -410,9 +417,9 @@ class Watch:
 
     def close(self) -> None:
         self.closed = True
-        self.client.close()
+        self.close_client()
 
-    def __enter__(self) -> Watch:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -424,11 +431,31 @@ class Watch:
         self.close()
 
 
+class Watch(PolledWatch):
+    """One watch of a key or range, asking whichever node leads."""
+
+    def __init__(
+        self, client: V3Operations, key: str, end: str | None, start_revision: int
+    ) -> None:
+        super().__init__(start_revision)
+        self.client = client
+        self.key = key
+        self.end = end
+
+    def ask(self, from_revision: int, wait_seconds: float) -> wire.WatchPollResult:
+        return self.client.watch_poll(self.key, self.end, from_revision, wait_seconds)
+
+    def close_client(self) -> None:
+        self.client.close()
+
+
 __all__ = [
     "LeaseTimeToLive",
+    "PolledWatch",
     "RangeResult",
     "TxnResult",
     "V3Operations",
     "Watch",
     "WatchEvent",
+    "next_revision_after",
 ]

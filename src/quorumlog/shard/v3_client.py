@@ -39,19 +39,22 @@ revision.
 
 from __future__ import annotations
 
-import collections
 import heapq
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from types import TracebackType
+from collections.abc import Callable
 from typing import TypeVar
 
 import msgspec
 
 from quorumlog.codec import kv_v3, wire
-from quorumlog.codec.kv_v3 import KeyValue, WatchEvent
-from quorumlog.errors import ClientError, ShardMovedError, UnavailableError
-from quorumlog.kv.v3_client import WATCH_WAIT_SECONDS, raise_failure, range_end
+from quorumlog.codec.kv_v3 import KeyValue
+from quorumlog.errors import ShardMovedError
+from quorumlog.kv.v3_client import (
+    PolledWatch,
+    next_revision_after,
+    raise_failure,
+    range_end,
+)
 from quorumlog.shard.shard_store import SHARD_MOVED
 
 ResponseType = TypeVar("ResponseType")
@@ -74,14 +77,6 @@ def raise_shard_failure(failure: kv_v3.V3Failure) -> None:
     if failure.code == SHARD_MOVED:
         raise ShardMovedError(failure.message)
     raise_failure(failure)
-
-
-def next_revision_after(next_revision: int, answer: wire.WatchPollResult) -> int:
-    """Where a watch's next poll starts after `answer`: after its last event, or, with
-    none, after the revision it answered at (nothing in range changed up to it)."""
-    if answer.events:
-        return answer.events[-1].kv.mod_revision + 1
-    return max(next_revision, answer.revision + 1)
 
 
 class ShardedV3Operations(ABC):
@@ -286,11 +281,9 @@ class ShardedV3Operations(ABC):
         return ShardWatch(self.watch_client(), shard, key, wire_end, start_revision)
 
 
-class ShardWatch:
-    """One watch of one shard: iterate it for events (it blocks until there are some);
-    `close` ends it (the iteration then stops). Each event comes once, in the shard's
-    revision order, with no gap: every poll asks from the revision after the last one
-    seen, of whichever group serves the shard and whichever of its nodes leads."""
+class ShardWatch(PolledWatch):
+    """One watch of one shard, in the shard's revision order, asking whichever group serves
+    the shard and whichever of its nodes leads."""
 
     def __init__(
         self,
@@ -300,58 +293,17 @@ class ShardWatch:
         end: str | None,
         start_revision: int,
     ) -> None:
+        super().__init__(start_revision)
         self.client = client
         self.shard = shard
         self.key = key
         self.end = end
-        self.next_revision = start_revision
-        """The first revision not yet seen (0: from now, until the first answer)."""
-        self.buffered: collections.deque[WatchEvent] = collections.deque()
-        self.closed = False
 
-    def poll(self, wait_seconds: float = WATCH_WAIT_SECONDS) -> list[WatchEvent]:
-        """One long poll: the events it brought (none if nothing changed in the wait)."""
-        answer = self.client.watch_poll(
-            self.shard, self.key, self.end, self.next_revision, wait_seconds
-        )
-        self.next_revision = next_revision_after(self.next_revision, answer)
-        return answer.events
+    def ask(self, from_revision: int, wait_seconds: float) -> wire.WatchPollResult:
+        return self.client.watch_poll(self.shard, self.key, self.end, from_revision, wait_seconds)
 
-    def __iter__(self) -> Iterator[WatchEvent]:
-        return self
-
-    def __next__(self) -> WatchEvent:
-        while not self.buffered:
-            if self.closed:
-                raise StopIteration
-            try:
-                self.buffered.extend(self.poll())
-            except UnavailableError:
-                if self.closed:  # closed from another thread under a poll
-                    raise StopIteration from None
-                # No group served the shard for a whole client timeout (it may be moving):
-                # a watch outlasts outages and asks again from the same revision.
-                continue
-            except ClientError:
-                if self.closed:
-                    raise StopIteration from None
-                raise
-        return self.buffered.popleft()
-
-    def close(self) -> None:
-        self.closed = True
+    def close_client(self) -> None:
         self.client.close()
-
-    def __enter__(self) -> ShardWatch:
-        return self
-
-    def __exit__(
-        self,
-        error_type: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 __all__ = [
