@@ -16,58 +16,46 @@ from quorumlog.codec import wire
 from quorumlog.kv.machine import KVStateMachine
 from quorumlog.kv.mvcc import StoreFailure
 from quorumlog.kv.reserved import is_reserved_key, range_touches_reserved
+from quorumlog.node.held_polls import HeldPoll, HeldPolls
 from quorumlog.runtime.handle import GroupHandle
-from quorumlog.runtime.resources import Timer
 
 Replier = Callable[[wire.Frame], None]
 WATCH_EVENTS_PER_ANSWER_MAX = 1_000
 """About how many events one answer carries (a revision is never split)."""
-WATCH_WAIT_MS_MAX = 30_000
 WATCHES_WAITING_MAX = 10_000
 """Polls held at once on one node; past it a poll is answered at once, empty."""
 
 
-class WaitingPoll:
-    __slots__ = ("from_revision", "reply", "request", "timer")
+class WaitingPoll(HeldPoll):
+    __slots__ = ("from_revision", "reply", "request")
 
     def __init__(self, request: wire.WatchPoll, from_revision: int, reply: Replier) -> None:
+        super().__init__()
         self.request = request
         self.from_revision = from_revision
         self.reply = reply
-        self.timer: Timer | None = None
 
 
-class WatchPolls:
+class WatchPolls(HeldPolls[WaitingPoll]):
     """The polls waiting on one node for their first event."""
 
     def __init__(self, group: GroupHandle, machine: Callable[[], KVStateMachine]) -> None:
-        self.group = group
+        super().__init__(group, WATCHES_WAITING_MAX)
         self.machine = machine
-        self.waiting: list[WaitingPoll] = []
-        self.wake_scheduled = False
 
     def poll(self, request: wire.WatchPoll, reply: Replier) -> None:
         """Answer now if there are events (or a failure), else hold the poll."""
         store = self.machine().store
         from_revision = request.from_revision or store.revision + 1
-        if self.answer(request, from_revision, reply, final=request.wait_ms <= 0):
-            return
-        if len(self.waiting) >= WATCHES_WAITING_MAX:
-            self.answer(request, from_revision, reply, final=True)
-            return
-        waiting = WaitingPoll(request, from_revision, reply)
-        wait_seconds = min(request.wait_ms, WATCH_WAIT_MS_MAX) / 1000
-        waiting.timer = self.group.scheduler.call_later(wait_seconds, lambda: self.expire(waiting))
-        self.waiting.append(waiting)
+        self.answer_or_hold(WaitingPoll(request, from_revision, reply), request.wait_ms)
 
-    def answer(
-        self, request: wire.WatchPoll, from_revision: int, reply: Replier, final: bool
-    ) -> bool:
+    def answer(self, poll: WaitingPoll, final: bool) -> bool:
         """Reply if there is something to say (or `final`); whether it replied."""
+        request, reply = poll.request, poll.reply
         store = self.machine().store
         try:
             events = store.events_since(
-                from_revision, request.key, request.end, WATCH_EVENTS_PER_ANSWER_MAX
+                poll.from_revision, request.key, request.end, WATCH_EVENTS_PER_ANSWER_MAX
             )
         except StoreFailure as failure:
             reply(
@@ -91,28 +79,6 @@ class WatchPolls:
             return False
         reply(wire.WatchPollResult(request_id=request.request_id, events=events, revision=revision))
         return True
-
-    def expire(self, waiting: WaitingPoll) -> None:
-        if waiting in self.waiting:
-            self.waiting.remove(waiting)
-            self.answer(waiting.request, waiting.from_revision, waiting.reply, final=True)
-
-    def changed(self) -> None:
-        """The store's revision moved: wake the polls after this apply returns."""
-        if self.waiting and not self.wake_scheduled:
-            self.wake_scheduled = True
-            self.group.scheduler.call_soon(self.wake)
-
-    def wake(self) -> None:
-        self.wake_scheduled = False
-        still: list[WaitingPoll] = []
-        for waiting in self.waiting:
-            if self.answer(waiting.request, waiting.from_revision, waiting.reply, final=False):
-                if waiting.timer is not None:
-                    waiting.timer.cancel()
-            else:
-                still.append(waiting)
-        self.waiting = still
 
 
 __all__ = ["WATCH_EVENTS_PER_ANSWER_MAX", "WatchPolls"]

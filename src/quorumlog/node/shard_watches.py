@@ -23,9 +23,9 @@ import msgspec
 from quorumlog.codec import wire
 from quorumlog.codec.kv_v3 import KeyValue, V3Failure, WatchEvent
 from quorumlog.kv.mvcc import MVCCStore, StoreFailure
-from quorumlog.node.kv_watches import WATCH_EVENTS_PER_ANSWER_MAX, WATCH_WAIT_MS_MAX
+from quorumlog.node.held_polls import HeldPoll, HeldPolls
+from quorumlog.node.kv_watches import WATCH_EVENTS_PER_ANSWER_MAX
 from quorumlog.runtime.handle import GroupHandle
-from quorumlog.runtime.resources import Timer
 from quorumlog.shard.group_commands import WrongGroup
 from quorumlog.shard.group_machine import ShardGroupMachine
 from quorumlog.shard.shard_store import SHARD_MOVED
@@ -94,28 +94,26 @@ def shard_range(request: wire.KVRangeRequest, store: MVCCStore) -> wire.KVRangeR
     )
 
 
-class WaitingShardPoll:
-    __slots__ = ("from_revision", "reply", "request", "shard", "timer")
+class WaitingShardPoll(HeldPoll):
+    __slots__ = ("from_revision", "reply", "request", "shard")
 
     def __init__(
         self, request: wire.WatchPoll, shard: int, from_revision: int, reply: Replier
     ) -> None:
+        super().__init__()
         self.request = request
         self.shard = shard
         self.from_revision = from_revision
         self.reply = reply
-        self.timer: Timer | None = None
 
 
-class ShardWatchPolls:
+class ShardWatchPolls(HeldPolls[WaitingShardPoll]):
     """The watch polls waiting on one node for events of one shard group's shards."""
 
     def __init__(self, gid: int, group: GroupHandle, machine: ShardGroupMachine) -> None:
+        super().__init__(group, SHARD_WATCHES_WAITING_MAX)
         self.gid = gid
-        self.group = group
         self.machine = machine
-        self.waiting: list[WaitingShardPoll] = []
-        self.wake_scheduled = False
 
     def poll(self, request: wire.WatchPoll, shard: int, reply: Replier) -> None:
         """Answer now if there are events (or a failure, or the shard is not served),
@@ -125,23 +123,16 @@ class ShardWatchPolls:
             reply(wrong_group_error(request.request_id, store, self.gid))
             return
         from_revision = request.from_revision or store.revision + 1
-        final = request.wait_ms <= 0 or len(self.waiting) >= SHARD_WATCHES_WAITING_MAX
-        if self.answer(request, shard, from_revision, reply, final=final):
-            return
-        waiting = WaitingShardPoll(request, shard, from_revision, reply)
-        wait_seconds = min(request.wait_ms, WATCH_WAIT_MS_MAX) / 1000
-        waiting.timer = self.group.scheduler.call_later(wait_seconds, lambda: self.expire(waiting))
-        self.waiting.append(waiting)
+        self.answer_or_hold(WaitingShardPoll(request, shard, from_revision, reply), request.wait_ms)
 
-    def answer(
-        self,
-        request: wire.WatchPoll,
-        shard: int,
-        from_revision: int,
-        reply: Replier,
-        final: bool,
-    ) -> bool:
+    def answer(self, poll: WaitingShardPoll, final: bool) -> bool:
         """Reply if there is something to say (or `final`); whether it replied."""
+        request, shard, from_revision, reply = (
+            poll.request,
+            poll.shard,
+            poll.from_revision,
+            poll.reply,
+        )
         store = self.machine.shard_store(shard)
         if isinstance(store, WrongGroup):
             reply(wrong_group_error(request.request_id, store, self.gid))
@@ -173,33 +164,6 @@ class ShardWatchPolls:
             )
         )
         return True
-
-    def expire(self, waiting: WaitingShardPoll) -> None:
-        if waiting in self.waiting:
-            self.waiting.remove(waiting)
-            self.answer(
-                waiting.request, waiting.shard, waiting.from_revision, waiting.reply, final=True
-            )
-
-    def changed(self) -> None:
-        """An entry was applied: wake the polls after this apply returns."""
-        if self.waiting and not self.wake_scheduled:
-            self.wake_scheduled = True
-            self.group.scheduler.call_soon(self.wake)
-
-    def wake(self) -> None:
-        self.wake_scheduled = False
-        still: list[WaitingShardPoll] = []
-        for waiting in self.waiting:
-            answered = self.answer(
-                waiting.request, waiting.shard, waiting.from_revision, waiting.reply, final=False
-            )
-            if answered:
-                if waiting.timer is not None:
-                    waiting.timer.cancel()
-            else:
-                still.append(waiting)
-        self.waiting = still
 
 
 __all__ = [
