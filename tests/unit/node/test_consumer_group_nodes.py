@@ -76,6 +76,13 @@ def test_a_long_poll_answers_when_records_arrive(endpoints: list[str]) -> None:
         # Nodes held the fetches (up to half a second each), so a second of waiting took a
         # few requests per partition, not a hundred re-asks.
         assert consumer.transport.kv.next_request_id - requests_before < 20
+        # Both partitions assigned and positioned (at "latest") before the record is sent: on
+        # a loaded machine the assignment may come late, and a position taken after the
+        # send would start past the record.
+        deadline = time.monotonic() + WAIT_SECONDS
+        while len(consumer.current_positions()) < 2:
+            assert consumer.poll(0.1) == []
+            assert time.monotonic() < deadline, "the consumer never positioned both partitions"
         started = time.monotonic()
         with Producer(endpoints) as producer:
             timer = threading.Timer(0.3, lambda: producer.send("audit", b"late", partition=1))

@@ -122,6 +122,13 @@ class Cluster:
             await asyncio.sleep(0.02)
 
 
+async def eventually(condition: Callable[[], bool], what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + 30
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
 def test_joins_moves_and_leaves_migrate_shards_between_real_groups(tmp_path: Path) -> None:
     async def scenario() -> None:
         nodes = await start_nodes(
@@ -156,12 +163,17 @@ def test_joins_moves_and_leaves_migrate_shards_between_real_groups(tmp_path: Pat
             for key, value in values.items():
                 assert await cluster.get(key) == value
 
-            # Group 1 dropped what moved away (garbage collection), on every replica.
-            for node in nodes:
-                group_one = node.shard_services[1].machine
-                for shard in range(SHARD_COUNT):
-                    if moved.shards[shard] == 2:
-                        assert group_one.shard_data(shard) == {}
+            # Group 1 drops what moved away (garbage collection, once group 2 confirms it
+            # holds it: a step after both serve), on every replica.
+            def moved_data_dropped() -> bool:
+                return all(
+                    node.shard_services[1].machine.shard_data(shard) == {}
+                    for node in nodes
+                    for shard in range(SHARD_COUNT)
+                    if moved.shards[shard] == 2
+                )
+
+            await eventually(moved_data_dropped, "group 1 to drop the shards that moved away")
 
             # A scan naming a shard twice returns its keys once.
             shard_of_group_two = moved.shards.index(2)
@@ -194,8 +206,11 @@ def test_joins_moves_and_leaves_migrate_shards_between_real_groups(tmp_path: Pat
             values[key] = "after the move"
             for key, value in values.items():
                 assert await cluster.get(key) == value
-            for node in nodes:
-                assert node.shard_services[1].machine.stored_key_count() == 0
+            services = [node.shard_services[1] for node in nodes]
+            await eventually(
+                lambda: all(service.machine.stored_key_count() == 0 for service in services),
+                "group 1 to drop every key after it left",
+            )
         finally:
             for client in clients:
                 await client.close()
