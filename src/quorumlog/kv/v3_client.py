@@ -263,25 +263,15 @@ class V3Operations(ABC):
         keys starting with `key` if `prefix`), in key order, at most `limit` (0: all), at
         `revision` (0: now). CompactedError if that revision was compacted."""
         wire_end = range_end(key, end, prefix)
-        kvs: list[KeyValue] = []
-        start, count, more, at_revision = key, -1, True, revision
-        while more and (limit <= 0 or len(kvs) < limit):
-            page = self.range_page(
-                start,
-                wire_end,
-                limit - len(kvs) if limit > 0 else 0,
-                keys_only,
-                count_only,
-                at_revision,
-                stale,
-            )
-            if count < 0:
-                count, at_revision = page.count, at_revision or page.revision
-            kvs.extend(page.kvs)
-            more = page.more
-            if not page.kvs or wire_end is None:
-                break
-            start = page.kvs[-1].key + "\x00"
+        kvs, count, at_revision = gather_pages(
+            lambda start, page_limit, at: self.range_page(
+                start, wire_end, page_limit, keys_only, count_only, at, stale
+            ),
+            key,
+            wire_end,
+            limit,
+            revision,
+        )
         return RangeResult(
             kvs, more=count > len(kvs) and not count_only, count=count, revision=at_revision
         )
@@ -358,6 +348,30 @@ class V3Operations(ABC):
         """Changes of `key` (or the range, or the prefix) from `start_revision` (0: from
         now) in revision order: a context manager and an iterator of WatchEvent."""
         return Watch(self.watch_client(), key, range_end(key, end, prefix), start_revision)
+
+
+def gather_pages(
+    read_page: Callable[[str, int, int], wire.KVRangeResult],
+    key: str,
+    end: str | None,
+    limit: int,
+    revision: int,
+) -> tuple[list[KeyValue], int, int]:
+    """A range read page by page (`read_page(start, limit, revision)`), every page at the
+    revision of the first, up to `limit` keys (0: all): the keys, how many there are in
+    all, and that revision."""
+    kvs: list[KeyValue] = []
+    start, count, more, at_revision = key, -1, True, revision
+    while more and (limit <= 0 or len(kvs) < limit):
+        page = read_page(start, limit - len(kvs) if limit > 0 else 0, at_revision)
+        if count < 0:
+            count, at_revision = page.count, at_revision or page.revision
+        kvs.extend(page.kvs)
+        more = page.more
+        if not page.kvs or end is None:
+            break
+        start = page.kvs[-1].key + "\x00"
+    return kvs, count, at_revision
 
 
 def next_revision_after(next_revision: int, answer: wire.WatchPollResult) -> int:
@@ -457,5 +471,6 @@ __all__ = [
     "V3Operations",
     "Watch",
     "WatchEvent",
+    "gather_pages",
     "next_revision_after",
 ]

@@ -51,6 +51,7 @@ from quorumlog.codec.kv_v3 import KeyValue
 from quorumlog.errors import ShardMovedError
 from quorumlog.kv.v3_client import (
     PolledWatch,
+    gather_pages,
     next_revision_after,
     raise_failure,
     range_end,
@@ -172,27 +173,15 @@ class ShardedV3Operations(ABC):
     ) -> tuple[list[KeyValue], int, int]:
         """One shard's keys in range, page by page at the revision of the first page;
         with how many there are in all and that revision."""
-        kvs: list[KeyValue] = []
-        start, count, more, at_revision = key, -1, True, revision
-        while more and (limit <= 0 or len(kvs) < limit):
-            page = self.range_page(
-                shard,
-                start,
-                end,
-                limit - len(kvs) if limit > 0 else 0,
-                keys_only,
-                count_only,
-                at_revision,
-                stale,
-            )
-            if count < 0:
-                count, at_revision = page.count, at_revision or page.revision
-            kvs.extend(page.kvs)
-            more = page.more
-            if not page.kvs or end is None:
-                break
-            start = page.kvs[-1].key + "\x00"
-        return kvs, count, at_revision
+        return gather_pages(
+            lambda start, page_limit, at: self.range_page(
+                shard, start, end, page_limit, keys_only, count_only, at, stale
+            ),
+            key,
+            end,
+            limit,
+            revision,
+        )
 
     def range_page(
         self,
