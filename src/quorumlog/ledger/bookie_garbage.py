@@ -36,10 +36,11 @@ import msgspec
 
 from quorumlog.auth.credentials import CredentialsSource
 from quorumlog.codec import wire
-from quorumlog.errors import ClientError, QuorumLogError
+from quorumlog.errors import QuorumLogError
 from quorumlog.kv.client import KVClient
 from quorumlog.ledger.bookie import BookieRequest
 from quorumlog.ledger.bookie_registration import DaemonWorker
+from quorumlog.ledger.metadata_client import KeptMetadataClient
 from quorumlog.ledger.metadata_kv import KVMetadataStore
 from quorumlog.runtime.transport import Replier
 from quorumlog.tls.config import TLSConfig
@@ -118,9 +119,10 @@ class BookieGarbageCollector:
         self.credentials = credentials
         self.tls = tls
         self.worker = DaemonWorker(f"bookie-{bookie.bookie_id}-garbage")
-        self.client: KVClient | None = None
-        self.client_endpoints: list[str] = []
-        """Used only on the worker's thread, like `client`."""
+        self.metadata = KeptMetadataClient(
+            cluster_id, self.settings.timeout_seconds, credentials, tls
+        )
+        """Used only on the worker's thread."""
         self.task: asyncio.Task[None] | None = None
         self.scans = 0
         """Scans that finished (for tests and status)."""
@@ -161,28 +163,10 @@ class BookieGarbageCollector:
 
     def find_garbage(self, local_ids: list[int], endpoints: list[str]) -> list[int]:
         """On the worker's thread."""
-        if self.client is None or endpoints != self.client_endpoints:
-            self.close_client()
-            self.client = self.new_client(endpoints)
-            self.client_endpoints = list(endpoints)
-        return ledgers_to_collect(local_ids, KVMetadataStore(self.client))
+        return ledgers_to_collect(local_ids, KVMetadataStore(self.metadata_kv(endpoints)))
 
-    def new_client(self, endpoints: list[str]) -> KVClient:
-        try:
-            return KVClient(
-                endpoints,
-                timeout=self.settings.timeout_seconds,
-                cluster_id=self.cluster_id,
-                credentials=self.credentials,
-                tls=self.tls,
-            )
-        except ValueError as error:
-            raise ClientError(f"no usable metadata endpoints {endpoints}: {error}") from error
-
-    def close_client(self) -> None:
-        if self.client is not None:
-            self.client.close()
-            self.client = None
+    def metadata_kv(self, endpoints: list[str]) -> KVClient:
+        return self.metadata.client_for(endpoints)
 
     async def stop(self) -> None:
         if self.task is not None:
@@ -190,5 +174,5 @@ class BookieGarbageCollector:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
             self.task = None
-        self.worker.submit(self.close_client)
+        self.worker.submit(self.metadata.close)
         self.worker.stop()

@@ -36,9 +36,9 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 
 from quorumlog.auth.credentials import CredentialsSource
-from quorumlog.errors import ClientError, QuorumLogError
-from quorumlog.kv.client import KVClient
+from quorumlog.errors import QuorumLogError
 from quorumlog.kv.internal_keys import InternalKeys
+from quorumlog.ledger.metadata_client import KeptMetadataClient
 from quorumlog.ledger.registry import (
     BOOKIE_HEARTBEAT_SECONDS,
     BOOKIE_LIVENESS_SECONDS,
@@ -117,9 +117,10 @@ class BookieRegistrar:
         self.clock = clock
         """Wall clock seconds: heartbeats carry wall time, which readers compare with theirs."""
         self.worker = DaemonWorker(f"bookie-{bookie.bookie_id}-registration")
-        self.client: KVClient | None = None
-        self.client_endpoints: list[str] = []
-        """Used only on the registrar's thread, like `client`."""
+        self.metadata = KeptMetadataClient(
+            cluster_id, self.settings.write_timeout_seconds, credentials, tls
+        )
+        """Used only on the registrar's thread."""
         self.task: asyncio.Task[None] | None = None
         self.heartbeats = 0
         """Writes that succeeded (for tests and status)."""
@@ -187,35 +188,14 @@ class BookieRegistrar:
 
     def write(self, record: BookieRecord, endpoints: list[str]) -> None:
         """On the registrar's thread: put the record, with a client for `endpoints`."""
-        if self.client is None or endpoints != self.client_endpoints:
-            self.close_client()
-            self.client = self.new_client(endpoints, self.settings.write_timeout_seconds)
-            self.client_endpoints = list(endpoints)
-        InternalKeys(self.client).put(bookie_key(record.bookie_id), encode_bookie_record(record))
+        client = self.metadata.client_for(endpoints)
+        InternalKeys(client).put(bookie_key(record.bookie_id), encode_bookie_record(record))
 
     def write_final(self, record: BookieRecord, endpoints: list[str]) -> None:
         """On the registrar's thread: the stop's one write, with its own short timeout."""
-        self.close_client()
-        with self.new_client(endpoints, self.settings.stop_write_seconds) as client:
+        self.metadata.close()
+        with self.metadata.new_client(endpoints, self.settings.stop_write_seconds) as client:
             InternalKeys(client).put(bookie_key(record.bookie_id), encode_bookie_record(record))
-
-    def new_client(self, endpoints: list[str], timeout_seconds: float) -> KVClient:
-        try:
-            return KVClient(
-                endpoints,
-                timeout=timeout_seconds,
-                cluster_id=self.cluster_id,
-                credentials=self.credentials,
-                tls=self.tls,
-            )
-        except ValueError as error:
-            # Endpoints are data here (learned, or typed by an operator): a failed heartbeat.
-            raise ClientError(f"no usable metadata endpoints {endpoints}: {error}") from error
-
-    def close_client(self) -> None:
-        if self.client is not None:
-            self.client.close()
-            self.client = None
 
     async def stop(self, mark_unwritable: bool = True) -> None:
         """Stop heartbeating; with `mark_unwritable`, first say so in the record (waited
@@ -240,7 +220,7 @@ class BookieRegistrar:
                 )
             else:
                 log.info("bookie %s is registered as taking no writes", self.bookie.bookie_id)
-        self.worker.submit(self.close_client)
+        self.worker.submit(self.metadata.close)
         self.worker.stop()
 
 

@@ -103,7 +103,7 @@ class CollectorOnDict(BookieGarbageCollector):
         )
         self.kv = kv
 
-    def new_client(self, endpoints: list[str]) -> KVClient:
+    def metadata_kv(self, endpoints: list[str]) -> KVClient:
         return cast(KVClient, self.kv)
 
 
