@@ -9,14 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
-
 from quorumlog.codec import kv_v3, wire
-from quorumlog.codec.kv_v3 import V3_OP, KeyValue
+from quorumlog.codec.kv_v3 import V3_OP
 from quorumlog.errors import NotLeaderError, QuorumLogError
 from quorumlog.kv.commands import ClientBatch, KVEntry, encode_entry
 from quorumlog.kv.machine import KVStateMachine
-from quorumlog.kv.mvcc import StoreFailure
 from quorumlog.kv.reserved import (
     RESERVED_KEY_PREFIX,
     is_reserved_key,
@@ -26,14 +23,14 @@ from quorumlog.kv.reserved import (
 from quorumlog.node.errors_to_wire import after_read_barrier, error_response
 from quorumlog.node.kv_leases import LeaseKeeper
 from quorumlog.node.kv_watches import WatchPolls
+from quorumlog.node.range_answers import range_answer
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.handle import GroupHandle
 
 Replier = Callable[[wire.Frame], None]
 WRITE_OPS = frozenset({"put", "append", "delete", "cas"})
 SCAN_LIMIT_MAX = 10_000
-RANGE_LIMIT_MAX = 10_000
-"""Keys one range answer carries at most (the client pages past it, at one revision)."""
+"""Keys one scan answer carries at most (the client pages past it)."""
 V3ReadRequest = wire.KVRangeRequest | wire.WatchPoll | wire.LeaseTimeToLiveRequest
 
 
@@ -329,39 +326,9 @@ class KVService(KVRequestService):
             reply(self.time_to_live(request))
 
     def range(self, request: wire.KVRangeRequest) -> wire.KVRangeResult:
-        store = self.machine.store
-        limit = RANGE_LIMIT_MAX if request.limit <= 0 else min(request.limit, RANGE_LIMIT_MAX)
-        try:
-            kvs: list[KeyValue] = []
-            count = 0
-            # A user's range leaves quorumlog's own keys out (kv/reserved.py).
-            for start, end in user_ranges(request.key, request.end):
-                piece, piece_count = store.range(
-                    start, end, max(limit - len(kvs), 1), request.revision
-                )
-                kvs += piece[: limit - len(kvs)]
-                count += piece_count
-        except StoreFailure as failure:
-            return wire.KVRangeResult(
-                request_id=request.request_id,
-                kvs=[],
-                more=False,
-                count=0,
-                revision=store.revision,
-                failure=failure.failure,
-            )
-        more = count > len(kvs)
-        if request.count_only:
-            kvs = []
-        elif request.keys_only:
-            kvs = [msgspec.structs.replace(kv, value=b"") for kv in kvs]
-        return wire.KVRangeResult(
-            request_id=request.request_id,
-            kvs=kvs,
-            more=more,
-            count=count,
-            revision=store.revision,
-        )
+        # A user's range leaves quorumlog's own keys out (kv/reserved.py).
+        ranges = user_ranges(request.key, request.end)
+        return range_answer(request, self.machine.store, ranges)
 
     def time_to_live(self, request: wire.LeaseTimeToLiveRequest) -> wire.LeaseTimeToLiveResult:
         store = self.machine.store

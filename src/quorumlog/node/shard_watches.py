@@ -18,13 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import msgspec
-
 from quorumlog.codec import wire
-from quorumlog.codec.kv_v3 import KeyValue, V3Failure, WatchEvent
+from quorumlog.codec.kv_v3 import V3Failure, WatchEvent
 from quorumlog.kv.mvcc import MVCCStore, StoreFailure
 from quorumlog.node.held_polls import HeldPoll, HeldPolls
 from quorumlog.node.kv_watches import WATCH_EVENTS_PER_ANSWER_MAX
+from quorumlog.node.range_answers import RANGE_LIMIT_MAX, range_answer
 from quorumlog.runtime.handle import GroupHandle
 from quorumlog.shard.group_commands import WrongGroup
 from quorumlog.shard.group_machine import ShardGroupMachine
@@ -32,8 +31,6 @@ from quorumlog.shard.shard_store import SHARD_MOVED
 
 Replier = Callable[[wire.Frame], None]
 ShardReadRequest = wire.KVRangeRequest | wire.WatchPoll
-RANGE_LIMIT_MAX = 10_000
-"""Keys one range answer carries at most (the client pages past it, at one revision)."""
 SHARD_WATCHES_WAITING_MAX = 10_000
 """Polls held at once by one shard group on one node; past it a poll is answered at once."""
 
@@ -67,31 +64,7 @@ def requested_shard(request: ShardReadRequest, machine: ShardGroupMachine) -> in
 
 def shard_range(request: wire.KVRangeRequest, store: MVCCStore) -> wire.KVRangeResult:
     """One page of a range of one shard's store (at `request.revision`, 0: now)."""
-    limit = RANGE_LIMIT_MAX if request.limit <= 0 else min(request.limit, RANGE_LIMIT_MAX)
-    try:
-        kvs, count = store.range(request.key, request.end, limit, request.revision)
-    except StoreFailure as failure:
-        return wire.KVRangeResult(
-            request_id=request.request_id,
-            kvs=[],
-            more=False,
-            count=0,
-            revision=store.revision,
-            failure=failure.failure,
-        )
-    more = count > len(kvs)
-    answered: list[KeyValue] = kvs
-    if request.count_only:
-        answered = []
-    elif request.keys_only:
-        answered = [msgspec.structs.replace(kv, value=b"") for kv in kvs]
-    return wire.KVRangeResult(
-        request_id=request.request_id,
-        kvs=answered,
-        more=more,
-        count=count,
-        revision=store.revision,
-    )
+    return range_answer(request, store, [(request.key, request.end)])
 
 
 class WaitingShardPoll(HeldPoll):
