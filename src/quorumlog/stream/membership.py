@@ -33,6 +33,7 @@ from quorumlog.stream.group_model import (
     NO_GENERATION,
     SESSION_TIMEOUT_MS_MAX,
     SESSION_TIMEOUT_MS_MIN,
+    GroupResult,
     JoinGroup,
     LeaveGroup,
 )
@@ -194,9 +195,9 @@ class Membership:
             # Sleeping is the schedule here; `wake` cuts it short (a commit was fenced).
             # Not asyncio.wait_for: on 3.11 it can swallow a cancellation that arrives as
             # the event is set, and `leave` would then wait out a whole interval.
-            interval_seconds = self.heartbeat_interval_seconds
-            if self.rebalancing:
-                interval_seconds = min(interval_seconds, REBALANCE_HEARTBEAT_SECONDS)
+            interval_seconds = heartbeat_delay_seconds(
+                self.heartbeat_interval_seconds, self.rebalancing
+            )
             # Wake when the poll interval runs out, not a heartbeat later.
             interval_seconds = max(min(interval_seconds, self.poll_timer.seconds_left()), 0.0)
             with contextlib.suppress(TimeoutError):
@@ -239,10 +240,10 @@ class Membership:
             self.rebalancing = result.ok and result.rebalancing
             if not result.ok:
                 self.failure = refusal_error(result, self.group)
-            elif result.generation != self.current.generation or (
-                frozenset(result.assignment) != self.current.assignment
-            ):
-                self.current = Generation(result.generation, frozenset(result.assignment))
+            else:
+                taken = answer_taken(self.current, result)
+                if taken is not None:
+                    self.current = taken
             self.changed.notify_all()
 
     def owned_now(self) -> list[TopicPartition]:
@@ -304,6 +305,28 @@ class Membership:
             self.changed.notify_all()
 
 
+# --- the member's decisions, without I/O (the simulator's consumers take them too) ----------
+
+
+def heartbeat_delay_seconds(heartbeat_interval_seconds: float, rebalancing: bool) -> float:
+    """How long a member waits before its next heartbeat: sooner while its group
+    rebalances, so the new owners of what it gives up learn them soon."""
+    if rebalancing:
+        return min(heartbeat_interval_seconds, REBALANCE_HEARTBEAT_SECONDS)
+    return heartbeat_interval_seconds
+
+
+def answer_taken(current: Generation, result: GroupResult) -> Generation | None:
+    """What a member knows after the coordinator accepted its join (`result.ok`): the
+    answer's generation and assignment if they differ from `current`, else None (nothing
+    changed)."""
+    if result.generation != current.generation or (
+        frozenset(result.assignment) != current.assignment
+    ):
+        return Generation(result.generation, frozenset(result.assignment))
+    return None
+
+
 def new_member_id(client_id: str) -> str:
     return f"{client_id}-{uuid.uuid4().hex[:12]}"
 
@@ -313,4 +336,6 @@ __all__ = [
     "LEFT_FOR_POLL_INTERVAL",
     "Generation",
     "Membership",
+    "answer_taken",
+    "heartbeat_delay_seconds",
 ]
