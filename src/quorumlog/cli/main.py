@@ -203,6 +203,10 @@ from quorumlog.cli.sim_ha_command import sim_ha_command  # noqa: E402 - joins si
 
 sim.add_command(sim_ha_command)
 
+from quorumlog.cli.sim_groups_command import sim_groups_command  # noqa: E402 - joins sim
+
+sim.add_command(sim_groups_command)
+
 
 @sim.command("raft")
 @click.option("--seeds", "seed_range", required=True, help='Seeds to run: "7" or "10-19".')
