@@ -1,6 +1,6 @@
 """Serves the consumer-group coordinator: joins, leaves and commits through its log, reads
-behind a ReadIndex round, heartbeats from the leader's memory, and the leader's periodic
-check that removes members silent past their session timeout.
+and heartbeats behind a ReadIndex round, and the leader's periodic check that removes
+members silent past their session timeout.
 
 The coordinator is its own Raft group, "consumer-groups", hosted on every node with the
 bootstrap members of the "kv" group, for the reasons the HA controller has one
@@ -8,12 +8,15 @@ bootstrap members of the "kv" group, for the reasons the HA controller has one
 the KV machine's snapshot format to this one.
 
 Heartbeats do not go through the log: a join that changes nothing is answered by the
-leader from its applied state, and the leader notes the member's last heartbeat in memory
-(by its monotonic clock). Only what changes the group is logged: a new member or
-subscription, a changed partition count, a leave, a commit, and `ExpireMembers` naming the
-members the leader found silent. A new leader first carries over the offsets the previous
-release kept in the "kv" group, holding client requests back meanwhile
-(node/offsets_import.py). A new leader knows no heartbeats yet, so it counts every
+leader from its applied state once a ReadIndex round confirmed it still leads and has
+applied everything committed before the heartbeat came (else a deposed leader, or a new
+one that has not yet applied its predecessor's last commits, answers with an older
+generation: found by the simulator, testing/sim/groups/), and the leader notes the
+member's last heartbeat in memory (by its monotonic clock). Only what changes the group
+is logged: a new member or subscription, a changed partition count, a leave, a commit, and
+`ExpireMembers` naming the members the leader found silent. A new leader first carries
+over the offsets the previous release kept in the "kv" group, holding client requests back
+meanwhile (node/offsets_import.py). A new leader knows no heartbeats yet, so it counts every
 member as heard from when it first looks (one session timeout of grace, as a new etcd
 leader extends leases): a member is never removed for the time the coordinator had no
 leader. Partition counts come from this node's view of the topics (the metadata group it
@@ -126,16 +129,32 @@ class GroupCoordinatorService:
             self.query(request.request_id, commands, reply)
             return
         filled = [self.with_counts(command) for command in commands]
-        heartbeats = [self.heartbeat(command) for command in filled]
-        if all(result is not None for result in heartbeats):
-            reply(
-                wire.GroupCoordinatorResponse(
-                    request_id=request.request_id,
-                    results=encode_results([r for r in heartbeats if r is not None]),
-                )
-            )
+        for command in filled:
+            self.note_heard(command)
+        if any(self.heartbeat_answer(command) is None for command in filled):
+            self.proposals.add(request.request_id, filled, reply)
             return
-        self.proposals.add(request.request_id, filled, reply)
+
+        def answer_heartbeats() -> None:
+            # Looked at again: entries applied during the round may have changed the group.
+            answers = [self.heartbeat_answer(command) for command in filled]
+            results = [result for result in answers if result is not None]
+            if len(results) < len(answers):
+                self.proposals.add(request.request_id, filled, reply)
+                return
+            answer(reply, request.request_id, results)
+
+        # Behind a ReadIndex round, as a describe is: a deposed leader that has not noticed
+        # yet, or a new one whose applied state lags what its predecessor committed, would
+        # answer from an older generation, and a member that already gave a partition up
+        # would take it back while its new owner reads it.
+        after_read_barrier(
+            self.group.linearizable_read,
+            request.request_id,
+            reply,
+            self.leader_address,
+            answer_heartbeats,
+        )
 
     def with_counts(self, command: GroupCommand) -> GroupCommand:
         """A join with the partition counts of its topics as this node knows them."""
@@ -144,13 +163,18 @@ class GroupCoordinatorService:
         counts = {topic: self.partition_count(topic) for topic in sorted(set(command.topics))}
         return msgspec.structs.replace(command, partition_counts=counts)
 
-    def heartbeat(self, command: GroupCommand) -> GroupResult | None:
-        """Note a member's heartbeat; its answer if the join changes nothing, else None."""
+    def note_heard(self, command: GroupCommand) -> None:
+        """A join is a member's heartbeat: it is not silent."""
+        if isinstance(command, JoinGroup):
+            self.heard_seconds[(command.group, command.member_id)] = (
+                self.group.scheduler.monotonic_seconds()
+            )
+
+    def heartbeat_answer(self, command: GroupCommand) -> GroupResult | None:
+        """The answer to a join that changes nothing, from the applied state (to be sent
+        only once a read barrier confirmed that state); None if it must go through the log."""
         if not isinstance(command, JoinGroup):
             return None
-        self.heard_seconds[(command.group, command.member_id)] = (
-            self.group.scheduler.monotonic_seconds()
-        )
         return self.machine.heartbeat_answer(command)
 
     def query(self, request_id: int, commands: list[GroupCommand], reply: Replier) -> None:
