@@ -150,6 +150,9 @@ class GroupChecker:
         assignment: frozenset[tuple[str, int]],
         now_ms: int,
     ) -> None:
+        # Holds first: a partition read twice at once is the worse news of a stale answer.
+        for topic, partition in sorted(assignment):
+            self.hold(consumer, member_id, (group, topic, partition), now_ms)
         key = (consumer, member_id)
         last = self.generations.get(key)
         self.check(
@@ -158,8 +161,6 @@ class GroupChecker:
             f"after {last}",
         )
         self.generations[key] = generation
-        for topic, partition in sorted(assignment):
-            self.hold(consumer, member_id, (group, topic, partition), now_ms)
 
     def hold(self, consumer: str, member_id: str, partition: Partition, now_ms: int) -> None:
         holders = self.holders.setdefault(partition, {})
