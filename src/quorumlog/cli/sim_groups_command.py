@@ -3,7 +3,8 @@ a failure.
 
 The summary line has the keys of `quorumlog sim raft --json` (failures, seeds,
 simulated_seconds, wall_seconds, simulated_per_wall, invariant_checks) and the group
-counts (commits acknowledged and refused, fenced commits checked, hand-overs); each
+counts (commits acknowledged and refused, fenced commits checked, partitions taken from
+removed members, the mean wait for a heartbeat answer in virtual ms); each
 failure prints its seed, the command that replays it and its trace tail.
 """
 

@@ -49,7 +49,8 @@ class GroupChecker:
         self.generations: dict[Holding, int] = {}
         """The newest generation each member's consumer took."""
         self.fenced_commits = 0
-        self.hand_overs = 0
+        self.takeovers_from_removed = 0
+        """Partitions taken while a removed (expired or left) member still held them."""
 
     def check(self, condition: bool, message: str) -> None:
         self.checks += 1
@@ -175,7 +176,7 @@ class GroupChecker:
                     f"{other} (member {other_member}) holds it since {since_ms} ms",
                 )
         if holders:
-            self.hand_overs += 1
+            self.takeovers_from_removed += 1
         holders[(consumer, member_id)] = now_ms
 
     def join_sent(

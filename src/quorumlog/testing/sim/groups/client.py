@@ -103,6 +103,9 @@ class SimConsumer:
         self.commits_ok = 0
         self.commits_refused = 0
         self.operation_count = 0
+        self.heartbeats_answered = 0
+        self.heartbeat_wait_ms = 0
+        """Virtual milliseconds from sending each answered heartbeat to its answer."""
 
     # --- life ------------------------------------------------------------------------------
 
@@ -168,9 +171,13 @@ class SimConsumer:
             owned=owned,
         )
         self.heartbeat_in_flight = True
+        sent_ms = self.events.now_ms
 
         def answered(result: GroupResult | None) -> None:
             self.heartbeat_in_flight = False
+            if result is not None:
+                self.heartbeats_answered += 1
+                self.heartbeat_wait_ms += self.events.now_ms - sent_ms
             if not self.active:
                 return
             # An answer that crossed a leave no longer speaks for this consumer.

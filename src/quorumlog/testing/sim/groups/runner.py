@@ -56,8 +56,10 @@ class GroupSeedResult(msgspec.Struct):
     commits_ok: int = 0
     commits_refused: int = 0
     fenced_commits: int = 0
-    hand_overs: int = 0
+    takeovers_from_removed: int = 0
     generations_taken: int = 0
+    heartbeats_answered: int = 0
+    heartbeat_wait_ms: int = 0
     failure: str | None = None
     replay_command: str = ""
     trace_digest: str = ""
@@ -172,8 +174,10 @@ def run_seed(
         commits_ok=sum(consumer.commits_ok for consumer in consumers),
         commits_refused=sum(consumer.commits_refused for consumer in consumers),
         fenced_commits=world.checker.fenced_commits,
-        hand_overs=world.checker.hand_overs,
+        takeovers_from_removed=world.checker.takeovers_from_removed,
         generations_taken=sum(consumer.taken_answers for consumer in consumers),
+        heartbeats_answered=sum(consumer.heartbeats_answered for consumer in consumers),
+        heartbeat_wait_ms=sum(consumer.heartbeat_wait_ms for consumer in consumers),
         failure=failure,
         replay_command=replay_command(seed),
     )
@@ -207,7 +211,12 @@ class GroupRunSummary(msgspec.Struct):
             "commits_acknowledged": sum(result.commits_ok for result in results),
             "commits_refused": sum(result.commits_refused for result in results),
             "fenced_commits": sum(result.fenced_commits for result in results),
-            "hand_overs": sum(result.hand_overs for result in results),
+            "takeovers_from_removed": sum(result.takeovers_from_removed for result in results),
+            "heartbeat_wait_ms_mean": round(
+                sum(result.heartbeat_wait_ms for result in results)
+                / max(sum(result.heartbeats_answered for result in results), 1),
+                2,
+            ),
         }
 
 
