@@ -71,6 +71,10 @@ class MemberState(msgspec.Struct, array_like=True):
     """Partitions taken from this member that it has not yet said it gave up: no other
     member is assigned them meanwhile, and this one may still commit them. A trailing
     field with a default: snapshots from before it decode (and older code skips it)."""
+    revoking_since: int = 0
+    """The generation that last took a partition from this member: only a join that knew
+    it (`JoinGroup.owned_generation`) may say the member let go. Trailing, with a default
+    (0: any join may, as before the field)."""
 
 
 class ConsumerGroupState(msgspec.Struct, array_like=True):
@@ -201,6 +205,7 @@ class GroupCoordinatorMachine:
             session_timeout_ms=command.session_timeout_ms,
             assignment=[] if previous is None else previous.assignment,
             revoking=[] if previous is None else still_revoking(previous, command),
+            revoking_since=0 if previous is None else previous.revoking_since,
         )
         state.assignor = command.assignor
         state.partition_counts.update(command.partition_counts)
@@ -345,9 +350,15 @@ def answer(state: ConsumerGroupState, member: MemberState) -> GroupResult:
 
 def still_revoking(member: MemberState, command: JoinGroup) -> list[tuple[str, int]]:
     """What the member was giving up and, by its join, still holds (a join without
-    `owned`, from an older client, holds nothing)."""
+    `owned`, from an older client, holds nothing). A join made before the member learned
+    of its latest revocation releases nothing: it lacks those partitions only because
+    it had not yet been told it held them (found by the simulator: a duplicated first
+    join, applied after a second member joined, gave that member partitions the first
+    still read)."""
     if command.owned is None or not member.revoking:
         return []
+    if command.owned_generation is not None and command.owned_generation < member.revoking_since:
+        return list(member.revoking)
     owned = {(topic, partition) for topic, partition in command.owned}
     return [partition for partition in member.revoking if partition in owned]
 
@@ -365,6 +376,7 @@ def rebalance(state: ConsumerGroupState) -> None:
         for member_id, member in state.members.items()
         for partition in (*member.assignment, *member.revoking)
     }
+    generation = state.generation + 1
     for member_id, member in state.members.items():
         held = {*member.assignment, *member.revoking}
         member.assignment = [
@@ -372,10 +384,13 @@ def rebalance(state: ConsumerGroupState) -> None:
             for partition in assignment.get(member_id, [])
             if holders.get(partition, member_id) == member_id
         ]
-        member.revoking = sorted(held - set(member.assignment))
+        revoking = sorted(held - set(member.assignment))
+        if not set(revoking) <= set(member.revoking):
+            member.revoking_since = generation
+        member.revoking = revoking
     owners = [p for m in state.members.values() for p in (*m.assignment, *m.revoking)]
     require(len(owners) == len(set(owners)), "a partition is held by two members")
-    state.generation += 1
+    state.generation = generation
     subscribed = {topic for member in state.members.values() for topic in member.topics}
     # Counts of topics nobody reads any more are dropped, so the state stays bounded.
     state.partition_counts = {t: n for t, n in state.partition_counts.items() if t in subscribed}

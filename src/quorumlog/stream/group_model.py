@@ -119,6 +119,13 @@ class JoinGroup(msgspec.Struct, frozen=True, array_like=True, tag="join"):
     `on_revoke` and committed). None: a client from before cooperative revocation, taken
     as holding nothing it was asked to give up. A trailing field with a default: joins
     from older clients decode, and older nodes ignore it."""
+    owned_generation: int | None = None
+    """The newest generation the member had taken when it said `owned`. A join made before
+    the member learned that a partition was taken from it (a retried, duplicated or
+    delayed join) lacks that partition only because it never held it yet, not because it
+    let go: the coordinator takes `owned` as a release only from a join at least as new as
+    the revocation. None (a client from before this field): taken as new enough. Trailing,
+    with a default, as `owned`."""
 
 
 class LeaveGroup(msgspec.Struct, frozen=True, array_like=True, tag="leave"):

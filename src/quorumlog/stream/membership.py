@@ -224,6 +224,7 @@ class Membership:
             return  # only `rejoin` (the next poll) or `subscribe` joins again
         member_id = self.member_id
         topics = await self.subscribed_topics()
+        owned, owned_generation = self.owned_now()
         command = JoinGroup(
             self.group,
             member_id,
@@ -231,7 +232,8 @@ class Membership:
             topics,
             self.session_timeout_ms,
             self.assignor,
-            owned=self.owned_now(),
+            owned=owned,
+            owned_generation=owned_generation,
         )
         result = await self.link.send(f"heartbeat of group {self.group}", command)
         with self.changed:
@@ -246,9 +248,10 @@ class Membership:
                     self.current = taken
             self.changed.notify_all()
 
-    def owned_now(self) -> list[TopicPartition]:
+    def owned_now(self) -> tuple[list[TopicPartition], int]:
+        """What the consumer reads now, and the newest generation it knew then."""
         with self.lock:
-            return list(self.owned)
+            return list(self.owned), self.current.generation
 
     async def subscribed_topics(self) -> list[str]:
         if self.pattern is None:

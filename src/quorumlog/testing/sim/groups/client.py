@@ -169,6 +169,7 @@ class SimConsumer:
             SESSION_TIMEOUT_MS,
             ASSIGNOR_DEFAULT,
             owned=owned,
+            owned_generation=self.current.generation,
         )
         self.heartbeat_in_flight = True
         sent_ms = self.events.now_ms

@@ -62,6 +62,7 @@ def copy_state(state: ConsumerGroupState) -> ConsumerGroupState:
                 session_timeout_ms=member.session_timeout_ms,
                 assignment=list(member.assignment),
                 revoking=list(member.revoking),
+                revoking_since=member.revoking_since,
             )
             for member_id, member in state.members.items()
         },
