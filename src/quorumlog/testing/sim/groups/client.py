@@ -134,6 +134,19 @@ class SimConsumer:
         self.positions = {}
         self.send(LeaveGroup(self.group, self.member_id), lambda result: None)
 
+    def crash(self) -> None:
+        """Die without a word: the process restarts empty (no leave is sent; the group
+        expires the member after its session timeout). The next `join` is a new member."""
+        if not self.active:
+            return
+        self.active = False
+        self.checker.left(self.name, self.member_id, self.group)  # a dead process reads nothing
+        self.positions = {}
+        self.heartbeat_in_flight = False
+        self.heartbeat_again = False
+        self.process.kill()
+        self.process.boot()
+
     def pause(self) -> None:
         """Silent (a stalled process): no heartbeats, reads or commits until resumed."""
         self.process.pause()

@@ -5,9 +5,10 @@
   between nodes, leader transfers, crashes mid-write) and a faulty frame network (delays,
   drops, duplicates);
 - the consumers (client.py) of one or two groups over topics with fixed partition counts;
-  a consumer nemesis makes them leave and join again as new members, or go silent (paused)
-  for less or more than their session timeout (then the coordinator expires them, and
-  their next heartbeat joins the same id again, as a stalled real consumer's does).
+  a consumer nemesis makes them leave, or crash (no leave: the group expires them), and
+  join again as new members, or go silent (paused) for less or more than their session
+  timeout (then the coordinator expires them, and their next heartbeat joins the same id
+  again, as a stalled real consumer's does).
 """
 
 from __future__ import annotations
@@ -105,11 +106,14 @@ class GroupWorld:
         if not self.disturbing:
             return
         consumer = self.consumers[pick(self.rng, sorted(self.consumers))]
-        kind = pick(self.rng, ["leave", "silent", "silent_expired"])
+        kind = pick(self.rng, ["leave", "crash", "silent", "silent_expired"])
         self.consumer_faults += 1
-        if kind == "leave" and consumer.active:
-            self.note(f"{consumer.name} leaves")
-            consumer.leave()
+        if kind in ("leave", "crash") and consumer.active:
+            self.note(f"{consumer.name} {kind}")
+            if kind == "leave":
+                consumer.leave()
+            else:
+                consumer.crash()
             self.events.schedule(draw_int(self.rng, 200, 3000), lambda _: self.rejoin(consumer))
         elif not consumer.process.paused:
             session_ms = SESSION_TIMEOUT_MS
