@@ -123,6 +123,10 @@ class Membership:
         knows when partitions taken from this member are free for their new owners."""
         self.rebalancing = False
         self.poll_timer = PollTimer(max_poll_interval_ms, clock)
+        self.heartbeat_lock = asyncio.Lock()
+        """One join in flight at a time (the loop's, or a `subscribe`'s while the loop
+        runs): answers are taken in the order they were asked, so an answer computed
+        before another is never taken after it (the generation would go back)."""
 
     # --- any thread ---------------------------------------------------------------------
 
@@ -220,6 +224,10 @@ class Membership:
                 log.warning("group %s: a heartbeat took longer than the session", self.group)
 
     async def heartbeat(self) -> None:
+        async with self.heartbeat_lock:
+            await self.join_once()
+
+    async def join_once(self) -> None:
         if self.current.left_group:
             return  # only `rejoin` (the next poll) or `subscribe` joins again
         member_id = self.member_id
