@@ -16,7 +16,7 @@ from quorumlog.testing.sim.trace import TraceRecorder
 
 SEEDS = range(0, 6)
 """About half a second of CI time a seed (13 simulated seconds each)."""
-STALE_HEARTBEAT_SEEDS = (64, 78, 155)
+STALE_HEARTBEAT_SEEDS = (78, 206, 399)
 """Seeds where a heartbeat answered from the leader's memory gave a member an older
 generation than it had (a new leader that had not applied its predecessor's last commit):
 tests/sim/test_group_checks_can_fail.py runs one with the old answer path."""

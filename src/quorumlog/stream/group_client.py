@@ -3,7 +3,8 @@ of the "consumer-groups" Raft group (NOT_LEADER hints followed, as for the KV), 
 refusals turned into typed errors.
 
 Every command is safe to repeat (member ids come from the client, a commit stores the same
-offsets again), so a request whose answer was lost is simply sent again.
+offsets again, and carries its number so that a repeat arriving after a later commit
+changes nothing), so a request whose answer was lost is simply sent again.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class CoordinatorLink:
     def __init__(self, transport: StreamTransport, endpoints: list[str]) -> None:
         self.transport = transport
         self.selector = EndpointSelector(list(endpoints))
+        self.commit_sequences: dict[tuple[str, str], int] = {}
+        """(group, member id) → the sequence of its last commit (`CommitOffsets.sequence`)."""
 
     async def send(self, what: str, command: GroupCommand) -> GroupResult:
         commands = encode_commands([command])
@@ -113,7 +116,13 @@ class CoordinatorLink:
     ) -> None:
         """CommitFailedError if the group fenced the commit (see `CommitFailedError`)."""
         items = [PartitionOffset(t, p, o) for (t, p), o in sorted(offsets.items())]
-        command = CommitOffsets(group, member_id, generation, items)
+        sequence = 0
+        if member_id:
+            # Numbered when made, not when sent: every attempt of one commit carries its
+            # number, and a later commit a higher one.
+            sequence = self.commit_sequences.get((group, member_id), 0) + 1
+            self.commit_sequences[(group, member_id)] = sequence
+        command = CommitOffsets(group, member_id, generation, items, sequence)
         await self.checked(f"commit of group {group}", command, group)
 
     async def reset_offsets(self, group: str, offsets: dict[tuple[str, int], int]) -> GroupInfo:

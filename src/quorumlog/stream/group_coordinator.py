@@ -75,6 +75,9 @@ class MemberState(msgspec.Struct, array_like=True):
     """The generation that last took a partition from this member: only a join that knew
     it (`JoinGroup.owned_generation`) may say the member let go. Trailing, with a default
     (0: any join may, as before the field)."""
+    commit_sequence: int = 0
+    """The highest `CommitOffsets.sequence` applied for this member. Trailing, with a
+    default (0: none yet)."""
 
 
 class ConsumerGroupState(msgspec.Struct, array_like=True):
@@ -206,6 +209,7 @@ class GroupCoordinatorMachine:
             assignment=[] if previous is None else previous.assignment,
             revoking=[] if previous is None else still_revoking(previous, command),
             revoking_since=0 if previous is None else previous.revoking_since,
+            commit_sequence=0 if previous is None else previous.commit_sequence,
         )
         state.assignor = command.assignor
         state.partition_counts.update(command.partition_counts)
@@ -241,6 +245,13 @@ class GroupCoordinatorMachine:
             return refusal
         if state is None:
             state = self.groups[command.group] = ConsumerGroupState(group=command.group)
+        member = state.members.get(command.member_id)
+        if member is not None and command.sequence:
+            if command.sequence <= member.commit_sequence:
+                # A retry or a delayed copy of a commit this member has since superseded
+                # (found by the simulator: a duplicated commit took an offset back).
+                return GroupResult(ok=True, generation=state.generation)
+            member.commit_sequence = command.sequence
         store_offsets(state, command.offsets)
         return GroupResult(ok=True, generation=state.generation)
 

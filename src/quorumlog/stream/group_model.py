@@ -153,6 +153,12 @@ class CommitOffsets(msgspec.Struct, frozen=True, array_like=True, tag="commit"):
     """"" with `generation` NO_GENERATION: a commit from outside the group's membership."""
     generation: int
     offsets: list[PartitionOffset]
+    sequence: int = 0
+    """The member's count of its commits (1, 2, ...): a commit that arrives after a later
+    one of the same member (an attempt that was retried, or delayed on the way) changes
+    nothing, so an acknowledged commit is never undone by an older one. 0: unnumbered (a
+    client from before this field, or a commit from outside the group). Trailing, with a
+    default: older clients' commits decode, and older nodes ignore it."""
 
 
 class ResetOffsets(msgspec.Struct, frozen=True, array_like=True, tag="reset"):

@@ -85,7 +85,7 @@ class SimConsumer:
         self.calls = FrameCalls(name, frames, self.process)
         self.requests = SimPeerRequests(self.calls)
         self.addresses = [address_of(node_id) for node_id in node_ids]
-        self.incarnation = 0
+        self.member_number = 0
         self.member_id = ""
         self.active = False
         self.current = Generation(NO_GENERATION, frozenset())
@@ -103,6 +103,7 @@ class SimConsumer:
         self.commits_ok = 0
         self.commits_refused = 0
         self.operation_count = 0
+        self.commit_sequence = 0
         self.heartbeats_answered = 0
         self.heartbeat_wait_ms = 0
         """Virtual milliseconds from sending each answered heartbeat to its answer."""
@@ -111,8 +112,9 @@ class SimConsumer:
 
     def join(self) -> None:
         """Join as a new member (a new id, as `Membership.become_new_member` makes one)."""
-        self.incarnation += 1
-        self.member_id = f"{self.name}-{self.incarnation}"
+        self.member_number += 1
+        self.member_id = f"{self.name}-{self.member_number}"
+        self.commit_sequence = 0
         self.active = True
         self.current = Generation(NO_GENERATION, frozenset())
         self.applied = Generation(NO_GENERATION, frozenset())
@@ -121,8 +123,9 @@ class SimConsumer:
         self.revoking = False
         self.positions = {}
         self.heartbeat_now()
-        self.process.schedule(READ_INTERVAL_MS, self.read_records)
-        self.process.schedule(COMMIT_INTERVAL_MS, self.commit_positions)
+        # The member's own read and commit loops: those of an earlier member stop.
+        self.process.schedule(READ_INTERVAL_MS, self.read_records, self.member_number)
+        self.process.schedule(COMMIT_INTERVAL_MS, self.commit_positions, self.member_number)
 
     def leave(self) -> None:
         """Stop reading and leave at once (`Membership.leave`)."""
@@ -300,23 +303,23 @@ class SimConsumer:
 
     # --- reading and committing ------------------------------------------------------------
 
-    def read_records(self, _: object = None) -> None:
-        if not self.active:
+    def read_records(self, number: int) -> None:
+        if not self.active or number != self.member_number:
             return
         if not self.revoking:
             for key in sorted(self.positions):
                 if key in self.applied.assignment:
                     self.positions[key] += draw_int(self.rng, 0, 3)
-        self.process.schedule(READ_INTERVAL_MS, self.read_records)
+        self.process.schedule(READ_INTERVAL_MS, self.read_records, number)
 
-    def commit_positions(self, _: object = None) -> None:
-        if not self.active:
+    def commit_positions(self, number: int) -> None:
+        if not self.active or number != self.member_number:
             return
         offsets = {k: v for k, v in self.positions.items() if k in self.applied.assignment}
         if offsets and not self.revoking:
             self.commit(offsets, self.applied.generation, lambda: None)
         delay_ms = COMMIT_INTERVAL_MS + draw_int(self.rng, 0, COMMIT_INTERVAL_MS)
-        self.process.schedule(delay_ms, self.commit_positions)
+        self.process.schedule(delay_ms, self.commit_positions, number)
 
     def commit(
         self, offsets: dict[TopicPartition, int], generation: int, then: Callable[[], None]
@@ -346,7 +349,10 @@ class SimConsumer:
                 self.commits_refused += 1
             then()
 
-        self.send(CommitOffsets(self.group, self.member_id, generation, items), answered)
+        # Numbered as `CoordinatorLink.commit` numbers them (a model: that one is asyncio's).
+        self.commit_sequence += 1
+        command = CommitOffsets(self.group, self.member_id, generation, items, self.commit_sequence)
+        self.send(command, answered)
 
     # --- requests --------------------------------------------------------------------------
 

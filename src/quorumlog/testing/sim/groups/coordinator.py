@@ -63,6 +63,7 @@ def copy_state(state: ConsumerGroupState) -> ConsumerGroupState:
                 assignment=list(member.assignment),
                 revoking=list(member.revoking),
                 revoking_since=member.revoking_since,
+                commit_sequence=member.commit_sequence,
             )
             for member_id, member in state.members.items()
         },
