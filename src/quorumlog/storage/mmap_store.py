@@ -270,13 +270,8 @@ class MmapLogStore:
         slot_low = slot_position(entries[0].index, self._slot_base_index)
         batch = encode(columns, start, self._data_file_bytes)
         end = batch.data_end
-        # Allocate every file the batch needs before writing a byte of it.
-        created = self._data.ensure(start, end)
-        try:
-            self._index.ensure(slot_low, slot_low + len(batch.index_buffer))
-        except BaseException:
-            self._data.remove_last(created)
-            raise
+        slot_high = slot_low + len(batch.index_buffer)
+        self._prepare_files(start, end, slot_low, slot_high)
         try:
             for position, buffers in batch.pieces:
                 self._data.write_vectors(position, buffers)
@@ -295,6 +290,24 @@ class MmapLogStore:
         self._last_index = entries[-1].index
         if self._sync_policy is SyncPolicy.EVERY_APPEND:
             self._flush(index_lag_bytes=INDEX_FLUSH_LAG_BYTES)
+
+    def _prepare_files(self, start: int, end: int, slot_low: int, slot_high: int) -> None:
+        """Allocate every file a batch needs and write zeros ahead of it, before a byte of
+        the batch is written; on failure remove the files made here, so nothing changed.
+
+        The zeros past the batch make later syncs overwrite written blocks (see mmap_files);
+        they are past the end, where everything is zero already.
+        """
+        data_created = self._data.ensure(start, end)
+        index_created = 0
+        try:
+            index_created = self._index.ensure(slot_low, slot_high)
+            self._data.zero_ahead(end)
+            self._index.zero_ahead(slot_high)
+        except BaseException:
+            self._index.remove_last(index_created)
+            self._data.remove_last(data_created)
+            raise
 
     # --- durability -------------------------------------------------------------------
 

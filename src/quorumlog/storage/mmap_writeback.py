@@ -1,0 +1,54 @@
+"""Starting the write-back of a file range without waiting for it (Linux `sync_file_range`).
+
+The mmap store writes zeros ahead of its appends (see `MappedFileList.zero_ahead`) and wants
+the kernel to write them to disk soon, but not on the path of a sync: `fdatasync` would wait
+for them, and the kernel's own flusher starts only after about 30 seconds. Python's `os` has
+no `sync_file_range`, so it is called through ctypes. Where the call is missing (not Linux,
+or a libc without it) `start_writeback` says so and the zeros are left to the flusher:
+appends and syncs stay correct, only slower.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from collections.abc import Callable
+
+SYNC_FILE_RANGE_WRITE = 2
+"""Start write-out of the dirty pages in the range that are not under write-out yet."""
+
+_SyncFileRange = Callable[[int, int, int, int], int]
+
+
+def _load_sync_file_range() -> _SyncFileRange | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    function.restype = ctypes.c_int
+    loaded: _SyncFileRange = function
+    return loaded
+
+
+_sync_file_range = _load_sync_file_range()
+
+
+def start_writeback(descriptor: int, offset: int, length: int) -> bool:
+    """Start writing [offset, offset + length) of the file to disk and return at once.
+
+    Returns False where this cannot be done (nothing happened). Raises OSError if the kernel
+    refuses (for example EIO from an earlier failed write-back of the file).
+    """
+    if _sync_file_range is None:
+        return False
+    if _sync_file_range(descriptor, offset, length, SYNC_FILE_RANGE_WRITE) != 0:
+        number = ctypes.get_errno()
+        raise OSError(number, os.strerror(number))
+    return True
+
+
+__all__ = ["start_writeback"]
