@@ -92,6 +92,14 @@ _crc32c = google_crc32c.value
 INDEX_FLUSH_LAG_BYTES = 256 * 1024
 """Index slots (8192 entries) that `sync` may leave unflushed; see `_flush`."""
 
+ZERO_AHEAD_SYNC_BYTES_MAX = 64 * 1024
+"""Zeros are written ahead of appends (see mmap_files) only while syncs flush this much data
+or less, on average. The zeros cost as many bytes of disk writes as the data they make room
+for; what they save is a fixed cost per sync (a journal commit, about 100 µs on the bench
+VM). Syncs of 38 KB got about 40% faster with them, syncs of 1 MiB 25-40% slower."""
+SYNC_BYTES_AVERAGE_WEIGHT = 8
+"""The average of data bytes per sync moves 1/8 of the way to each new sync's bytes."""
+
 DATA_FILE_BYTES_DEFAULT = 64 * 1024 * 1024
 INDEX_FILE_BYTES_DEFAULT = 32 * 1024 * 1024
 
@@ -147,6 +155,9 @@ class MmapLogStore:
         self._data_end = data_end
         """Where the next entry (or the blank before it) goes in the data stream."""
         self._data_dirty_low: int | None = None
+        self._sync_bytes_average = 0
+        """Data bytes each sync flushed, averaged over the recent ones (see
+        ZERO_AHEAD_SYNC_BYTES_MAX)."""
         self._index_dirty_low: int | None = None
         self._recovery = recovery
         self._sync_policy = sync_policy
@@ -302,12 +313,21 @@ class MmapLogStore:
         index_created = 0
         try:
             index_created = self._index.ensure(slot_low, slot_high)
-            self._data.zero_ahead(end)
-            self._index.zero_ahead(slot_high)
+            if self._zeros_pay():
+                self._data.zero_ahead(end)
+                self._index.zero_ahead(slot_high)
         except BaseException:
             self._index.remove_last(index_created)
             self._data.remove_last(data_created)
             raise
+
+    def _zeros_pay(self) -> bool:
+        """Whether writing zeros ahead saves more than it costs: only for syncs (none
+        under `SyncPolicy.NEVER`) that flush little data each."""
+        return (
+            self._sync_policy is not SyncPolicy.NEVER
+            and self._sync_bytes_average <= ZERO_AHEAD_SYNC_BYTES_MAX
+        )
 
     # --- durability -------------------------------------------------------------------
 
@@ -328,6 +348,11 @@ class MmapLogStore:
         try:
             if self._data_dirty_low is not None:
                 self._data.flush(self._data_dirty_low, self._data_end)
+                average = self._sync_bytes_average
+                flushed = self._data_end - self._data_dirty_low
+                self._sync_bytes_average = (
+                    average + (flushed - average) // SYNC_BYTES_AVERAGE_WEIGHT
+                )
                 self._data_dirty_low = None
             slot_end = self._slot_end()
             index_low = self._index_dirty_low

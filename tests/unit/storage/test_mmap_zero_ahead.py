@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from quorumlog.storage import LogEntry, MmapLogStore, StorageError, mmap_files, mmap_writeback
+from quorumlog.storage import (
+    LogEntry,
+    MmapLogStore,
+    StorageError,
+    SyncPolicy,
+    mmap_files,
+    mmap_store,
+    mmap_writeback,
+)
 from quorumlog.storage.mmap_files import MappedFileList
 
 DATA_FILE_BYTES = 16 * 1024
@@ -195,3 +203,47 @@ def test_start_writeback_reports_errors_and_where_it_cannot_run(
         assert not mmap_writeback.start_writeback(descriptor, 0, 5000)
     finally:
         os.close(descriptor)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name files")
+@pytest.mark.usefixtures("small_zero_ahead")
+def test_zeros_are_written_ahead_only_while_syncs_are_small(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = WritebackRecorder()
+    monkeypatch.setattr(mmap_files, "start_writeback", recorder)
+    monkeypatch.setattr(mmap_store, "ZERO_AHEAD_SYNC_BYTES_MAX", 1024)
+    store = MmapLogStore.open(
+        tmp_path / "log", data_file_bytes=1024 * 1024, index_file_bytes=INDEX_FILE_BYTES
+    )
+    next_index = 1
+
+    def append_and_sync(sizes: list[int]) -> int:
+        """How many ranges the append zeroed ahead."""
+        nonlocal next_index
+        before = len(recorder.ranges)
+        store.append(make_entries(next_index, sizes))
+        store.sync()
+        next_index += len(sizes)
+        return len(recorder.ranges) - before
+
+    assert [append_and_sync([100] * 2) for _ in range(8)].count(0) < 8
+    # Syncs of 18 KB push the average past 1 KiB within two syncs; from then on, no zeros.
+    assert [append_and_sync([1500] * 12) for _ in range(8)][2:] == [0] * 6
+    # Small syncs bring the average down again, and the zeros back.
+    assert sum(append_and_sync([100] * 2) for _ in range(40)) > 0
+    store.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name files")
+def test_no_zeros_ahead_for_a_store_that_never_syncs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = WritebackRecorder()
+    monkeypatch.setattr(mmap_files, "start_writeback", recorder)
+    store = MmapLogStore.open(tmp_path / "log", sync_policy=SyncPolicy.NEVER)
+    store.append(make_entries(1, [100] * 10))
+    store.sync()
+    store.append(make_entries(11, [100] * 10))
+    assert recorder.ranges == []
+    store.close()
