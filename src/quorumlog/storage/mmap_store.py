@@ -16,7 +16,9 @@ An entry that does not fit in the rest of a data file is preceded by a blank rec
 fills the file (DLedger's preAppend), and goes at the start of the next file.
 
 Appends are written with pwrite/pwritev into the files (faster than storing into fresh
-mapped pages; see mmap_files); reads and recovery go through the mappings. `sync` msyncs the
+mapped pages; see mmap_files); reads and recovery go through the mappings. While syncs are
+small, each append first writes zeros a little past its end and starts their write-back, so
+that syncs overwrite blocks already written (see `MappedFileList.zero_ahead`). `sync` msyncs the
 data written since the last sync and fsyncs directories that changed. Index slots are
 flushed lazily, a bounded number behind: they are rebuilt from the data, at open for the
 tail and on read for a hole. Files are created with posix_fallocate before any byte is
