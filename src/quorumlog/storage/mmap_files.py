@@ -32,7 +32,7 @@ from pathlib import Path
 from quorumlog.errors import CorruptLogError, StorageError
 from quorumlog.storage.files import disk_errors, fsync_directory
 from quorumlog.storage.mmap_format import ENTRY_ALIGNMENT_BYTES, ENTRY_MAGIC_BYTES
-from quorumlog.storage.mmap_writeback import start_writeback
+from quorumlog.storage.mmap_writeback import start_writeback, writeback_available
 
 FILE_NAME_DIGITS = 20
 ZERO_SCAN_CHUNK_BYTES = 1024 * 1024
@@ -293,9 +293,10 @@ class MappedFileList:
         `end` must be the end of the stream, or past it: everything after the end is zero
         (the store keeps it so), so this changes no content, only which blocks are written.
         Zeros go only into files that exist; a batch that opens a new file pays for its
-        first blocks itself, and the next call zeroes ahead in that file.
+        first blocks itself, and the next call zeroes ahead in that file. Nothing is done
+        where write-back cannot be started early (see mmap_writeback).
         """
-        if self.zeroed_end >= end + ZERO_AHEAD_LEAD_BYTES:
+        if self.zeroed_end >= end + ZERO_AHEAD_LEAD_BYTES or not writeback_available():
             return
         low = max(self.zeroed_end, -(-end // _PAGE_BYTES) * _PAGE_BYTES)
         mapped = self.file_at(low)

@@ -4,19 +4,25 @@ The mmap store writes zeros ahead of its appends (see `MappedFileList.zero_ahead
 the kernel to write them to disk soon, but not on the path of a sync: `fdatasync` would wait
 for them, and the kernel's own flusher starts only after about 30 seconds. Python's `os` has
 no `sync_file_range`, so it is called through ctypes. Where the call is missing (not Linux,
-or a libc without it) `start_writeback` says so and the zeros are left to the flusher:
-appends and syncs stay correct, only slower.
+a libc without it, or a file system that refuses it) `writeback_available` says so and the
+store writes no zeros ahead: left to the kernel's flusher they would cost disk writes and
+save nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import sys
 from collections.abc import Callable
 
 SYNC_FILE_RANGE_WRITE = 2
 """Start write-out of the dirty pages in the range that are not under write-out yet."""
+
+UNSUPPORTED_ERRNOS = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ESPIPE, errno.EINVAL})
+"""Errors that say the call cannot work here (not that the disk failed): after one, the
+call is not made again in this process."""
 
 _SyncFileRange = Callable[[int, int, int, int], int]
 
@@ -37,18 +43,27 @@ def _load_sync_file_range() -> _SyncFileRange | None:
 _sync_file_range = _load_sync_file_range()
 
 
+def writeback_available() -> bool:
+    return _sync_file_range is not None
+
+
 def start_writeback(descriptor: int, offset: int, length: int) -> bool:
     """Start writing [offset, offset + length) of the file to disk and return at once.
 
-    Returns False where this cannot be done (nothing happened). Raises OSError if the kernel
-    refuses (for example EIO from an earlier failed write-back of the file).
+    Returns False where this cannot be done (nothing happened; see UNSUPPORTED_ERRNOS).
+    Raises OSError for other errors (EIO from an earlier failed write-back of the file,
+    EBADF).
     """
+    global _sync_file_range
     if _sync_file_range is None:
         return False
     if _sync_file_range(descriptor, offset, length, SYNC_FILE_RANGE_WRITE) != 0:
         number = ctypes.get_errno()
+        if number in UNSUPPORTED_ERRNOS:
+            _sync_file_range = None
+            return False
         raise OSError(number, os.strerror(number))
     return True
 
 
-__all__ = ["start_writeback"]
+__all__ = ["start_writeback", "writeback_available"]

@@ -4,6 +4,7 @@ store as it was, and the write-back helper must report what it could not do."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import random
@@ -194,15 +195,49 @@ def test_start_writeback_reports_errors_and_where_it_cannot_run(
     descriptor = os.open(tmp_path / "file", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         os.write(descriptor, b"x" * 5000)
-        if mmap_writeback._sync_file_range is not None:
+        if mmap_writeback.writeback_available():
             assert mmap_writeback.start_writeback(descriptor, 0, 5000)
+            closed = os.dup(descriptor)
+            os.close(closed)
             with pytest.raises(OSError) as raised:
-                mmap_writeback.start_writeback(descriptor, -1, 10)
-            assert raised.value.errno == errno.EINVAL
-        monkeypatch.setattr(mmap_writeback, "_sync_file_range", None)
+                mmap_writeback.start_writeback(closed, 0, 10)
+            assert raised.value.errno == errno.EBADF
+            assert mmap_writeback.writeback_available()
+
+        def refusing(descriptor: int, offset: int, length: int, flags: int) -> int:
+            ctypes.set_errno(errno.ENOSYS)
+            return -1
+
+        monkeypatch.setattr(mmap_writeback, "_sync_file_range", refusing)
         assert not mmap_writeback.start_writeback(descriptor, 0, 5000)
+        assert not mmap_writeback.writeback_available()
     finally:
         os.close(descriptor)
+
+
+def test_without_early_write_back_no_zeros_are_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Zeros left to the kernel's flusher would cost disk writes and save nothing."""
+    monkeypatch.setattr(mmap_writeback, "_sync_file_range", None)
+    writes: list[int] = []
+    real_pwrite = os.pwrite
+
+    def counting_pwrite(descriptor: int, data: bytes, offset: int) -> int:
+        writes.append(len(data))
+        return real_pwrite(descriptor, data, offset)
+
+    path = tmp_path / "log"
+    store = open_store(path)
+    monkeypatch.setattr(os, "pwrite", counting_pwrite)
+    entries = make_entries(1, [100] * 10)
+    store.append(entries)
+    store.sync()
+    assert writes == [10 * 32]  # the index slots only; the data goes by pwritev
+    store.close()
+    store = open_store(path)
+    assert store.entries(1, 11) == entries
+    store.close()
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name files")
