@@ -343,6 +343,10 @@ class MmapLogStore:
         """msync the data written since the last flush, and the index slots too once more
         than `index_lag_bytes` of them are waiting; fsync directories that changed.
 
+        msync of the written range rather than fdatasync of the file: fdatasync would also
+        write and wait for the zeros written ahead (see mmap_files), whose write-back is
+        meant to run off this path.
+
         The index may lag: it is rebuilt from the data, at open for its tail and on read
         for any hole. Letting it lag saves a second msync (a second journal commit) per
         sync; bounding the lag bounds how much data open must parse after a crash.
