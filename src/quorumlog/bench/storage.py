@@ -16,6 +16,10 @@ Cases, for each store (segment, mmap):
 - `<store>-read-random`: latency of `entry(i)` at random indexes of that log.
 - `<store>-index-memory`: bytes of Python heap per entry held after opening a log of one
   million entries, measured with tracemalloc around `open`.
+- `mmap-vs-segment-append-100`: both stores take the same batches of append-100 in one loop,
+  alternating batch by batch (the order flips every batch), so that they see the same disk
+  weather; the cases above run each store at its own time, tens of seconds apart on a disk
+  whose sync latency drifts. Reports each store's entries/s over all runs and their ratio.
 
 Each run and each store's failures are reported as lines with an "error" field; the run goes
 on. Everything is written under one temporary directory that is removed at the end.
@@ -102,6 +106,13 @@ def run_storage_benchmark(as_json: bool, directory: str | None, quick: bool) -> 
         for store_name, opener in STORES.items():
             for result in store_cases(store_name, opener, root, sizes):
                 emit(result, as_json)
+        work = root / "side-by-side"
+        try:
+            emit(bench_side_by_side(work, 100, sizes.append_100_entries, sizes.repeats), as_json)
+        except Exception as error:  # a benchmark reports failures instead of stopping
+            emit({"case": SIDE_BY_SIDE_CASE, "error": f"{type(error).__name__}: {error}"}, as_json)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def emit(result: dict[str, Any], as_json: bool) -> None:
@@ -304,6 +315,45 @@ def bench_append_encoded(
     )
     result["note"] = "batches encoded before timing; checksums verified in append_encoded"
     return result
+
+
+SIDE_BY_SIDE_CASE = "mmap-vs-segment-append-100"
+
+
+def bench_side_by_side(
+    work: Path, data_bytes: int, entry_count: int, repeats: int
+) -> dict[str, Any]:
+    """Append and sync the same batches to a segment and an mmap store, alternating."""
+    work.mkdir(parents=True, exist_ok=True)
+    batches = make_batches(1, entry_count, data_bytes)
+    seconds = dict.fromkeys(STORES, 0.0)
+    clock = time.perf_counter
+    gc.collect()
+    for _ in range(repeats):
+        stores = {name: opener(work / name) for name, opener in STORES.items()}
+        try:
+            order = list(stores.items())
+            for batch in batches:
+                for name, store in order:
+                    started = clock()
+                    store.append(batch)
+                    store.sync()
+                    seconds[name] += clock() - started
+                order.reverse()
+        finally:
+            for name, store in stores.items():
+                store.close()
+                shutil.rmtree(work / name, ignore_errors=True)
+    rates = {name: round(entry_count * repeats / spent) for name, spent in seconds.items()}
+    return {
+        "case": SIDE_BY_SIDE_CASE,
+        "entries": entry_count,
+        "batch_entries": BATCH_ENTRIES,
+        "runs": repeats,
+        "segment_entries_per_s": rates["segment"],
+        "mmap_entries_per_s": rates["mmap"],
+        "mmap_to_segment": round(rates["mmap"] / rates["segment"], 3),
+    }
 
 
 # --- open, random reads ------------------------------------------------------------------

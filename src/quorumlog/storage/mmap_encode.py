@@ -25,9 +25,11 @@ affine, so a 36-byte header's crc is a constant xor one table entry per byte): 1
 time of this encoder on 256 x 100 B, A/B in one process; the same with one 2-D array for
 batches of equal lengths (no join): break-even. At 100 B a sync (about 280 us quiet, 500+
 under the other engineers' load) costs as much as the encode and the writes together.
-Zero-filling the preallocated files would make each sync about 100 us cheaper (no
-unwritten-extent conversion to journal), but writing the zeros costs as much disk time as
-it saves.
+Zero-filling the preallocated files makes each sync about 100 us cheaper (no
+unwritten-extent conversion to journal); zero-filling a whole file at once costs as much disk
+time as it saves, so the store writes zeros a little ahead of its appends and lets the kernel
+write them back off the sync path, only while syncs are small (`MappedFileList.zero_ahead`,
+`mmap_store.ZERO_AHEAD_SYNC_BYTES_MAX`).
 """
 
 from __future__ import annotations

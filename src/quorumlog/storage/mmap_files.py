@@ -13,6 +13,13 @@ Reads and recovery go through the mappings; appends go through `os.pwrite` on th
 file. Both reach the same page cache pages, so the mapping sees every write at once. pwrite
 is there for speed: the first store into each page of a shared file mapping takes a page
 fault, which made copying a batch into a fresh mapping about 4x slower than writing it.
+
+posix_fallocate leaves its blocks "unwritten": the first write-back of each block turns it
+into a written one, a change of file metadata, so a sync of fresh blocks commits the
+filesystem journal on top of writing the data. `zero_ahead` writes zeros over the blocks just
+past the end of the stream and starts their write-back early, so that the conversion happens
+off the sync path and a sync only overwrites blocks that are written already (on the bench
+VM's ext4: a 38 KB sync about 160 µs instead of about 280 µs).
 """
 
 from __future__ import annotations
@@ -25,13 +32,25 @@ from pathlib import Path
 from quorumlog.errors import CorruptLogError, StorageError
 from quorumlog.storage.files import disk_errors, fsync_directory
 from quorumlog.storage.mmap_format import ENTRY_ALIGNMENT_BYTES, ENTRY_MAGIC_BYTES
+from quorumlog.storage.mmap_writeback import start_writeback, writeback_available
 
 FILE_NAME_DIGITS = 20
 ZERO_SCAN_CHUNK_BYTES = 1024 * 1024
-_ZERO_CHUNK = bytes(ZERO_SCAN_CHUNK_BYTES)
 _PAGE_BYTES = mmap.PAGESIZE
 _IOV_MAX = os.sysconf("SC_IOV_MAX") if os.sysconf("SC_IOV_MAX") > 0 else 1024
 """Buffers one pwritev may take (Linux: 1024)."""
+ZERO_AHEAD_BYTES = 1024 * 1024
+"""Zeros written past the end of a stream in one go (see `MappedFileList.zero_ahead`).
+
+Known cost, measured on the bench VM: the sync just after a chunk's write-back starts takes
+2-4 ms (it commits the journal and waits for the chunk), once per chunk, which gives back
+much of what the other syncs save (their median fell from about 330 to 210 µs). Writing the
+zeros further ahead off the append path (a thread, O_DIRECT) or reusing written files, as
+RocketMQ does, would avoid it."""
+ZERO_AHEAD_LEAD_BYTES = 512 * 1024
+"""How far past the end the zeros must reach after an append; below that, more are written.
+The lead gives their write-back time to finish (many appends) before data lands there."""
+_ZERO_CHUNK = bytes(max(ZERO_SCAN_CHUNK_BYTES, ZERO_AHEAD_BYTES))
 
 
 class MappedFile:
@@ -63,6 +82,13 @@ def _map_file(path: Path, file_bytes: int, *, create: bool) -> mmap.mmap:
             os.close(descriptor)
 
 
+def _write_all(descriptor: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(descriptor, data, offset)
+        data = data[written:]
+        offset += written
+
+
 class MappedFileList:
     """The files of one stream in one directory (the store's data/ or index/)."""
 
@@ -75,6 +101,8 @@ class MappedFileList:
         self._write_path: Path | None = None
         self._write_descriptor = -1
         """A descriptor of the file last written, kept open: appends hit one file for long."""
+        self.zeroed_end = 0
+        """Zeros were written (by `zero_ahead`) up to this position of the stream."""
 
     # --- loading ----------------------------------------------------------------------
 
@@ -195,6 +223,8 @@ class MappedFileList:
             # still matches the directory.
             self._unlink(self.files[-1].path)
             self.files.pop().map.close()
+        # A file made again at the same place has fresh, unwritten blocks.
+        self.zeroed_end = min(self.zeroed_end, self.end or 0)
 
     def remove_below(self, position: int) -> None:
         """Delete the files that lie wholly below `position`."""
@@ -261,6 +291,30 @@ class MappedFileList:
                         rest = rest[done:]
                         written += done
                 offset += chunk_bytes
+
+    def zero_ahead(self, end: int) -> None:
+        """Write zeros from the page after `end` on, unless they reach far enough already,
+        and start their write-back without waiting for it (see the module docstring).
+
+        `end` must be the end of the stream, or past it: everything after the end is zero
+        (the store keeps it so), so this changes no content, only which blocks are written.
+        Zeros go only into files that exist; a batch that opens a new file pays for its
+        first blocks itself, and the next call zeroes ahead in that file. Nothing is done
+        where write-back cannot be started early (see mmap_writeback).
+        """
+        if self.zeroed_end >= end + ZERO_AHEAD_LEAD_BYTES or not writeback_available():
+            return
+        low = max(self.zeroed_end, -(-end // _PAGE_BYTES) * _PAGE_BYTES)
+        mapped = self.file_at(low)
+        if mapped is None:
+            return
+        high = min(low + ZERO_AHEAD_BYTES, mapped.start + self.file_bytes)
+        offset = low - mapped.start
+        descriptor = self._descriptor(mapped)
+        with disk_errors(mapped.path):
+            _write_all(descriptor, memoryview(_ZERO_CHUNK)[: high - low], offset)
+            start_writeback(descriptor, offset, high - low)
+        self.zeroed_end = high
 
     def _descriptor(self, mapped: MappedFile) -> int:
         if mapped.path != self._write_path:

@@ -16,7 +16,9 @@ An entry that does not fit in the rest of a data file is preceded by a blank rec
 fills the file (DLedger's preAppend), and goes at the start of the next file.
 
 Appends are written with pwrite/pwritev into the files (faster than storing into fresh
-mapped pages; see mmap_files); reads and recovery go through the mappings. `sync` msyncs the
+mapped pages; see mmap_files); reads and recovery go through the mappings. While syncs are
+small, each append first writes zeros a little past its end and starts their write-back, so
+that syncs overwrite blocks already written (see `MappedFileList.zero_ahead`). `sync` msyncs the
 data written since the last sync and fsyncs directories that changed. Index slots are
 flushed lazily, a bounded number behind: they are rebuilt from the data, at open for the
 tail and on read for a hole. Files are created with posix_fallocate before any byte is
@@ -92,6 +94,14 @@ _crc32c = google_crc32c.value
 INDEX_FLUSH_LAG_BYTES = 256 * 1024
 """Index slots (8192 entries) that `sync` may leave unflushed; see `_flush`."""
 
+ZERO_AHEAD_SYNC_BYTES_MAX = 64 * 1024
+"""Zeros are written ahead of appends (see mmap_files) only while syncs flush this much data
+or less, on average. The zeros cost as many bytes of disk writes as the data they make room
+for; what they save is a fixed cost per sync (a journal commit, about 100 µs on the bench
+VM). Syncs of 38 KB got about 40% faster with them, syncs of 1 MiB 25-40% slower."""
+SYNC_BYTES_AVERAGE_WEIGHT = 8
+"""The average of data bytes per sync moves 1/8 of the way to each new sync's bytes."""
+
 DATA_FILE_BYTES_DEFAULT = 64 * 1024 * 1024
 INDEX_FILE_BYTES_DEFAULT = 32 * 1024 * 1024
 
@@ -147,6 +157,9 @@ class MmapLogStore:
         self._data_end = data_end
         """Where the next entry (or the blank before it) goes in the data stream."""
         self._data_dirty_low: int | None = None
+        self._sync_bytes_average = 0
+        """Data bytes each sync flushed, averaged over the recent ones (see
+        ZERO_AHEAD_SYNC_BYTES_MAX)."""
         self._index_dirty_low: int | None = None
         self._recovery = recovery
         self._sync_policy = sync_policy
@@ -270,13 +283,8 @@ class MmapLogStore:
         slot_low = slot_position(entries[0].index, self._slot_base_index)
         batch = encode(columns, start, self._data_file_bytes)
         end = batch.data_end
-        # Allocate every file the batch needs before writing a byte of it.
-        created = self._data.ensure(start, end)
-        try:
-            self._index.ensure(slot_low, slot_low + len(batch.index_buffer))
-        except BaseException:
-            self._data.remove_last(created)
-            raise
+        slot_high = slot_low + len(batch.index_buffer)
+        self._prepare_files(start, end, slot_low, slot_high)
         try:
             for position, buffers in batch.pieces:
                 self._data.write_vectors(position, buffers)
@@ -296,6 +304,33 @@ class MmapLogStore:
         if self._sync_policy is SyncPolicy.EVERY_APPEND:
             self._flush(index_lag_bytes=INDEX_FLUSH_LAG_BYTES)
 
+    def _prepare_files(self, start: int, end: int, slot_low: int, slot_high: int) -> None:
+        """Allocate every file a batch needs and write zeros ahead of it, before a byte of
+        the batch is written; on failure remove the files made here, so nothing changed.
+
+        The zeros past the batch make later syncs overwrite written blocks (see mmap_files);
+        they are past the end, where everything is zero already.
+        """
+        data_created = self._data.ensure(start, end)
+        index_created = 0
+        try:
+            index_created = self._index.ensure(slot_low, slot_high)
+            if self._zeros_pay():
+                self._data.zero_ahead(end)
+                self._index.zero_ahead(slot_high)
+        except BaseException:
+            self._index.remove_last(index_created)
+            self._data.remove_last(data_created)
+            raise
+
+    def _zeros_pay(self) -> bool:
+        """Whether writing zeros ahead saves more than it costs: only for syncs (none
+        under `SyncPolicy.NEVER`) that flush little data each."""
+        return (
+            self._sync_policy is not SyncPolicy.NEVER
+            and self._sync_bytes_average <= ZERO_AHEAD_SYNC_BYTES_MAX
+        )
+
     # --- durability -------------------------------------------------------------------
 
     def sync(self) -> None:
@@ -308,6 +343,10 @@ class MmapLogStore:
         """msync the data written since the last flush, and the index slots too once more
         than `index_lag_bytes` of them are waiting; fsync directories that changed.
 
+        msync of the written range rather than fdatasync of the file: fdatasync would also
+        write and wait for the zeros written ahead (see mmap_files), whose write-back is
+        meant to run off this path.
+
         The index may lag: it is rebuilt from the data, at open for its tail and on read
         for any hole. Letting it lag saves a second msync (a second journal commit) per
         sync; bounding the lag bounds how much data open must parse after a crash.
@@ -315,6 +354,11 @@ class MmapLogStore:
         try:
             if self._data_dirty_low is not None:
                 self._data.flush(self._data_dirty_low, self._data_end)
+                average = self._sync_bytes_average
+                flushed = self._data_end - self._data_dirty_low
+                self._sync_bytes_average = (
+                    average + (flushed - average) // SYNC_BYTES_AVERAGE_WEIGHT
+                )
                 self._data_dirty_low = None
             slot_end = self._slot_end()
             index_low = self._index_dirty_low

@@ -34,6 +34,8 @@ def test_quick_benchmark_prints_one_json_case_per_line(
     assert by_case["segment-index-memory"]["bytes_per_entry"] > 0
     # The mmap store is reported too, with figures or with an error line per case.
     assert any(case.startswith("mmap-") for case in by_case)
+    side_by_side = by_case["mmap-vs-segment-append-100"]
+    assert side_by_side["mmap_entries_per_s"] > 0 and side_by_side["segment_entries_per_s"] > 0
     assert list(tmp_path.iterdir()) == []  # the benchmark cleaned up after itself
 
 

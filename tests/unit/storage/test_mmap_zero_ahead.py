@@ -1,0 +1,284 @@
+"""The mmap store writes zeros past the end of its streams ahead of its appends (see
+`MappedFileList.zero_ahead`): they must never touch an entry, a failure there must leave the
+store as it was, and the write-back helper must report what it could not do."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from quorumlog.storage import (
+    LogEntry,
+    MmapLogStore,
+    StorageError,
+    SyncPolicy,
+    mmap_files,
+    mmap_store,
+    mmap_writeback,
+)
+from quorumlog.storage.mmap_files import MappedFileList
+
+DATA_FILE_BYTES = 16 * 1024
+INDEX_FILE_BYTES = 32 * 512
+PAGE_BYTES = mmap_files._PAGE_BYTES
+
+
+def open_store(path: Path) -> MmapLogStore:
+    return MmapLogStore.open(
+        path,
+        data_file_bytes=DATA_FILE_BYTES,
+        index_file_bytes=INDEX_FILE_BYTES,
+        entry_bytes_max=2048,
+    )
+
+
+def make_entries(first: int, sizes: list[int], term: int = 1) -> list[LogEntry]:
+    # Bodies hold no zero byte, so zeros written over one would show.
+    return [
+        LogEntry(index=first + number, term=term, data=bytes([1 + (first + number) % 250]) * size)
+        for number, size in enumerate(sizes)
+    ]
+
+
+def files_of(path: Path) -> tuple[list[str], list[str]]:
+    return sorted(os.listdir(path / "data")), sorted(os.listdir(path / "index"))
+
+
+class WritebackRecorder:
+    """Stands in for `start_writeback`: records each range, fails the call numbered
+    `failing_call` (counting from 1), and passes the others on."""
+
+    def __init__(self, failing_call: int = 0) -> None:
+        self.ranges: list[tuple[str, int, int]] = []
+        self.failing_call = failing_call
+
+    def __call__(self, descriptor: int, offset: int, length: int) -> bool:
+        self.ranges.append((os.readlink(f"/proc/self/fd/{descriptor}"), offset, length))
+        if len(self.ranges) == self.failing_call:
+            raise OSError(errno.EIO, "injected write-back error")
+        return mmap_writeback.start_writeback(descriptor, offset, length)
+
+
+@pytest.fixture
+def small_zero_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Zero ahead in single pages with a two-page lead, so that a few small appends cross
+    many zero-ahead steps and file ends."""
+    monkeypatch.setattr(mmap_files, "ZERO_AHEAD_BYTES", PAGE_BYTES)
+    monkeypatch.setattr(mmap_files, "ZERO_AHEAD_LEAD_BYTES", 2 * PAGE_BYTES)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name files")
+def test_zeros_start_at_the_page_after_the_end_and_go_to_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = WritebackRecorder()
+    monkeypatch.setattr(mmap_files, "start_writeback", recorder)
+    path = tmp_path / "log"
+    store = open_store(path)
+    entries = make_entries(1, [100] * 10)
+    store.append(entries)
+    data_end = store.entry_span(10)[0] + store.entry_span(10)[1]
+    data_file = str(path / "data" / mmap_files.file_name(0))
+    index_file = str(path / "index" / mmap_files.file_name(0))
+    first_zero = -(-data_end // PAGE_BYTES) * PAGE_BYTES
+    assert recorder.ranges == [
+        (data_file, first_zero, DATA_FILE_BYTES - first_zero),
+        (index_file, PAGE_BYTES, INDEX_FILE_BYTES - PAGE_BYTES),
+    ]
+    store.sync()
+    store.close()
+    assert Path(data_file).read_bytes()[data_end:] == bytes(DATA_FILE_BYTES - data_end)
+    store = open_store(path)
+    assert store.entries(1, 11) == entries
+    store.close()
+
+
+@pytest.mark.usefixtures("small_zero_ahead")
+def test_zeros_ahead_never_touch_an_entry(tmp_path: Path) -> None:
+    """Appends of random sizes across many file ends, a cut and appends after it: every
+    entry reads back, before and after reopening. The zeros are written before each batch, so
+    only zeros below the batch's start can hurt: small batches that start inside a page
+    holding earlier entries, after large ones outran the zeros or after a reopen, test
+    exactly that."""
+    chooser = random.Random(13)
+    path = tmp_path / "log"
+    store = open_store(path)
+    entries: list[LogEntry] = []
+    for _ in range(60):
+        # Large batches outrun the zeros; small ones then land inside one page.
+        sizes = [chooser.choice([chooser.randint(1, 40), chooser.randint(500, 1500)])]
+        batch = make_entries(len(entries) + 1, sizes * chooser.randint(1, 4))
+        store.append(batch)
+        entries.extend(batch)
+        if chooser.random() < 0.5:
+            store.sync()
+    assert store.entries(1, len(entries) + 1) == entries
+    store.truncate_suffix(70)
+    del entries[70:]
+    batch = make_entries(71, [chooser.randint(1, 1500) for _ in range(40)], term=2)
+    store.append(batch)
+    entries.extend(batch)
+    store.sync()
+    assert store.entries(1, len(entries) + 1) == entries
+    store.close()
+    store = open_store(path)
+    assert store.recovery.torn_bytes_dropped == 0
+    assert store.entries(1, store.last_index + 1) == entries
+    # A reopened store has zeroed nothing yet: its first zeros start right after a small
+    # batch that shares a page with the entries before it.
+    batch = make_entries(len(entries) + 1, [10])
+    store.append(batch)
+    entries.extend(batch)
+    store.sync()
+    assert store.entries(1, len(entries) + 1) == entries
+    store.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name files")
+@pytest.mark.usefixtures("small_zero_ahead")
+@pytest.mark.parametrize("failing_call", [1, 2], ids=["data-zeros", "index-zeros"])
+def test_a_failed_zero_ahead_fails_the_append_cleanly_and_appends_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing_call: int
+) -> None:
+    """Zeros are written before the batch: when they fail, nothing of the batch is written,
+    the files the append made are gone, and the store goes on without a reopen."""
+    path = tmp_path / "log"
+    store = open_store(path)
+    with monkeypatch.context() as patch:
+        patch.setattr(mmap_files, "start_writeback", WritebackRecorder(failing_call))
+        with pytest.raises(StorageError, match="injected write-back error"):
+            store.append(make_entries(1, [100] * 5))  # the first files are made for it
+    assert store.last_index == 0
+    assert files_of(path) == ([], [])
+    store.append(make_entries(1, [100] * 5))
+    store.sync()
+    files_before = files_of(path)
+    with monkeypatch.context() as patch:
+        patch.setattr(mmap_files, "start_writeback", WritebackRecorder(failing_call))
+        with pytest.raises(StorageError, match="injected write-back error"):
+            store.append(make_entries(6, [1500] * 12))  # needs a second data file
+    assert store.last_index == 5
+    assert files_of(path) == files_before
+    entries = make_entries(1, [100] * 5) + make_entries(6, [1500] * 12)
+    store.append(entries[5:])
+    store.sync()
+    assert store.entries(1, 18) == entries
+    store.close()
+    store = open_store(path)
+    assert store.entries(1, store.last_index + 1) == entries
+    store.close()
+
+
+def test_the_zeroed_mark_drops_with_the_files_removed(tmp_path: Path) -> None:
+    """A file made again where one was removed has unwritten blocks: it is zeroed again."""
+    directory = tmp_path / "stream"
+    directory.mkdir()
+    files = MappedFileList(directory, DATA_FILE_BYTES)
+    files.ensure(0, 2 * DATA_FILE_BYTES)
+    files.zero_ahead(DATA_FILE_BYTES + 10)
+    assert files.zeroed_end == 2 * DATA_FILE_BYTES
+    files.remove_above(100)
+    assert files.zeroed_end == DATA_FILE_BYTES
+    files.remove_all()
+    assert files.zeroed_end == 0
+    files.close()
+
+
+def test_start_writeback_reports_errors_and_where_it_cannot_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    descriptor = os.open(tmp_path / "file", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.write(descriptor, b"x" * 5000)
+        if mmap_writeback.writeback_available():
+            assert mmap_writeback.start_writeback(descriptor, 0, 5000)
+            closed = os.dup(descriptor)
+            os.close(closed)
+            with pytest.raises(OSError) as raised:
+                mmap_writeback.start_writeback(closed, 0, 10)
+            assert raised.value.errno == errno.EBADF
+            assert mmap_writeback.writeback_available()
+
+        def refusing(descriptor: int, offset: int, length: int, flags: int) -> int:
+            ctypes.set_errno(errno.ENOSYS)
+            return -1
+
+        monkeypatch.setattr(mmap_writeback, "_sync_file_range", refusing)
+        assert not mmap_writeback.start_writeback(descriptor, 0, 5000)
+        assert not mmap_writeback.writeback_available()
+    finally:
+        os.close(descriptor)
+
+
+def test_without_early_write_back_no_zeros_are_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Zeros left to the kernel's flusher would cost disk writes and save nothing."""
+    monkeypatch.setattr(mmap_writeback, "_sync_file_range", None)
+    writes: list[int] = []
+    real_pwrite = os.pwrite
+
+    def counting_pwrite(descriptor: int, data: bytes, offset: int) -> int:
+        writes.append(len(data))
+        return real_pwrite(descriptor, data, offset)
+
+    path = tmp_path / "log"
+    store = open_store(path)
+    monkeypatch.setattr(os, "pwrite", counting_pwrite)
+    entries = make_entries(1, [100] * 10)
+    store.append(entries)
+    store.sync()
+    assert writes == [10 * 32]  # the index slots only; the data goes by pwritev
+    store.close()
+    store = open_store(path)
+    assert store.entries(1, 11) == entries
+    store.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name files")
+@pytest.mark.usefixtures("small_zero_ahead")
+def test_zeros_are_written_ahead_only_while_syncs_are_small(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = WritebackRecorder()
+    monkeypatch.setattr(mmap_files, "start_writeback", recorder)
+    monkeypatch.setattr(mmap_store, "ZERO_AHEAD_SYNC_BYTES_MAX", 1024)
+    store = MmapLogStore.open(
+        tmp_path / "log", data_file_bytes=1024 * 1024, index_file_bytes=INDEX_FILE_BYTES
+    )
+    next_index = 1
+
+    def append_and_sync(sizes: list[int]) -> int:
+        """How many ranges the append zeroed ahead."""
+        nonlocal next_index
+        before = len(recorder.ranges)
+        store.append(make_entries(next_index, sizes))
+        store.sync()
+        next_index += len(sizes)
+        return len(recorder.ranges) - before
+
+    assert [append_and_sync([100] * 2) for _ in range(8)].count(0) < 8
+    # Syncs of 18 KB push the average past 1 KiB within two syncs; from then on, no zeros.
+    assert [append_and_sync([1500] * 12) for _ in range(8)][2:] == [0] * 6
+    # Small syncs bring the average down again, and the zeros back.
+    assert sum(append_and_sync([100] * 2) for _ in range(40)) > 0
+    store.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name files")
+def test_no_zeros_ahead_for_a_store_that_never_syncs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = WritebackRecorder()
+    monkeypatch.setattr(mmap_files, "start_writeback", recorder)
+    store = MmapLogStore.open(tmp_path / "log", sync_policy=SyncPolicy.NEVER)
+    store.append(make_entries(1, [100] * 10))
+    store.sync()
+    store.append(make_entries(11, [100] * 10))
+    assert recorder.ranges == []
+    store.close()
