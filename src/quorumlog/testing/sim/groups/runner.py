@@ -19,6 +19,7 @@ commits and reads of committed offsets must be linearizable per partition.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import hashlib
 import time
 import traceback
@@ -226,7 +227,8 @@ def run_seeds(seeds: Sequence[int], jobs: int = 1, seconds: float = 12.0) -> Gro
         results = [run_seed(seed, seconds=seconds) for seed in seeds]
     else:
         with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
-            results = list(pool.map(run_seed, seeds))
+            # The seconds go with every seed: a pool worker would otherwise run the default.
+            results = list(pool.map(functools.partial(run_seed, seconds=seconds), seeds))
     return GroupRunSummary(
         seeds=len(results),
         failures=[result.seed for result in results if not result.ok],
