@@ -14,7 +14,10 @@ its offsets, so the records handed on are the same as with one fetch at a time:
   behind the leader) is followed by a fetch of the chunk's rest before any later chunk
   is taken (the window holds one fetch more until then);
 - an answer that brings records past its chunk's end (an entry across the boundary) is
-  cut at the boundary; the next chunk's answer starts with that entry again;
+  cut at the boundary; the next chunk's answer starts with that entry again (the cost of
+  asking before knowing where entries end: one entry per chunk travels twice; with
+  `fetchRecordsMax` 10,000 and the bench's entries of 2,000-6,000 records the worker's CPU
+  was the same as with chunks of 50,000, measured);
 - after an error (offsets lost to retention), chunks still in flight are cancelled and
   the window starts again from where the caller says.
 """
