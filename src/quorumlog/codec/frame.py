@@ -25,19 +25,52 @@ def encode_frame(payload: bytes, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT)
     return FRAME_HEADER.pack(len(payload)) + payload
 
 
+COLLECT_BYTES_MIN = 64 * 1024
+"""A frame at least this large that arrives in pieces is collected as a list of the pieces
+and joined once complete. Growing one buffer piece by piece cost about 3 ms for a 1.3 MB
+frame fed in 64 KiB pieces (the buffer is reallocated and moved as it grows), the list
+and one join 0.06 ms (measured): Spark's and consumers' fetch answers are such frames."""
+
+
 class FrameDecoder:
     """Feed bytes as they arrive; take out whole payloads."""
 
     def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> None:
         self.frame_bytes_max = frame_bytes_max
         self.buffer = bytearray()
+        self.pieces: list[bytes | memoryview] = []
+        """The payload so far of a large frame still arriving (see COLLECT_BYTES_MIN)."""
+        self.missing_bytes = 0
+        """How much of that payload has not arrived yet (0: no frame is being collected)."""
 
     def feed(self, data: bytes) -> list[bytes]:
         """Append `data`; return every complete payload now buffered, in order.
 
         Raises FrameError on a length over the bound; the connection must then be closed.
         """
-        self.buffer += data
+        payloads: list[bytes] = []
+        if self.missing_bytes:
+            if not isinstance(data, bytes):
+                data = bytes(data)  # kept until the frame is whole: the caller may reuse its own
+            if len(data) < self.missing_bytes:
+                self.pieces.append(data)
+                self.missing_bytes -= len(data)
+                return payloads
+            rest = memoryview(data)
+            self.pieces.append(rest[: self.missing_bytes])
+            payloads.append(b"".join(self.pieces))
+            rest = rest[self.missing_bytes :]
+            self.pieces = []
+            self.missing_bytes = 0
+            self.buffer += rest
+        else:
+            self.buffer += data
+        payloads += self.cut_buffer()
+        return payloads
+
+    def cut_buffer(self) -> list[bytes]:
+        """The complete payloads in the buffer; a large incomplete one left is moved to
+        `pieces` to be collected."""
         payloads: list[bytes] = []
         position = 0
         buffer = self.buffer
@@ -57,6 +90,10 @@ class FrameDecoder:
                     )
                 end = position + FRAME_HEADER_BYTES + length
                 if end > available:
+                    if length >= COLLECT_BYTES_MIN:
+                        self.pieces = [bytes(view[position + FRAME_HEADER_BYTES :])]
+                        self.missing_bytes = end - available
+                        position = available
                     break
                 payloads.append(bytes(view[position + FRAME_HEADER_BYTES : end]))
                 position = end

@@ -20,6 +20,7 @@ from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from quorumlog.codec.wire import FetchResult
 from quorumlog.errors import UnavailableError
+from quorumlog.raft.invariants import require
 from quorumlog.spark.arrow import RecordColumns, StoredEntry, decode_entry, entry_record_count
 from quorumlog.spark.cluster import ClusterAccess
 from quorumlog.spark.errors import DataLossError, OptionError
@@ -33,6 +34,7 @@ from quorumlog.spark.offsets import (
     times_to_search,
 )
 from quorumlog.spark.options import SourceOptions
+from quorumlog.spark.range_fetches import RangeFetches
 from quorumlog.stream.client_common import OffsetOutOfRangeError
 
 ARROW_BATCH_ROWS_MAX = 65_536
@@ -142,43 +144,38 @@ def read_range(
 ) -> Iterator[pa.RecordBatch]:
     """Exactly the records of `offset_range` (less what retention removed, if allowed).
 
-    The next fetch is sent as soon as an answer is decoded (that shows where it ends), so
-    the node serves it while this task turns the answer into Arrow columns and Spark
-    takes them."""
+    The range is fetched in chunks with several fetches in flight (`RangeFetches`), so the
+    node serves the next chunks while this task turns an answer into Arrow columns and
+    Spark takes them."""
     key = offset_range.topic_partition
     columns = RecordColumns(offset_range.topic, offset_range.partition, settings.include_headers)
     offset, end = offset_range.start, offset_range.end
     if offset >= end:
         return
 
-    def fetch_from(position: int) -> Future[FetchResult]:
-        records_max = min(settings.fetch_records_max, end - position)
+    def fetch_from(position: int, records_max: int) -> Future[FetchResult]:
         return access.fetch_soon(key, position, records_max, settings.fetch_bytes_max)
 
+    fetches = RangeFetches(offset, end, settings.fetch_records_max, fetch_from)
     stalled_since: float | None = None
-    pending = fetch_from(offset)
     try:
-        while True:
+        while offset < end:
             try:
-                result = pending.result()
+                chunk_start, chunk_end, result = fetches.next_answer()
             except OffsetOutOfRangeError as error:
                 offset = skip_lost_offsets(offset_range, offset, error, settings)
-                if offset >= end:
-                    break
-                pending = fetch_from(offset)
+                fetches.restart_at(offset)
                 continue
-            before = offset
-            entries, offset = decode_answer(result, offset, end)
-            if before < offset < end:
-                pending = fetch_from(offset)
+            require(chunk_start == offset, "chunk at %d, read up to %d", chunk_start, offset)
+            entries, offset = decode_answer(result, offset, chunk_end)
             for base_offset, batch, start, encoded_bytes in entries:
-                columns.add_batch(base_offset, batch, start, end, encoded_bytes)
+                columns.add_batch(base_offset, batch, start, chunk_end, encoded_bytes)
             if columns.full(ARROW_BATCH_ROWS_MAX, ARROW_BATCH_BYTES_MAX):
                 yield columns.take()
-            if offset >= end:
-                break
-            if offset > before:
+            if offset > chunk_start:
                 stalled_since = None
+                if offset < chunk_end:
+                    fetches.ask_again(offset, chunk_end)  # a short answer: the chunk's rest
                 continue
             # Nothing new: the node answering lags behind the watermark the range was
             # planned with (a new leader catching up). Ask again until the deadline.
@@ -188,9 +185,9 @@ def read_range(
                 offset = give_up_stalled_range(offset_range, offset, result.end_offset, settings)
                 break
             time.sleep(STALL_PAUSE_SECONDS)
-            pending = fetch_from(offset)
+            fetches.ask_again(offset, chunk_end)
     finally:
-        pending.cancel()  # a fetch still in flight when the reader stops early
+        fetches.cancel()  # fetches still in flight when the reader stops early
     if len(columns):
         yield columns.take()
 
