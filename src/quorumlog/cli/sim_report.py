@@ -56,7 +56,7 @@ def run_world_seeds(
     format_failure: Callable[[OutcomeT], str],
     world_line: Callable[[Mapping[str, object]], str],
 ) -> None:
-    """Parse --seeds, run them, report: the body of `quorumlog sim ha|ledger|groups`.
+    """Parse --seeds, run them, report: the body of `quorumlog sim raft|ha|ledger|groups`.
     `world_line` says the world's own figures at the end of the human line."""
     from quorumlog.testing.sim.runner import parse_seed_range, silence_simulated_nodes
 
