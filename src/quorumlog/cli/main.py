@@ -11,7 +11,7 @@ import click
 
 from quorumlog import __version__
 from quorumlog.cli.extras_check import require_extra_for_command
-from quorumlog.cli.sim_report import failed_seeds, report_seeds
+from quorumlog.cli.sim_report import run_world_seeds
 from quorumlog.errors import QuorumLogError
 
 
@@ -234,28 +234,15 @@ def sim_raft(
 
     Each failure prints the command that replays it and the tail of its trace."""
 
-    from quorumlog.testing.sim.runner import (
-        format_failure,
-        parse_seed_range,
-        run_seeds,
-        silence_simulated_nodes,
-    )
+    from quorumlog.testing.sim.runner import format_failure, run_seeds
 
-    silence_simulated_nodes()
-
-    try:
-        seeds = parse_seed_range(seed_range)
-    except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="--seeds") from error
-    summary = run_seeds(seeds, node_count, simulated_seconds, jobs, quiet or None)
-    figures = summary.to_json_line()
-    report_seeds(
-        [format_failure(result) for result in summary.results if not result.ok],
-        figures,
+    run_world_seeds(
+        seed_range,
+        jobs,
         as_json,
-        f"{summary.seeds} seeds, {node_count} nodes: failed {failed_seeds(summary.failures)}; "
-        f"{figures['simulated_seconds']} simulated s in {figures['wall_seconds']} wall s "
-        f"({figures['simulated_per_wall']}x), {summary.invariant_checks} invariant checks",
+        lambda seeds, jobs: run_seeds(seeds, node_count, simulated_seconds, jobs, quiet or None),
+        format_failure,
+        lambda figures: f"{node_count} nodes",
     )
 
 

@@ -10,33 +10,22 @@ from __future__ import annotations
 
 import click
 
-from quorumlog.cli.sim_report import failed_seeds, report_seeds
+from quorumlog.cli.sim_report import run_world_seeds, seed_run_options
 
 
 @click.command("ha")
-@click.option("--seeds", "seed_range", required=True, help='Seeds to run: "7" or "10-19".')
-@click.option("--jobs", type=click.IntRange(1, 64), default=1, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="End with one JSON summary line.")
+@seed_run_options
 def sim_ha_command(seed_range: str, jobs: int, as_json: bool) -> None:
     """Run a Raft HA controller and a broker group under seeded crashes, pauses, partitions
     and disk halts; exit 1 if any seed fails. Each failure prints the command that replays
     it."""
     from quorumlog.testing.sim.ha.runner import format_failure, run_seeds
-    from quorumlog.testing.sim.runner import parse_seed_range, silence_simulated_nodes
 
-    try:
-        seeds = parse_seed_range(seed_range)
-    except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="--seeds") from error
-    silence_simulated_nodes()
-    summary = run_seeds(seeds, jobs)
-    figures = summary.to_json_line()
-    report_seeds(
-        [format_failure(result) for result in summary.results if not result.ok],
-        figures,
+    run_world_seeds(
+        seed_range,
+        jobs,
         as_json,
-        f"{summary.seeds} seeds: failed {failed_seeds(summary.failures)}; "
-        f"{figures['simulated_seconds']} simulated s in {figures['wall_seconds']} wall s "
-        f"({figures['simulated_per_wall']}x), {summary.invariant_checks} invariant checks, "
-        f"{figures['elections']} elections, {figures['handshakes']} handshakes",
+        run_seeds,
+        format_failure,
+        lambda figures: f"{figures['elections']} elections, {figures['handshakes']} handshakes",
     )

@@ -32,6 +32,7 @@ from quorumlog.runtime.resources import StateMachine
 from quorumlog.testing.sim.frame_network import Replier, RequestHandler
 
 MachineType = TypeVar("MachineType", bound=StateMachine)
+RequestT = TypeVar("RequestT")
 
 LeaderAddress = Callable[[], str | None]
 """Where the group's leader listens as this node knows it ("host:port"), if it knows."""
@@ -81,13 +82,31 @@ def kv_service(
             else:
                 service.read_v3(request, reply)
             return
-        reply(
-            wire.ErrorResponse(
-                request_id=request.request_id,
-                code=wire.ErrorCode.BAD_REQUEST,
-                message=f"the simulated KV node serves no {type(request).__name__}",
-            )
-        )
+        reply(not_served(request, "KV node"))
+
+    return handle
+
+
+def not_served(request: wire.ClientRequest, role: str) -> wire.ErrorResponse:
+    """The answer of a simulated `role` to a request the real node routes elsewhere."""
+    return wire.ErrorResponse(
+        request_id=request.request_id,
+        code=wire.ErrorCode.BAD_REQUEST,
+        message=f"the simulated {role} serves no {type(request).__name__}",
+    )
+
+
+def serving_only(
+    request_type: type[RequestT], serve: Callable[[RequestT, Replier], None], role: str
+) -> RequestHandler:
+    """A handler that gives requests of `request_type` to `serve` (a shipped service's
+    `handle`) and refuses the rest, as a node hosting only that service would."""
+
+    def handle(request: wire.ClientRequest, reply: Replier) -> None:
+        if isinstance(request, request_type):
+            serve(request, reply)
+        else:
+            reply(not_served(request, role))
 
     return handle
 

@@ -17,7 +17,6 @@ seed with tracing on, the tail of the trace.
 
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import gc
 import logging
@@ -36,6 +35,7 @@ from quorumlog.testing.sim.events import derive_random
 from quorumlog.testing.sim.nemesis import Nemesis, NemesisOptions
 from quorumlog.testing.sim.network import NetworkFaults
 from quorumlog.testing.sim.node import NodeOptions
+from quorumlog.testing.sim.seed_runs import SeedRunSummary, format_seed_failure, map_seeds
 from quorumlog.testing.sim.trace import TraceRecorder
 from quorumlog.testing.sim.workload import WorkloadOptions, appends_applied_twice
 
@@ -351,25 +351,14 @@ def _describe_failure(error: Exception, cluster: SimCluster | None) -> str:
 # --- many seeds -----------------------------------------------------------------------
 
 
-class RunSummary(msgspec.Struct):
-    seeds: int
-    failures: list[int]
-    simulated_seconds: float
-    wall_seconds: float
-    invariant_checks: int
-    linearizability_undecided: list[int]
-    results: list[SeedResult]
+class RunSummary(SeedRunSummary[SeedResult]):
+    @property
+    def linearizability_undecided(self) -> list[int]:
+        """Seeds that passed but whose history the checker could not decide in its budget."""
+        return [result.seed for result in self.results if result.ok and result.linearizable is None]
 
-    def to_json_line(self) -> dict[str, object]:
-        return {
-            "seeds": self.seeds,
-            "failures": self.failures,
-            "simulated_seconds": round(self.simulated_seconds, 3),
-            "wall_seconds": round(self.wall_seconds, 3),
-            "invariant_checks": self.invariant_checks,
-            "simulated_per_wall": round(self.simulated_seconds / max(self.wall_seconds, 1e-9), 1),
-            "linearizability_undecided": self.linearizability_undecided,
-        }
+    def world_figures(self) -> dict[str, object]:
+        return {"linearizability_undecided": self.linearizability_undecided}
 
 
 def _run_seed_job(arguments: tuple[int, int, float, bool | None]) -> SeedResult:
@@ -387,34 +376,11 @@ def run_seeds(
     """Run every seed (in `jobs` processes); results come back in seed order."""
     started = time.perf_counter()
     jobs_list = [(seed, node_count, simulated_seconds, quiet) for seed in seeds]
-    if jobs <= 1 or len(jobs_list) <= 1:
-        results = [_run_seed_job(job) for job in jobs_list]
-    else:
-        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-            results = list(pool.map(_run_seed_job, jobs_list, chunksize=4))
-    return RunSummary(
-        seeds=len(results),
-        failures=[result.seed for result in results if not result.ok],
-        simulated_seconds=sum(result.simulated_ms for result in results) / 1000,
-        wall_seconds=time.perf_counter() - started,
-        invariant_checks=sum(result.invariant_checks for result in results),
-        linearizability_undecided=[
-            result.seed for result in results if result.ok and result.linearizable is None
-        ],
-        results=results,
-    )
+    return RunSummary.of(map_seeds(_run_seed_job, jobs_list, jobs), started)
 
 
 def format_failure(result: SeedResult) -> str:
-    lines = [
-        f"seed {result.seed} FAILED ({result.node_count} nodes, at {result.simulated_ms} ms)",
-        f"replay: {result.replay_command}",
-        str(result.failure),
-    ]
-    if result.trace_tail:
-        lines.append(f"trace tail ({len(result.trace_tail)} lines):")
-        lines.extend(result.trace_tail)
-    return "\n".join(lines)
+    return format_seed_failure(result, f"{result.node_count} nodes")
 
 
 def parse_seed_range(text: str) -> range:

@@ -20,8 +20,8 @@ from quorumlog.stream.group_coordinator import (
     MemberState,
 )
 from quorumlog.stream.group_model import GroupCommand, GroupResult
-from quorumlog.testing.sim.application import LeaderAddress, SimApplication
-from quorumlog.testing.sim.frame_network import Replier, RequestHandler
+from quorumlog.testing.sim.application import LeaderAddress, SimApplication, serving_only
+from quorumlog.testing.sim.frame_network import RequestHandler
 
 CHECK_INTERVAL_SECONDS = 0.1
 
@@ -90,19 +90,6 @@ def coordinator_application(
             group, machine, leader_address, partition_count, CHECK_INTERVAL_SECONDS
         )
         service.start()
-
-        def handle(request: wire.ClientRequest, reply: Replier) -> None:
-            if isinstance(request, wire.GroupCoordinatorRequest):
-                service.handle(request, reply)
-                return
-            reply(
-                wire.ErrorResponse(
-                    request_id=request.request_id,
-                    code=wire.ErrorCode.BAD_REQUEST,
-                    message=f"the simulated coordinator serves no {type(request).__name__}",
-                )
-            )
-
-        return handle
+        return serving_only(wire.GroupCoordinatorRequest, service.handle, "coordinator")
 
     return SimApplication(machine_factory, service_factory)

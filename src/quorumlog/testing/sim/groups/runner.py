@@ -18,7 +18,6 @@ commits and reads of committed offsets must be linearizable per partition.
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import hashlib
 import time
@@ -33,6 +32,7 @@ from quorumlog.testing.sim.events import derive_random
 from quorumlog.testing.sim.groups.world import GroupWorld, GroupWorldOptions
 from quorumlog.testing.sim.nemesis import Nemesis, NemesisOptions
 from quorumlog.testing.sim.network import NetworkFaults
+from quorumlog.testing.sim.seed_runs import SeedRunSummary, format_seed_failure, map_seeds
 from quorumlog.testing.sim.trace import TraceRecorder
 
 SETTLE_MS = 20_000
@@ -191,24 +191,10 @@ def run_seed(
     return result
 
 
-class GroupRunSummary(msgspec.Struct):
-    seeds: int
-    failures: list[int]
-    simulated_seconds: float
-    wall_seconds: float
-    invariant_checks: int
-    results: list[GroupSeedResult]
-
-    def to_json_line(self) -> dict[str, object]:
+class GroupRunSummary(SeedRunSummary[GroupSeedResult]):
+    def world_figures(self) -> dict[str, object]:
         results = self.results
-        wall = max(self.wall_seconds, 1e-9)
         return {
-            "seeds": self.seeds,
-            "failures": self.failures,
-            "simulated_seconds": round(self.simulated_seconds, 1),
-            "wall_seconds": round(self.wall_seconds, 2),
-            "simulated_per_wall": round(self.simulated_seconds / wall, 1),
-            "invariant_checks": self.invariant_checks,
             "commits_acknowledged": sum(result.commits_ok for result in results),
             "commits_refused": sum(result.commits_refused for result in results),
             "fenced_commits": sum(result.fenced_commits for result in results),
@@ -223,27 +209,10 @@ class GroupRunSummary(msgspec.Struct):
 
 def run_seeds(seeds: Sequence[int], jobs: int = 1, seconds: float = 12.0) -> GroupRunSummary:
     started = time.perf_counter()
-    if jobs <= 1 or len(seeds) <= 1:
-        results = [run_seed(seed, seconds=seconds) for seed in seeds]
-    else:
-        with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
-            # The seconds go with every seed: a pool worker would otherwise run the default.
-            results = list(pool.map(functools.partial(run_seed, seconds=seconds), seeds))
-    return GroupRunSummary(
-        seeds=len(results),
-        failures=[result.seed for result in results if not result.ok],
-        simulated_seconds=sum(result.simulated_ms for result in results) / 1000,
-        wall_seconds=time.perf_counter() - started,
-        invariant_checks=sum(result.invariant_checks for result in results),
-        results=results,
-    )
+    # The seconds go with every seed: a pool worker would otherwise run the default.
+    results = map_seeds(functools.partial(run_seed, seconds=seconds), seeds, jobs)
+    return GroupRunSummary.of(results, started)
 
 
 def format_failure(result: GroupSeedResult) -> str:
-    lines = [
-        f"seed {result.seed} FAILED (at {result.simulated_ms} ms)",
-        f"  replay: {result.replay_command}",
-        f"  {result.failure}",
-    ]
-    lines.extend(f"    {line}" for line in result.trace_tail)
-    return "\n".join(lines)
+    return format_seed_failure(result, "consumer groups")

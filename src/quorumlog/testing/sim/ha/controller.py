@@ -20,8 +20,8 @@ from quorumlog.ha.controller_model import AlterSyncStateSet, HAControllerResult
 from quorumlog.node.ha_controller_access import ControllerAccessConfig, RequestControllerAccess
 from quorumlog.node.ha_controller_service import HAControllerService
 from quorumlog.runtime.handle import GroupHandle
-from quorumlog.testing.sim.application import LeaderAddress, SimApplication
-from quorumlog.testing.sim.frame_network import Replier, RequestHandler, SimFrameNetwork
+from quorumlog.testing.sim.application import LeaderAddress, SimApplication, serving_only
+from quorumlog.testing.sim.frame_network import RequestHandler, SimFrameNetwork
 from quorumlog.testing.sim.node import client_address
 from quorumlog.testing.sim.process import SimProcess
 from quorumlog.testing.sim.shardkv.transport import FrameCalls, SimPeerRequests
@@ -65,20 +65,7 @@ def controller_application(
     ) -> RequestHandler:
         service = HAControllerService(group, machine, leader_address, CHECK_INTERVAL_SECONDS)
         service.start()
-
-        def handle(request: wire.ClientRequest, reply: Replier) -> None:
-            if isinstance(request, wire.HAControllerRequest):
-                service.handle(request, reply)
-                return
-            reply(
-                wire.ErrorResponse(
-                    request_id=request.request_id,
-                    code=wire.ErrorCode.BAD_REQUEST,
-                    message=f"the simulated controller serves no {type(request).__name__}",
-                )
-            )
-
-        return handle
+        return serving_only(wire.HAControllerRequest, service.handle, "controller")
 
     return SimApplication(machine_factory, service_factory)
 

@@ -26,7 +26,6 @@ The shapes replay the RocketMQ bugs whose names they carry:
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import time
 import traceback
@@ -39,6 +38,7 @@ from quorumlog.testing.sim.events import derive_random, draw_int
 from quorumlog.testing.sim.ha.checks import log_messages
 from quorumlog.testing.sim.ha.world import HAWorld, HAWorldOptions
 from quorumlog.testing.sim.network import NetworkFaults
+from quorumlog.testing.sim.seed_runs import SeedRunSummary, format_seed_failure, map_seeds
 from quorumlog.testing.sim.trace import TraceRecorder
 
 SHAPES = (
@@ -318,24 +318,10 @@ def run_seed(
     return result
 
 
-class HARunSummary(msgspec.Struct):
-    seeds: int
-    failures: list[int]
-    simulated_seconds: float
-    wall_seconds: float
-    invariant_checks: int
-    results: list[HASeedResult]
-
-    def to_json_line(self) -> dict[str, object]:
+class HARunSummary(SeedRunSummary[HASeedResult]):
+    def world_figures(self) -> dict[str, object]:
         results = self.results
-        wall = max(self.wall_seconds, 1e-9)
         return {
-            "seeds": self.seeds,
-            "failures": self.failures,
-            "simulated_seconds": round(self.simulated_seconds, 1),
-            "wall_seconds": round(self.wall_seconds, 2),
-            "simulated_per_wall": round(self.simulated_seconds / wall, 1),
-            "invariant_checks": self.invariant_checks,
             "messages_acknowledged": sum(result.acknowledged for result in results),
             "elections": sum(result.elections for result in results),
             "handshakes": sum(result.handshakes for result in results),
@@ -345,26 +331,8 @@ class HARunSummary(msgspec.Struct):
 
 def run_seeds(seeds: Sequence[int], jobs: int = 1) -> HARunSummary:
     started = time.perf_counter()
-    if jobs <= 1 or len(seeds) <= 1:
-        results = [run_seed(seed) for seed in seeds]
-    else:
-        with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
-            results = list(pool.map(run_seed, seeds))
-    return HARunSummary(
-        seeds=len(results),
-        failures=[result.seed for result in results if not result.ok],
-        simulated_seconds=sum(result.simulated_ms for result in results) / 1000,
-        wall_seconds=time.perf_counter() - started,
-        invariant_checks=sum(result.invariant_checks for result in results),
-        results=results,
-    )
+    return HARunSummary.of(map_seeds(run_seed, seeds, jobs), started)
 
 
 def format_failure(result: HASeedResult) -> str:
-    lines = [
-        f"seed {result.seed} FAILED (shape {result.shape}, at {result.simulated_ms} ms)",
-        f"  replay: {result.replay_command}",
-        f"  {result.failure}",
-    ]
-    lines.extend(f"    {line}" for line in result.trace_tail)
-    return "\n".join(lines)
+    return format_seed_failure(result, f"shape {result.shape}")

@@ -16,7 +16,6 @@ same seed with tracing on, the tail of its trace.
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import time
 import traceback
@@ -43,6 +42,7 @@ from quorumlog.testing.sim.ledger.workload import (
 )
 from quorumlog.testing.sim.ledger.world import LedgerWorld, WorldOptions
 from quorumlog.testing.sim.network import NetworkFaults
+from quorumlog.testing.sim.seed_runs import SeedRunSummary, format_seed_failure, map_seeds
 from quorumlog.testing.sim.trace import TraceRecorder
 
 SHAPES = ((3, 2, 2), (3, 3, 2), (5, 3, 2), (4, 2, 2))
@@ -357,23 +357,10 @@ def _describe_failure(error: Exception, run: LedgerSeed | None) -> str:
 # --- many seeds -----------------------------------------------------------------------
 
 
-class LedgerRunSummary(msgspec.Struct):
-    seeds: int
-    failures: list[int]
-    simulated_seconds: float
-    wall_seconds: float
-    invariant_checks: int
-    results: list[LedgerSeedResult]
-
-    def to_json_line(self) -> dict[str, object]:
+class LedgerRunSummary(SeedRunSummary[LedgerSeedResult]):
+    def world_figures(self) -> dict[str, object]:
         results = self.results
         return {
-            "seeds": self.seeds,
-            "failures": self.failures,
-            "simulated_seconds": round(self.simulated_seconds, 3),
-            "wall_seconds": round(self.wall_seconds, 3),
-            "invariant_checks": self.invariant_checks,
-            "simulated_per_wall": round(self.simulated_seconds / max(self.wall_seconds, 1e-9), 1),
             "entries_acknowledged": sum(result.entries_acknowledged for result in results),
             "entries_read": sum(result.entries_read for result in results),
             "recoveries": sum(result.recoveries for result in results),
@@ -385,30 +372,9 @@ class LedgerRunSummary(msgspec.Struct):
 def run_seeds(seeds: Sequence[int], jobs: int = 1) -> LedgerRunSummary:
     """Run every seed (in `jobs` processes); results come back in seed order."""
     started = time.perf_counter()
-    if jobs <= 1 or len(seeds) <= 1:
-        results = [run_seed(seed) for seed in seeds]
-    else:
-        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-            results = list(pool.map(run_seed, seeds, chunksize=4))
-    return LedgerRunSummary(
-        seeds=len(results),
-        failures=[result.seed for result in results if not result.ok],
-        simulated_seconds=sum(result.simulated_ms for result in results) / 1000,
-        wall_seconds=time.perf_counter() - started,
-        invariant_checks=sum(result.invariant_checks for result in results),
-        results=results,
-    )
+    return LedgerRunSummary.of(map_seeds(run_seed, seeds, jobs), started)
 
 
 def format_failure(result: LedgerSeedResult) -> str:
     ensemble, write_quorum, ack_quorum = result.shape
-    lines = [
-        f"seed {result.seed} FAILED (E={ensemble} Qw={write_quorum} Qa={ack_quorum}, at "
-        f"{result.simulated_ms} ms)",
-        f"replay: {result.replay_command}",
-        str(result.failure),
-    ]
-    if result.trace_tail:
-        lines.append(f"trace tail ({len(result.trace_tail)} lines):")
-        lines.extend(result.trace_tail)
-    return "\n".join(lines)
+    return format_seed_failure(result, f"E={ensemble} Qw={write_quorum} Qa={ack_quorum}")

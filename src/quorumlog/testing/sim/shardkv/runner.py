@@ -12,7 +12,6 @@ run of it supplies the trace tail.
 
 from __future__ import annotations
 
-import concurrent.futures
 import time
 import traceback
 
@@ -24,6 +23,7 @@ from quorumlog.testing.sim.checks import InvariantViolation
 from quorumlog.testing.sim.events import derive_random
 from quorumlog.testing.sim.network import NetworkFaults
 from quorumlog.testing.sim.runner import RunSummary, SeedResult
+from quorumlog.testing.sim.seed_runs import format_seed_failure, map_seeds
 from quorumlog.testing.sim.shardkv.cluster import REPLICAS_PER_GROUP, ShardCluster, ShardSimOptions
 from quorumlog.testing.sim.shardkv.nemesis import ShardNemesisOptions, weights_for
 from quorumlog.testing.sim.shardkv.node import MemberOptions, ServerOptions
@@ -231,37 +231,13 @@ def run_shardkv_seeds(
         raise ValueError(f"unknown scenario {scenario!r}; known: {', '.join(SCENARIOS)}")
     started = time.perf_counter()
     job_list = [(seed, scenario) for seed in range(first, last + 1)]
-    if jobs <= 1 or len(job_list) <= 1:
-        outcomes = [_run_job(job) for job in job_list]
-    else:
-        with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
-            outcomes = list(pool.map(_run_job, job_list))
-    results = [outcome.result for outcome in outcomes]
-    summary = RunSummary(
-        seeds=len(results),
-        failures=[result.seed for result in results if not result.ok],
-        simulated_seconds=sum(result.simulated_ms for result in results) / 1000,
-        wall_seconds=time.perf_counter() - started,
-        invariant_checks=sum(result.invariant_checks for result in results),
-        linearizability_undecided=[
-            result.seed for result in results if result.ok and result.linearizable is None
-        ],
-        results=results,
-    )
+    outcomes = map_seeds(_run_job, job_list, jobs)
+    summary = RunSummary.of([outcome.result for outcome in outcomes], started)
     return ShardRunSummary(summary=summary, outcomes=outcomes)
 
 
 def format_failure(outcome: ShardSeedOutcome) -> str:
-    result = outcome.result
-    lines = [
-        f"seed {result.seed} FAILED (scenario {outcome.scenario}, at {result.simulated_ms} ms)",
-        f"replay: {result.replay_command}",
-        str(result.failure),
-    ]
-    if result.trace_tail:
-        lines.append(f"trace tail ({len(result.trace_tail)} lines):")
-        lines.extend(result.trace_tail)
-    return "\n".join(lines)
+    return format_seed_failure(outcome.result, f"scenario {outcome.scenario}")
 
 
 __all__ = [
