@@ -19,13 +19,28 @@ always gives the same bytes. A well-formed entry never makes `apply` raise; byte
 not decode are corruption. `ImportOffsets` (offsets carried over from the previous
 release's `__offsets/` keys) writes only into the committed offsets, so it left the
 snapshot format as it was.
+
+Rules added after the baseline release apply only from the feature level that introduced
+them (codec/feature_levels.py): the level in force is committed in this group's own log
+(`GroupEntry.cluster_level`) and kept in snapshots, so a replica of an older release and a
+newer one apply the same entries to the same state, and the newer rules turn on at the
+same index on every replica.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from quorumlog.codec import wire
+from quorumlog.codec.feature_levels import (
+    BASELINE_FEATURE_LEVEL,
+    FEATURE_LEVEL,
+    GROUP_FENCING_LEVEL,
+    check_level,
+    raised,
+)
 from quorumlog.kv.machine import MalformedEntryError, decode_log_entry
 from quorumlog.raft.invariants import require
 from quorumlog.stream.assignors import ASSIGNORS, assign
@@ -49,6 +64,7 @@ from quorumlog.stream.group_model import (
     Refusal,
     ResetOffsets,
     UpdatePartitions,
+    at_level,
     decode_entry,
     refused,
 )
@@ -74,10 +90,10 @@ class MemberState(msgspec.Struct, array_like=True):
     revoking_since: int = 0
     """The generation that last took a partition from this member: only a join that knew
     it (`JoinGroup.owned_generation`) may say the member let go. Trailing, with a default
-    (0: any join may, as before the field)."""
+    (0: any join may, as before the field); kept 0 below `GROUP_FENCING_LEVEL`."""
     commit_sequence: int = 0
     """The highest `CommitOffsets.sequence` applied for this member. Trailing, with a
-    default (0: none yet)."""
+    default (0: none yet); kept 0 below `GROUP_FENCING_LEVEL`."""
 
 
 class ConsumerGroupState(msgspec.Struct, array_like=True):
@@ -94,6 +110,9 @@ class GroupCoordinatorSnapshot(msgspec.Struct, frozen=True, array_like=True):
     format_version: int
     applied_index: int
     groups: list[ConsumerGroupState]
+    cluster_level: int = BASELINE_FEATURE_LEVEL
+    """The feature level committed by the entries the snapshot covers. Trailing, with a
+    default: a snapshot from before the gate is at the baseline."""
 
 
 _snapshot_encoder = msgspec.msgpack.Encoder()
@@ -101,11 +120,19 @@ _snapshot_decoder = msgspec.msgpack.Decoder(GroupCoordinatorSnapshot)
 
 
 class GroupCoordinatorMachine:
-    """Consumer groups by name, and the index of the last entry applied."""
+    """Consumer groups by name, the index of the last entry applied, and the feature level
+    committed in the log so far."""
 
-    def __init__(self) -> None:
+    def __init__(self, feature_level: int = FEATURE_LEVEL) -> None:
+        """`feature_level`: the highest level this build applies by (a lower one stands
+        for an older release in tests)."""
         self.groups: dict[str, ConsumerGroupState] = {}
         self._applied_index = 0
+        self.feature_level = feature_level
+        self.cluster_level = BASELINE_FEATURE_LEVEL
+        """The level committed by the entries applied: the rules `apply` uses now."""
+        self.on_level_raised: Callable[[int], None] | None = None
+        """Told the new level when an applied entry raised it (the node records it)."""
 
     # --- reads --------------------------------------------------------------------------
 
@@ -123,6 +150,7 @@ class GroupCoordinatorMachine:
     def heartbeat_answer(self, command: JoinGroup) -> GroupResult | None:
         """The answer to a join that changes nothing (a heartbeat), from the state; None if
         the join must go through the log (new member, changed subscription or counts)."""
+        command = at_level(command, self.cluster_level)
         state = self.groups.get(command.group)
         if state is None:
             return None
@@ -145,15 +173,26 @@ class GroupCoordinatorMachine:
         if index <= self._applied_index:
             return []
         entry = decode_log_entry(decode_entry, data, index, "group coordinator")
+        if entry.cluster_level:
+            self.raise_level(entry.cluster_level)
         results = [[self.execute(command) for command in batch] for batch in entry.batches]
         self._applied_index = index
         return results
+
+    def raise_level(self, level: int) -> None:
+        """Apply a committed raise of the feature level (it never goes down); a build below
+        it stops here rather than apply later entries by older rules."""
+        before = self.cluster_level
+        self.cluster_level = raised(before, level, self.feature_level)
+        if self.cluster_level > before and self.on_level_raised is not None:
+            self.on_level_raised(self.cluster_level)
 
     def mark_applied(self, index: int) -> None:
         if index > self._applied_index:
             self._applied_index = index
 
     def execute(self, command: GroupCommand) -> GroupResult:
+        command = at_level(command, self.cluster_level)
         if isinstance(command, DescribeGroup):
             info = self.group_info(command.group)
             if info is None:
@@ -213,7 +252,7 @@ class GroupCoordinatorMachine:
         )
         state.assignor = command.assignor
         state.partition_counts.update(command.partition_counts)
-        rebalance(state)
+        rebalance(state, self.fencing)
         return answer(state, state.members[command.member_id])
 
     def remove_members(self, group: str, member_ids: list[str]) -> GroupResult:
@@ -225,7 +264,7 @@ class GroupCoordinatorMachine:
             return refused(Refusal.UNKNOWN_MEMBER, f"no such member in group {group!r}")
         for member_id in gone:
             del state.members[member_id]
-        rebalance(state)
+        rebalance(state, self.fencing)
         return GroupResult(ok=True, generation=state.generation)
 
     def update_partitions(self, command: UpdatePartitions) -> GroupResult:
@@ -235,7 +274,7 @@ class GroupCoordinatorMachine:
         if all(state.partition_counts.get(t) == n for t, n in command.partition_counts.items()):
             return GroupResult(ok=True, generation=state.generation)
         state.partition_counts.update(command.partition_counts)
-        rebalance(state)
+        rebalance(state, self.fencing)
         return GroupResult(ok=True, generation=state.generation)
 
     def commit(self, command: CommitOffsets) -> GroupResult:
@@ -299,12 +338,19 @@ class GroupCoordinatorMachine:
         del self.groups[command.group]
         return GroupResult(ok=True)
 
+    @property
+    def fencing(self) -> bool:
+        """Whether the committed level has the fencing of stale joins and commits."""
+        return self.cluster_level >= GROUP_FENCING_LEVEL
+
     # --- snapshots ----------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
         groups = [canonical(state) for _, state in sorted(self.groups.items())]
         return _snapshot_encoder.encode(
-            GroupCoordinatorSnapshot(SNAPSHOT_FORMAT_VERSION, self._applied_index, groups)
+            GroupCoordinatorSnapshot(
+                SNAPSHOT_FORMAT_VERSION, self._applied_index, groups, self.cluster_level
+            )
         )
 
     def restore(self, data: bytes) -> None:
@@ -323,8 +369,13 @@ class GroupCoordinatorMachine:
         groups = {state.group: state for state in snapshot.groups}
         if len(groups) != len(snapshot.groups):
             raise MalformedEntryError("group coordinator snapshot names a group twice")
+        check_level(self.feature_level, snapshot.cluster_level)
         self.groups = groups
         self._applied_index = snapshot.applied_index
+        before = self.cluster_level
+        self.cluster_level = snapshot.cluster_level
+        if self.cluster_level > before and self.on_level_raised is not None:
+            self.on_level_raised(self.cluster_level)
 
 
 def join_problem(command: JoinGroup) -> str | None:
@@ -374,10 +425,11 @@ def still_revoking(member: MemberState, command: JoinGroup) -> list[tuple[str, i
     return [partition for partition in member.revoking if partition in owned]
 
 
-def rebalance(state: ConsumerGroupState) -> None:
+def rebalance(state: ConsumerGroupState, fencing: bool = True) -> None:
     """A new generation, its assignment computed from the previous one. A partition the
     assignor moves away from a live member is withheld from its new owner until the old
-    one gave it up (the module docstring of `group_model`)."""
+    one gave it up (the module docstring of `group_model`). `fencing`: note the generation
+    of each revocation (`MemberState.revoking_since`), as from feature level 2 on."""
     subscriptions = {member_id: m.topics for member_id, m in state.members.items()}
     previous = {member_id: m.assignment for member_id, m in state.members.items()}
     assignor = state.assignor or ASSIGNORS[0]
@@ -396,7 +448,7 @@ def rebalance(state: ConsumerGroupState) -> None:
             if holders.get(partition, member_id) == member_id
         ]
         revoking = sorted(held - set(member.assignment))
-        if not set(revoking) <= set(member.revoking):
+        if fencing and not set(revoking) <= set(member.revoking):
             member.revoking_since = generation
         member.revoking = revoking
     owners = [p for m in state.members.values() for p in (*m.assignment, *m.revoking)]

@@ -5,6 +5,11 @@ Every node of the `SimCluster` runs `stream.group_coordinator.GroupCoordinatorMa
 behind the shipped `node.group_coordinator_service.GroupCoordinatorService`, whose
 periodic check (silent members, partition counts) runs on the node's scheduler in virtual
 time. Topics have fixed partition counts, as this node's view of the topics would give.
+
+Feature levels (codec/feature_levels.py): every node says the level `feature_levels` gives
+it (one mapping for all: as if every node had heard every other's handshake), and applies
+by the rules of that level at most, as a node of that release would. Tests change the
+mapping and restart a node to upgrade it.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from quorumlog.codec import wire
+from quorumlog.codec.feature_levels import FEATURE_LEVEL
+from quorumlog.node.cluster_level import PeerLevels
 from quorumlog.node.group_coordinator_service import GroupCoordinatorService
 from quorumlog.runtime.handle import GroupHandle
 from quorumlog.stream.group_coordinator import (
@@ -73,8 +80,13 @@ def copy_state(state: ConsumerGroupState) -> ConsumerGroupState:
 
 
 def coordinator_application(
-    partition_counts: Mapping[str, int], observer: ExecuteObserver
+    partition_counts: Mapping[str, int],
+    observer: ExecuteObserver,
+    feature_levels: dict[str, int] | None = None,
 ) -> SimApplication[ObservedGroupMachine]:
+    """`feature_levels`: node id → the level its release runs (read at each start of the
+    node); None: every node runs this release."""
+
     def machine_factory() -> ObservedGroupMachine:
         machine = ObservedGroupMachine()
         machine.observer = observer
@@ -86,8 +98,20 @@ def coordinator_application(
     def service_factory(
         group: GroupHandle, machine: ObservedGroupMachine, leader_address: LeaderAddress
     ) -> RequestHandler:
+        peer_levels = PeerLevels(group.node_id)
+        if feature_levels is not None:
+            peer_levels.levels = feature_levels
+            # Before any entry is applied: the host only restores the snapshot before this.
+            machine.feature_level = feature_levels.get(group.node_id, FEATURE_LEVEL)
+        else:
+            peer_levels.levels = dict.fromkeys(group.configuration.members(), FEATURE_LEVEL)
         service = GroupCoordinatorService(
-            group, machine, leader_address, partition_count, CHECK_INTERVAL_SECONDS
+            group,
+            machine,
+            leader_address,
+            partition_count,
+            CHECK_INTERVAL_SECONDS,
+            peer_levels=peer_levels,
         )
         service.start()
 
