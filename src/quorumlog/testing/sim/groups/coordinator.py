@@ -7,17 +7,22 @@ periodic check (silent members, partition counts) runs on the node's scheduler i
 time. Topics have fixed partition counts, as this node's view of the topics would give.
 
 Feature levels (codec/feature_levels.py): every node says the level `feature_levels` gives
-it (one mapping for all: as if every node had heard every other's handshake), and applies
-by the rules of that level at most, as a node of that release would. Tests change the
-mapping and restart a node to upgrade it.
+it (one mapping for all: as if every node had heard every other's handshake). A node below
+this release's level stands for an older release: it decodes each entry as that release's
+decoder does, dropping the trailing fields it does not know (`as_release_decodes`, a model
+of msgspec's decoding kept apart from the gate it checks), and applies by that level's
+rules at most. Tests change the mapping and restart a node to upgrade it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
+
+import msgspec
 
 from quorumlog.codec import wire
-from quorumlog.codec.feature_levels import FEATURE_LEVEL
+from quorumlog.codec.feature_levels import BASELINE_FEATURE_LEVEL, FEATURE_LEVEL
 from quorumlog.node.cluster_level import PeerLevels
 from quorumlog.node.group_coordinator_service import GroupCoordinatorService
 from quorumlog.runtime.handle import GroupHandle
@@ -43,6 +48,14 @@ class ObservedGroupMachine(GroupCoordinatorMachine):
     """The shipped machine; `execute` also reports to the checker (it changes nothing)."""
 
     observer: ExecuteObserver | None = None
+    release_level: int = FEATURE_LEVEL
+    """The release this node stands for: below this one's, entries are decoded as that
+    release's decoder reads them."""
+
+    def apply(self, index: int, data: bytes) -> list[list[GroupResult]]:
+        if self.release_level < FEATURE_LEVEL:
+            data = as_release_decodes(data, self.release_level)
+        return super().apply(index, data)
 
     def execute(self, command: GroupCommand) -> GroupResult:
         observer = self.observer
@@ -54,6 +67,26 @@ class ObservedGroupMachine(GroupCoordinatorMachine):
         result = super().execute(command)
         observer(self, command, before, result)
         return result
+
+
+RELEASE_FIELD_COUNTS: dict[int, dict[str, int]] = {
+    BASELINE_FEATURE_LEVEL: {"entry": 2, "join": 8, "commit": 4},
+}
+"""Per older release: the fields its decoder knew of the log entry and of each command (by
+tag) whose fields grew since; the table of codec/feature_levels.py, counted by hand."""
+
+
+def as_release_decodes(data: bytes, level: int) -> bytes:
+    """A coordinator entry as the release of feature `level` decodes it: every array_like
+    struct cut to the fields that release knew (msgspec drops unknown trailing fields), then
+    encoded again for this release's machine."""
+    counts = RELEASE_FIELD_COUNTS[level]
+    entry: list[Any] = msgspec.msgpack.decode(data)[: counts["entry"]]
+    entry[1] = [
+        [command[: 1 + counts.get(command[0], len(command))] for command in batch]
+        for batch in entry[1]
+    ]
+    return msgspec.msgpack.encode(entry)
 
 
 def copy_state(state: ConsumerGroupState) -> ConsumerGroupState:
@@ -103,6 +136,7 @@ def coordinator_application(
             peer_levels.levels = feature_levels
             # Before any entry is applied: the host only restores the snapshot before this.
             machine.feature_level = feature_levels.get(group.node_id, FEATURE_LEVEL)
+            machine.release_level = machine.feature_level
         else:
             peer_levels.levels = dict.fromkeys(group.configuration.members(), FEATURE_LEVEL)
         service = GroupCoordinatorService(
