@@ -286,8 +286,8 @@ def print_table(columns: list[str], rows: list[list[str]]) -> None:
 @output_option
 @client_options
 def status_command(settings: ClientSettings, write_out: str) -> None:
-    """Ask every endpoint for its view: id, leadership, term and log indexes (an alias of
-    `quorumlog endpoint status`).
+    """Ask every endpoint for its view: id, leadership, term, log indexes and the cluster's
+    feature level (an alias of `quorumlog endpoint status`).
 
     Exits 1 if any endpoint did not answer (after printing every row)."""
     report_status(settings, write_out)
