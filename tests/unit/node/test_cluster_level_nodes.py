@@ -1,6 +1,7 @@
 """Three real nodes in one process agree the cluster's feature level through the handshake
 and the coordinator's log, keep it in their data directories and say it in their status;
-a node whose release is below the level kept refuses to start, in one line."""
+a peer that says a lower level is refused at the handshake, and a node whose release is
+below the level kept refuses to start, in one line."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from quorumlog.codec.feature_levels import FEATURE_LEVEL
+from quorumlog.codec import wire
+from quorumlog.codec.feature_levels import BASELINE_FEATURE_LEVEL, FEATURE_LEVEL
+from quorumlog.codec.frame import FrameDecoder, encode_frame
 from quorumlog.errors import ClusterLevelError
 from quorumlog.node.cluster_level import CommittedLevelFile
 from quorumlog.node.server import Node
@@ -19,7 +22,26 @@ from tests.unit.node.in_process_cluster import node_settings, start_nodes
 WAIT_SECONDS = 20.0
 
 
-async def agree_then_stop(directory: Path) -> list[int]:
+async def handshake_as_old_peer(port: int) -> wire.Frame:
+    """Say hello as peer "n9" of the baseline release; the node's first answer."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    hello = wire.Hello(
+        cluster_id="quorumlog", sender="n9", is_peer=True, feature_level=BASELINE_FEATURE_LEVEL
+    )
+    writer.write(encode_frame(wire.encode(hello)))
+    decoder = FrameDecoder()
+    try:
+        while True:
+            data = await asyncio.wait_for(reader.read(65536), WAIT_SECONDS)
+            assert data, "the node closed the connection without an answer"
+            payloads = decoder.feed(data)
+            if payloads:
+                return wire.decode(payloads[0])
+    finally:
+        writer.close()
+
+
+async def agree_then_stop(directory: Path) -> tuple[list[int], wire.Frame]:
     settings = node_settings(
         ["n1", "n2", "n3"], directory, tick_ms=10, election_ticks=5, fsync=False, bookie=False
     )
@@ -29,18 +51,21 @@ async def agree_then_stop(directory: Path) -> list[int]:
         while not all(node.committed_level == FEATURE_LEVEL for node in nodes):
             assert time.monotonic() < deadline, "the nodes never committed their level"
             await asyncio.sleep(0.01)  # the nodes run on this loop: yield to them
-        return [
+        shown = [
             node.dispatcher.status(node.groups["kv"].host, request_id=1).cluster_level
             for node in nodes
         ]
+        return shown, await handshake_as_old_peer(nodes[0].port)
     finally:
         for node in nodes:
             await node.stop()
 
 
 def test_nodes_commit_keep_and_show_the_level_and_refuse_a_downgrade(tmp_path: Path) -> None:
-    shown = asyncio.run(agree_then_stop(tmp_path))
+    shown, answer = asyncio.run(agree_then_stop(tmp_path))
     assert shown == [FEATURE_LEVEL] * 3
+    assert isinstance(answer, wire.Refused), answer
+    assert f"feature level {BASELINE_FEATURE_LEVEL}, below" in answer.reason
     for node_id in ("n1", "n2", "n3"):
         assert CommittedLevelFile(tmp_path / node_id).read() == FEATURE_LEVEL
 
