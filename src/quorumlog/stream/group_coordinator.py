@@ -29,7 +29,7 @@ same index on every replica.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import msgspec
 
@@ -370,12 +370,25 @@ class GroupCoordinatorMachine:
         if len(groups) != len(snapshot.groups):
             raise MalformedEntryError("group coordinator snapshot names a group twice")
         check_level(self.feature_level, snapshot.cluster_level)
+        if snapshot.cluster_level < GROUP_FENCING_LEVEL:
+            forget_fencing(groups.values())
         self.groups = groups
         self._applied_index = snapshot.applied_index
         before = self.cluster_level
         self.cluster_level = snapshot.cluster_level
         if self.cluster_level > before and self.on_level_raised is not None:
             self.on_level_raised(self.cluster_level)
+
+
+def forget_fencing(groups: Iterable[ConsumerGroupState]) -> None:
+    """Read a snapshot below `GROUP_FENCING_LEVEL` as the release before the fencing does:
+    without its fields. A release that applied them unconditionally (session 7's, before
+    the gate) wrote them there, while a replica that replayed the same entries below the
+    level has them at 0: both must hold the same state when the level rises."""
+    for state in groups:
+        for member in state.members.values():
+            member.revoking_since = 0
+            member.commit_sequence = 0
 
 
 def join_problem(command: JoinGroup) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from quorumlog.cli.kv_commands import STATUS_COLUMNS, status_cells
@@ -140,3 +141,22 @@ def test_endpoint_status_shows_the_level_in_its_last_column() -> None:
     }
     assert status_cells(row)[-1] == "2"
     assert status_cells({"endpoint": "127.0.0.1:2", "errors": ["refused"]})[-1] == ""
+
+
+def test_a_snapshot_below_the_fencing_level_is_read_without_the_fencing_fields() -> None:
+    """As the release before the fields reads it: a snapshot that the session-7 release
+    wrote with them set, restored here, holds what a replica replaying the log holds."""
+    from quorumlog.stream.group_coordinator import (
+        ConsumerGroupState,
+        GroupCoordinatorSnapshot,
+        MemberState,
+    )
+
+    member = MemberState("m", "m", ["t"], 10_000, revoking_since=5, commit_sequence=3)
+    state = ConsumerGroupState("g", generation=6, members={"m": member})
+    for level, kept in ((BASELINE_FEATURE_LEVEL, (0, 0)), (GROUP_FENCING_LEVEL, (5, 3))):
+        snapshot = GroupCoordinatorSnapshot(1, 9, [state], cluster_level=level)
+        machine = GroupCoordinatorMachine()
+        machine.restore(msgspec.msgpack.encode(snapshot))
+        restored = machine.groups["g"].members["m"]
+        assert (restored.revoking_since, restored.commit_sequence) == kept, level
