@@ -92,10 +92,12 @@ class CommittedLevelFile:
         atomic_write(self.path, f"{level}\n".encode("ascii"))
         log.info("cluster feature level %d committed (kept in %s)", level, self.path)
 
-    def check_start(self, node_id: str, own_level: int = FEATURE_LEVEL) -> int:
-        """The level kept; raises ClusterLevelError if `own_level` is below it."""
+    def check_start(self, own_level: int = FEATURE_LEVEL) -> int:
+        """The level kept; raises ClusterLevelError if `own_level` is below it (the node
+        command prints it as "error: node n1 cannot run: this release runs feature level
+        ...")."""
         committed = self.read()
-        check_level(own_level, committed, f"node {node_id}")
+        check_level(own_level, committed, "this release")
         return committed
 
 

@@ -249,7 +249,7 @@ class Node:
         settings = self.settings
         check_advertised(settings.listen, settings.advertise)
         # Before anything is opened or heard: a release below the committed level refuses.
-        self.committed_level = self.level_file.check_start(settings.node_id)
+        self.committed_level = self.level_file.check_start()
         self.ticker = GroupTicker(
             AsyncioScheduler(asyncio.get_running_loop()), settings.tick_ms / 1000
         )

@@ -83,9 +83,9 @@ def test_the_committed_level_is_kept_never_lowered_and_checked_at_start(tmp_path
     kept.raise_to(2)
     kept.raise_to(1)
     assert kept.read() == 2
-    assert kept.check_start("n1", own_level=2) == 2
-    with pytest.raises(ClusterLevelError, match="node n1 runs feature level 1, below"):
-        kept.check_start("n1", own_level=1)
+    assert kept.check_start(own_level=2) == 2
+    with pytest.raises(ClusterLevelError, match="this release runs feature level 1, below"):
+        kept.check_start(own_level=1)
     kept.path.write_text("two\n")
     with pytest.raises(ClusterLevelError, match="not a feature level"):
         kept.read()
