@@ -7,6 +7,10 @@ applies a stale commit alike (the old rule: it takes the offset back). Once the 
 upgraded and says level 2, the leader commits level 2 in the group's own log, and the
 fencing turns on at that entry on every replica: a later stale commit changes nothing.
 Without the gate the new replicas fence a commit the old one applies: the states diverge.
+
+The release users run before this one is session 7's, which applies the fencing fields
+ungated and says no level: a session-7 leader puts the fields in the log below level 2,
+and the replicas of this release at level 1 apply them exactly as session-7 replicas do.
 """
 
 from __future__ import annotations
@@ -36,17 +40,28 @@ from quorumlog.testing.sim.groups.runner import GroupSeed, plan_seed
 
 SEED = 5
 TICKS_MAX = 400
-TOPICS = {"t": 1}
+TOPICS = {"t": 1, "u": 2}
+HALF_UPGRADED = {"n1": GROUP_FENCING_LEVEL, "n2": GROUP_FENCING_LEVEL, "n3": 1}
 
 
 class MixedCluster:
-    """Three coordinator nodes; n3 runs the release before the fencing until upgraded."""
+    """Three coordinator nodes; by default n3 runs the session-6 release (before the
+    fencing) until upgraded."""
 
-    def __init__(self) -> None:
-        self.levels = {"n1": GROUP_FENCING_LEVEL, "n2": GROUP_FENCING_LEVEL, "n3": 1}
-        application = coordinator_application(TOPICS, lambda *_: None, self.levels)
+    def __init__(
+        self, levels: dict[str, int] | None = None, session_7_nodes: frozenset[str] = frozenset()
+    ) -> None:
+        self.levels = dict(HALF_UPGRADED if levels is None else levels)
+        application = coordinator_application(TOPICS, lambda *_: None, self.levels, session_7_nodes)
         self.cluster = SimCluster(SEED, SimOptions(node_count=3), None, application)
         self.request_id = 0
+
+    def lead_from(self, node_id: str) -> None:
+        """Move the coordinator's leadership to `node_id`."""
+        self.cluster.wait_for_leader()
+        if self.cluster.leader() != node_id:
+            assert self.cluster.transfer_leadership(node_id)
+        assert self.cluster.run_until(lambda: self.cluster.leader() == node_id, TICKS_MAX)
 
     def machine(self, node_id: str) -> ObservedGroupMachine:
         machine = self.cluster.node(node_id).machine
@@ -89,6 +104,15 @@ class MixedCluster:
             if is_data and decode_entry(entry.data).cluster_level:
                 return entry.index
         return None
+
+
+def full_states(mixed: MixedCluster) -> dict[str, object]:
+    """Per node, every field of every group (the fencing ones too) and the applied index."""
+    return {
+        node_id: (mixed.machine(node_id).applied_index, msgspec.to_builtins(machine_groups))
+        for node_id in mixed.cluster.nodes
+        for machine_groups in [mixed.machine(node_id).groups]
+    }
 
 
 def release_view(machine: ObservedGroupMachine) -> object:
@@ -141,17 +165,14 @@ def test_old_and_new_replicas_apply_alike_until_the_level_rises_then_fence_toget
 
 
 def test_without_the_gate_the_old_replica_diverges(monkeypatch: Any) -> None:
-    """The coordinator before the gate: the leader proposes the fields, the new replicas
-    apply them. The old replica, which drops them, keeps the stale offset."""
+    """The leader before the gate: it proposes the fields below level 2, the new replicas
+    apply them. The session-6 replica, which drops them, keeps the stale offset."""
     from quorumlog.node import group_coordinator_service
-    from quorumlog.stream import group_coordinator
 
     def ungated(command: Any, level: int) -> Any:
         return command
 
-    monkeypatch.setattr(group_coordinator, "at_level", ungated)
     monkeypatch.setattr(group_coordinator_service, "at_level", ungated)
-    monkeypatch.setattr(ObservedGroupMachine, "fencing", property(lambda self: True))
     mixed = MixedCluster()
     joined = mixed.run(JoinGroup("g", "m", "m", ["t"], owned=[], owned_generation=0))
     stale_commit_pair(mixed, joined.generation, low=55, high=64)
@@ -180,5 +201,55 @@ def test_a_half_upgraded_cluster_keeps_every_check_under_the_nemesis(seed: int) 
     plan = plan_seed(seed, seconds=6.0)
     world = msgspec.structs.replace(
         plan.world, feature_levels={"n1": GROUP_FENCING_LEVEL, "n2": GROUP_FENCING_LEVEL, "n3": 1}
+    )
+    GroupSeed(seed, msgspec.structs.replace(plan, world=world), None).run()
+
+
+def test_a_session_7_leaders_fields_are_applied_alike_by_session_7_and_new_replicas() -> None:
+    """n1 runs session 7 (fields applied ungated, no level said) and leads; n2 and n3 run
+    this release at level 1. The log holds the fields: a revocation noted, a stale join
+    that must not release it, a stale commit that must not take the offset back. Every
+    replica holds the same state, fields and all (before the fix, level-1 replicas ignored
+    the fields and did not note revocations: they released and took the offset back)."""
+    levels = {"n1": BASELINE_FEATURE_LEVEL, "n2": GROUP_FENCING_LEVEL, "n3": GROUP_FENCING_LEVEL}
+    mixed = MixedCluster(levels, session_7_nodes=frozenset({"n1"}))
+    mixed.lead_from("n1")
+    first = mixed.run(JoinGroup("g", "m", "m", ["u"], owned=[], owned_generation=0))
+    assert first.assignment == [("u", 0), ("u", 1)]
+    second = mixed.run(JoinGroup("g", "m2", "m2", ["u"], owned=[], owned_generation=0))
+    assert second.assignment == []  # withheld until m gives its partition up
+    revoking = mixed.machine("n1").groups["g"].members["m"].revoking
+    assert len(revoking) == 1
+    # m's join made before it learned of the revocation (a changed timeout: through the log).
+    stale = JoinGroup("g", "m", "m", ["u"], 30_000, owned=[], owned_generation=first.generation)
+    assert mixed.run(stale).ok
+    kept = mixed.machine("n1").groups["g"].members["m"]
+    generation = mixed.machine("n1").groups["g"].generation
+    partition = revoking[0]
+    sequence_commits = [(2, 64), (1, 55)]  # the second (a late copy of the first) is stale
+    for sequence, offset in sequence_commits:
+        item = PartitionOffset(partition[0], partition[1], offset)
+        assert mixed.run(CommitOffsets("g", "m", generation, [item], sequence)).ok
+    assert mixed.cluster.leader() == "n1", "the log should come from the session-7 leader"
+    states = full_states(mixed)
+    assert states["n1"] == states["n2"] == states["n3"], states
+    for node_id in mixed.cluster.nodes:
+        machine = mixed.machine(node_id)
+        member = machine.groups["g"].members["m"]
+        assert member.revoking == revoking and member.revoking_since == kept.revoking_since > 0
+        assert machine.groups["g"].offsets["u"][partition[1]] == 64, node_id
+        assert machine.cluster_level == (GROUP_FENCING_LEVEL if node_id == "n1" else 1)
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_a_cluster_with_a_session_7_node_keeps_every_check_under_the_nemesis(seed: int) -> None:
+    """The consumer-group world with n3 on session 7 (it proposes the fields when it leads)
+    and n1, n2 on this release at level 1: every replica holds the same state at the same
+    index, and the consumers' checks hold."""
+    plan = plan_seed(seed, seconds=6.0)
+    world = msgspec.structs.replace(
+        plan.world,
+        feature_levels={"n1": GROUP_FENCING_LEVEL, "n2": GROUP_FENCING_LEVEL, "n3": 1},
+        session_7_nodes=frozenset({"n3"}),
     )
     GroupSeed(seed, msgspec.structs.replace(plan, world=world), None).run()

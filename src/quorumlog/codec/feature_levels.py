@@ -25,9 +25,19 @@ adapted to multi-Raft:
    they learn of it. In the group's own log the level in force at i is the last raise
    before i (or the snapshot's, which covers every entry before it) on every replica.
 3. Until the level that introduced a field is committed, the leader strips the field from
-   what it proposes, and apply reads every field by the committed level, so an old replica
-   and a new one apply the same log to the same state. The new rules turn on at the raise
-   entry's index on every replica at once.
+   what it proposes, so a replica that drops it at decode applies the same commands as the
+   others. Apply, though, honours every field the log holds at every level, because the
+   release users ran before this one may have put them there: the session-7 release
+   applies the consumer-group fencing fields ungated and says no level (it counts as
+   level 1), so its leader proposes them and its replicas apply them. A replica of this
+   release at level 1 applies exactly as a session-7 one does (fields honoured,
+   `revoking_since` always noted), and one of the session-6 release sees no field from a
+   leader of this release. What a session-6 snapshot can leave different (a
+   `revoking_since` it never noted) is set from shared state when the raise to level 2
+   is applied (`group_coordinator.normalise_revocations`), at the same index everywhere.
+   Rolling upgrades are safe from session 6 and from session 7; a cluster mixing
+   session-6 and session-7 nodes (that release's own upgrade, before this gate) can
+   diverge, and nothing here can repair that.
 4. A node whose level is below a level that was committed refuses (`check_level`,
    `ClusterLevelError`, one line naming both levels): at start (the node keeps the level
    it last applied in its data directory), in the peer handshake (a peer below the
@@ -43,9 +53,11 @@ from quorumlog.errors import ClusterLevelError
 
 BASELINE_FEATURE_LEVEL = 1
 """What a node that says no level runs: the release closed in session 6 (main at 136a7c7),
-the last one before any trailing field that changes a replicated apply."""
+the last one before any trailing field that changes a replicated apply, or the session-7
+release, which added the fencing fields ungated (point 3 above)."""
 GROUP_FENCING_LEVEL = 2
-"""The consumer-group coordinator's fencing of stale joins and commits (session 7)."""
+"""The consumer-group coordinator's fencing of stale joins and commits (added ungated in
+session 7): from this level on this release's leader proposes the fencing fields."""
 FEATURE_LEVEL = GROUP_FENCING_LEVEL
 """This release's level: the highest in `FEATURE_LEVELS`. Raise it, and add a row, with
 every new trailing field (or command, or snapshot field) that changes what apply does."""

@@ -25,8 +25,9 @@ replicates); a count that changes starts a new generation through `UpdatePartiti
 Rolling upgrades (codec/feature_levels.py): the leader commits the feature level its
 group's members and every node heard from agree on (the lowest they said) into this
 group's log, once it is above the committed one, and until a level is committed it
-proposes commands without the fields that level added (`at_level`), so a replica of an
-older release applies every entry as the others do.
+proposes commands without the fields that level added (`at_level`), so a session-6
+replica, which drops them at decode, applies every entry as the others do (replicas of
+this release and of session 7 honour the fields whenever the log holds them).
 """
 
 from __future__ import annotations

@@ -20,11 +20,16 @@ not decode are corruption. `ImportOffsets` (offsets carried over from the previo
 release's `__offsets/` keys) writes only into the committed offsets, so it left the
 snapshot format as it was.
 
-Rules added after the baseline release apply only from the feature level that introduced
-them (codec/feature_levels.py): the level in force is committed in this group's own log
-(`GroupEntry.cluster_level`) and kept in snapshots, so a replica of an older release and a
-newer one apply the same entries to the same state, and the newer rules turn on at the
-same index on every replica.
+Rolling upgrades (codec/feature_levels.py): the feature level is committed in this group's
+own log (`GroupEntry.cluster_level`) and kept in snapshots. Apply does not depend on it:
+below level 2 it follows the session-7 release's rules, which apply the fencing fields
+whenever the log holds them and always note `MemberState.revoking_since`, so a replica of
+this release at level 1 applies every entry as a session-7 replica does. What keeps a
+session-6 replica (which drops the fields at decode) in step is the leader: below level 2
+it proposes no fencing field (`group_model.at_level`), so every replica applies the same
+commands. The one state a session-6 replica's snapshot can leave different is
+`revoking_since` (session 6 never noted it); applying the raise to level 2 sets it from
+state every release shares (`normalise_revocations`).
 """
 
 from __future__ import annotations
@@ -64,7 +69,6 @@ from quorumlog.stream.group_model import (
     Refusal,
     ResetOffsets,
     UpdatePartitions,
-    at_level,
     decode_entry,
     refused,
 )
@@ -90,10 +94,14 @@ class MemberState(msgspec.Struct, array_like=True):
     revoking_since: int = 0
     """The generation that last took a partition from this member: only a join that knew
     it (`JoinGroup.owned_generation`) may say the member let go. Trailing, with a default
-    (0: any join may, as before the field); kept 0 below `GROUP_FENCING_LEVEL`."""
+    (0: any join may, as before the field). Noted at every level, as the session-7 release
+    does; set from the state when the level rises to `GROUP_FENCING_LEVEL`
+    (`normalise_revocations`)."""
     commit_sequence: int = 0
     """The highest `CommitOffsets.sequence` applied for this member. Trailing, with a
-    default (0: none yet); kept 0 below `GROUP_FENCING_LEVEL`."""
+    default (0: none yet). Below `GROUP_FENCING_LEVEL` only a session-7 leader puts a
+    sequence in the log (this release's leader leaves it out), and the session-7 release
+    applies it as this one does."""
 
 
 class ConsumerGroupState(msgspec.Struct, array_like=True):
@@ -150,7 +158,6 @@ class GroupCoordinatorMachine:
     def heartbeat_answer(self, command: JoinGroup) -> GroupResult | None:
         """The answer to a join that changes nothing (a heartbeat), from the state; None if
         the join must go through the log (new member, changed subscription or counts)."""
-        command = at_level(command, self.cluster_level)
         state = self.groups.get(command.group)
         if state is None:
             return None
@@ -184,6 +191,8 @@ class GroupCoordinatorMachine:
         it stops here rather than apply later entries by older rules."""
         before = self.cluster_level
         self.cluster_level = raised(before, level, self.feature_level)
+        if before < GROUP_FENCING_LEVEL <= self.cluster_level:
+            normalise_revocations(self.groups.values())
         if self.cluster_level > before and self.on_level_raised is not None:
             self.on_level_raised(self.cluster_level)
 
@@ -192,7 +201,6 @@ class GroupCoordinatorMachine:
             self._applied_index = index
 
     def execute(self, command: GroupCommand) -> GroupResult:
-        command = at_level(command, self.cluster_level)
         if isinstance(command, DescribeGroup):
             info = self.group_info(command.group)
             if info is None:
@@ -252,7 +260,7 @@ class GroupCoordinatorMachine:
         )
         state.assignor = command.assignor
         state.partition_counts.update(command.partition_counts)
-        rebalance(state, self.fencing)
+        rebalance(state)
         return answer(state, state.members[command.member_id])
 
     def remove_members(self, group: str, member_ids: list[str]) -> GroupResult:
@@ -264,7 +272,7 @@ class GroupCoordinatorMachine:
             return refused(Refusal.UNKNOWN_MEMBER, f"no such member in group {group!r}")
         for member_id in gone:
             del state.members[member_id]
-        rebalance(state, self.fencing)
+        rebalance(state)
         return GroupResult(ok=True, generation=state.generation)
 
     def update_partitions(self, command: UpdatePartitions) -> GroupResult:
@@ -274,7 +282,7 @@ class GroupCoordinatorMachine:
         if all(state.partition_counts.get(t) == n for t, n in command.partition_counts.items()):
             return GroupResult(ok=True, generation=state.generation)
         state.partition_counts.update(command.partition_counts)
-        rebalance(state, self.fencing)
+        rebalance(state)
         return GroupResult(ok=True, generation=state.generation)
 
     def commit(self, command: CommitOffsets) -> GroupResult:
@@ -338,11 +346,6 @@ class GroupCoordinatorMachine:
         del self.groups[command.group]
         return GroupResult(ok=True)
 
-    @property
-    def fencing(self) -> bool:
-        """Whether the committed level has the fencing of stale joins and commits."""
-        return self.cluster_level >= GROUP_FENCING_LEVEL
-
     # --- snapshots ----------------------------------------------------------------------
 
     def snapshot(self) -> bytes:
@@ -369,9 +372,10 @@ class GroupCoordinatorMachine:
         groups = {state.group: state for state in snapshot.groups}
         if len(groups) != len(snapshot.groups):
             raise MalformedEntryError("group coordinator snapshot names a group twice")
+        # Restored as written, below level 2 too: a session-7 snapshot holds what replicas
+        # that replay its entries hold; a session-6 one lacks revoking_since, which the raise
+        # to level 2 sets (normalise_revocations).
         check_level(self.feature_level, snapshot.cluster_level)
-        if snapshot.cluster_level < GROUP_FENCING_LEVEL:
-            forget_fencing(groups.values())
         self.groups = groups
         self._applied_index = snapshot.applied_index
         before = self.cluster_level
@@ -380,15 +384,26 @@ class GroupCoordinatorMachine:
             self.on_level_raised(self.cluster_level)
 
 
-def forget_fencing(groups: Iterable[ConsumerGroupState]) -> None:
-    """Read a snapshot below `GROUP_FENCING_LEVEL` as the release before the fencing does:
-    without its fields. A release that applied them unconditionally (session 7's, before
-    the gate) wrote them there, while a replica that replayed the same entries below the
-    level has them at 0: both must hold the same state when the level rises."""
+def normalise_revocations(groups: Iterable[ConsumerGroupState]) -> None:
+    """At the raise to `GROUP_FENCING_LEVEL`: every member's `revoking_since` set from state
+    every release shares, the generation if it is giving partitions up, else 0.
+
+    Why: below the level a replica restored from a session-6 snapshot has it at 0 (that
+    release never noted it) while one that replayed the same entries noted a generation;
+    the field is not read meanwhile (this release's leader proposes no `owned_generation`
+    below the level), but from the level on it is, so every replica must hold the same.
+    Conservative: only a join that knew the generation at the raise, or a later one,
+    releases a revocation still under way then.
+
+    `commit_sequence` needs no such step: below the level a sequence reaches the log only
+    from a session-7 leader (this release's leader leaves it out), and a cluster with a
+    session-7 node has no session-6 one (that mix predates the gate and was never safe),
+    so every replica and every snapshot below the level applied the same sequences: none
+    (a session-6 snapshot and replicas replaying after it: 0) or a session-7 leader's
+    (session-7 and this release apply them alike)."""
     for state in groups:
         for member in state.members.values():
-            member.revoking_since = 0
-            member.commit_sequence = 0
+            member.revoking_since = state.generation if member.revoking else 0
 
 
 def join_problem(command: JoinGroup) -> str | None:
@@ -438,11 +453,12 @@ def still_revoking(member: MemberState, command: JoinGroup) -> list[tuple[str, i
     return [partition for partition in member.revoking if partition in owned]
 
 
-def rebalance(state: ConsumerGroupState, fencing: bool = True) -> None:
+def rebalance(state: ConsumerGroupState) -> None:
     """A new generation, its assignment computed from the previous one. A partition the
     assignor moves away from a live member is withheld from its new owner until the old
-    one gave it up (the module docstring of `group_model`). `fencing`: note the generation
-    of each revocation (`MemberState.revoking_since`), as from feature level 2 on."""
+    one gave it up (the module docstring of `group_model`). The generation of each
+    revocation is noted (`MemberState.revoking_since`) at every feature level, as the
+    session-7 release does."""
     subscriptions = {member_id: m.topics for member_id, m in state.members.items()}
     previous = {member_id: m.assignment for member_id, m in state.members.items()}
     assignor = state.assignor or ASSIGNORS[0]
@@ -461,7 +477,7 @@ def rebalance(state: ConsumerGroupState, fencing: bool = True) -> None:
             if holders.get(partition, member_id) == member_id
         ]
         revoking = sorted(held - set(member.assignment))
-        if fencing and not set(revoking) <= set(member.revoking):
+        if not set(revoking) <= set(member.revoking):
             member.revoking_since = generation
         member.revoking = revoking
     owners = [p for m in state.members.values() for p in (*m.assignment, *m.revoking)]

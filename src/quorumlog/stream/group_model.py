@@ -127,8 +127,9 @@ class JoinGroup(msgspec.Struct, frozen=True, array_like=True, tag="join"):
     delayed join) lacks that partition only because it never held it yet, not because it
     let go: the coordinator takes `owned` as a release only from a join at least as new as
     the revocation. None (a client from before this field): taken as new enough. Trailing,
-    with a default, as `owned`; read only from feature level 2 (`GROUP_FENCING_LEVEL`) on:
-    an older replica would drop it."""
+    with a default, as `owned`. The leader proposes it only from feature level 2
+    (`GROUP_FENCING_LEVEL`) on (`at_level`: a session-6 replica would drop it); apply
+    honours it whenever the log holds it, at every level, as the session-7 release does."""
 
 
 class LeaveGroup(msgspec.Struct, frozen=True, array_like=True, tag="leave"):
@@ -161,8 +162,9 @@ class CommitOffsets(msgspec.Struct, frozen=True, array_like=True, tag="commit"):
     one of the same member (an attempt that was retried, or delayed on the way) changes
     nothing, so an acknowledged commit is never undone by an older one. 0: unnumbered (a
     client from before this field, or a commit from outside the group). Trailing, with a
-    default: older clients' commits decode, and older nodes ignore it, so it is read only
-    from feature level 2 (`GROUP_FENCING_LEVEL`) on."""
+    default: older clients' commits decode, and session-6 nodes drop it, so the leader
+    proposes it only from feature level 2 (`GROUP_FENCING_LEVEL`) on (`at_level`); apply
+    honours it whenever the log holds it, at every level, as the session-7 release does."""
 
 
 class ResetOffsets(msgspec.Struct, frozen=True, array_like=True, tag="reset"):
@@ -234,8 +236,10 @@ def refused(refusal: Refusal, error: str) -> GroupResult:
 
 def at_level(command: CommandType, level: int) -> CommandType:
     """`command` as a release of feature `level` reads it: the fields added by later
-    levels set back to their defaults (an older release drops them when it decodes). The
-    leader proposes commands so, and apply reads them so, until the level is committed."""
+    levels set back to their defaults (a session-6 release drops them when it decodes).
+    The leader proposes commands so until the level is committed, so that every replica
+    applies the same; apply does not call it (it follows the session-7 rules below level 2:
+    a session-7 leader's fields are applied, as session-7 replicas apply them)."""
     if level >= GROUP_FENCING_LEVEL:
         return command
     if isinstance(command, JoinGroup) and command.owned_generation is not None:

@@ -99,9 +99,9 @@ def test_the_machine_takes_its_level_from_the_log_only_upwards() -> None:
     machine = GroupCoordinatorMachine()
     raises: list[int] = []
     machine.on_level_raised = raises.append
-    assert machine.cluster_level == BASELINE_FEATURE_LEVEL and not machine.fencing
+    assert machine.cluster_level == BASELINE_FEATURE_LEVEL
     machine.apply(1, raise_entry(GROUP_FENCING_LEVEL))
-    assert machine.cluster_level == GROUP_FENCING_LEVEL and machine.fencing
+    assert machine.cluster_level == GROUP_FENCING_LEVEL
     machine.apply(2, raise_entry(BASELINE_FEATURE_LEVEL))  # a stale, lower raise
     assert machine.cluster_level == GROUP_FENCING_LEVEL
     assert raises == [GROUP_FENCING_LEVEL]
@@ -143,9 +143,10 @@ def test_endpoint_status_shows_the_level_in_its_last_column() -> None:
     assert status_cells({"endpoint": "127.0.0.1:2", "errors": ["refused"]})[-1] == ""
 
 
-def test_a_snapshot_below_the_fencing_level_is_read_without_the_fencing_fields() -> None:
-    """As the release before the fields reads it: a snapshot that the session-7 release
-    wrote with them set, restored here, holds what a replica replaying the log holds."""
+def test_a_snapshot_below_the_fencing_level_is_restored_with_its_fencing_fields() -> None:
+    """A snapshot that the session-7 release wrote (fields set, no level) holds what its
+    replicas that replay the log hold, and this release at level 1 applies as they do: it
+    is restored as written, at every level."""
     from quorumlog.stream.group_coordinator import (
         ConsumerGroupState,
         GroupCoordinatorSnapshot,
@@ -154,9 +155,9 @@ def test_a_snapshot_below_the_fencing_level_is_read_without_the_fencing_fields()
 
     member = MemberState("m", "m", ["t"], 10_000, revoking_since=5, commit_sequence=3)
     state = ConsumerGroupState("g", generation=6, members={"m": member})
-    for level, kept in ((BASELINE_FEATURE_LEVEL, (0, 0)), (GROUP_FENCING_LEVEL, (5, 3))):
+    for level in (BASELINE_FEATURE_LEVEL, GROUP_FENCING_LEVEL):
         snapshot = GroupCoordinatorSnapshot(1, 9, [state], cluster_level=level)
         machine = GroupCoordinatorMachine()
         machine.restore(msgspec.msgpack.encode(snapshot))
         restored = machine.groups["g"].members["m"]
-        assert (restored.revoking_since, restored.commit_sequence) == kept, level
+        assert (restored.revoking_since, restored.commit_sequence) == (5, 3), level

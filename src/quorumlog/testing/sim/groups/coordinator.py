@@ -12,6 +12,14 @@ this release's level stands for an older release: it decodes each entry as that 
 decoder does, dropping the trailing fields it does not know (`as_release_decodes`, a model
 of msgspec's decoding kept apart from the gate it checks), and applies by that level's
 rules at most. Tests change the mapping and restart a node to upgrade it.
+
+A node in `session_7_nodes` stands for the session-7 release, the one users run before
+this one: it applied the fencing fields ungated and says no level (give it level 1 in
+`feature_levels`). It is modelled apart from the rules below level 2 that it checks: its
+machine is pinned at `GROUP_FENCING_LEVEL` (this release's rules there are session 7's:
+the gate added nothing else to apply), so its service, when it leads, proposes the fields
+as session 7's does, and it proposes no level; its decoder drops the raise field
+(`SESSION_7_FIELD_COUNTS`) and its snapshots say no level.
 """
 
 from __future__ import annotations
@@ -22,13 +30,18 @@ from typing import Any
 import msgspec
 
 from quorumlog.codec import wire
-from quorumlog.codec.feature_levels import BASELINE_FEATURE_LEVEL, FEATURE_LEVEL
+from quorumlog.codec.feature_levels import (
+    BASELINE_FEATURE_LEVEL,
+    FEATURE_LEVEL,
+    GROUP_FENCING_LEVEL,
+)
 from quorumlog.node.cluster_level import PeerLevels
 from quorumlog.node.group_coordinator_service import GroupCoordinatorService
 from quorumlog.runtime.handle import GroupHandle
 from quorumlog.stream.group_coordinator import (
     ConsumerGroupState,
     GroupCoordinatorMachine,
+    GroupCoordinatorSnapshot,
     MemberState,
 )
 from quorumlog.stream.group_model import GroupCommand, GroupResult
@@ -51,11 +64,35 @@ class ObservedGroupMachine(GroupCoordinatorMachine):
     release_level: int = FEATURE_LEVEL
     """The release this node stands for: below this one's, entries are decoded as that
     release's decoder reads them."""
+    session_7: bool = False
+    """Stands for the session-7 release (the module docstring)."""
 
     def apply(self, index: int, data: bytes) -> list[list[GroupResult]]:
-        if self.release_level < FEATURE_LEVEL:
+        if self.session_7:
+            data = cut_fields(data, SESSION_7_FIELD_COUNTS)
+        elif self.release_level < FEATURE_LEVEL:
             data = as_release_decodes(data, self.release_level)
         return super().apply(index, data)
+
+    def run_as_session_7(self) -> None:
+        self.session_7 = True
+        self.feature_level = GROUP_FENCING_LEVEL
+        self.cluster_level = GROUP_FENCING_LEVEL
+
+    def snapshot(self) -> bytes:
+        data = super().snapshot()
+        if not self.session_7:
+            return data
+        written = msgspec.msgpack.decode(data, type=GroupCoordinatorSnapshot)
+        # Session 7 wrote no level: a decoder of this release reads the baseline.
+        return msgspec.msgpack.encode(
+            msgspec.structs.replace(written, cluster_level=BASELINE_FEATURE_LEVEL)
+        )
+
+    def restore(self, data: bytes) -> None:
+        super().restore(data)
+        if self.session_7:
+            self.cluster_level = GROUP_FENCING_LEVEL
 
     def execute(self, command: GroupCommand) -> GroupResult:
         observer = self.observer
@@ -76,11 +113,21 @@ RELEASE_FIELD_COUNTS: dict[int, dict[str, int]] = {
 tag) whose fields grew since; the table of codec/feature_levels.py, counted by hand."""
 
 
+SESSION_7_FIELD_COUNTS: dict[str, int] = {"entry": 2}
+"""The session-7 release's decoder: every command field of this one, the entry without the
+level."""
+
+
 def as_release_decodes(data: bytes, level: int) -> bytes:
     """A coordinator entry as the release of feature `level` decodes it: every array_like
     struct cut to the fields that release knew (msgspec drops unknown trailing fields), then
     encoded again for this release's machine."""
-    counts = RELEASE_FIELD_COUNTS[level]
+    return cut_fields(data, RELEASE_FIELD_COUNTS[level])
+
+
+def cut_fields(data: bytes, counts: Mapping[str, int]) -> bytes:
+    """A coordinator entry cut to `counts` fields (of the entry, and of each command by
+    tag; a tag not named keeps all of its fields)."""
     entry: list[Any] = msgspec.msgpack.decode(data)[: counts["entry"]]
     entry[1] = [
         [command[: 1 + counts.get(command[0], len(command))] for command in batch]
@@ -116,9 +163,11 @@ def coordinator_application(
     partition_counts: Mapping[str, int],
     observer: ExecuteObserver,
     feature_levels: dict[str, int] | None = None,
+    session_7_nodes: frozenset[str] = frozenset(),
 ) -> SimApplication[ObservedGroupMachine]:
     """`feature_levels`: node id → the level its release runs (read at each start of the
-    node); None: every node runs this release."""
+    node); None: every node runs this release. `session_7_nodes`: nodes on the session-7
+    release (the module docstring), read at each start too."""
 
     def machine_factory() -> ObservedGroupMachine:
         machine = ObservedGroupMachine()
@@ -139,13 +188,15 @@ def coordinator_application(
             machine.release_level = machine.feature_level
         else:
             peer_levels.levels = dict.fromkeys(group.configuration.members(), FEATURE_LEVEL)
+        if group.node_id in session_7_nodes:
+            machine.run_as_session_7()
         service = GroupCoordinatorService(
             group,
             machine,
             leader_address,
             partition_count,
             CHECK_INTERVAL_SECONDS,
-            peer_levels=peer_levels,
+            peer_levels=None if machine.session_7 else peer_levels,
         )
         service.start()
 

@@ -41,6 +41,9 @@ class GroupWorldOptions(msgspec.Struct, frozen=True):
     feature_levels: dict[str, int] | None = None
     """Node id → the feature level of the release it runs (a rolling upgrade caught half
     way: coordinator.py); None: every node runs this release."""
+    session_7_nodes: frozenset[str] = frozenset()
+    """Nodes on the session-7 release, the one before this (coordinator.py): give them
+    level 1 in `feature_levels`, as they say no level."""
 
 
 class GroupWorld:
@@ -60,6 +63,7 @@ class GroupWorld:
                 TOPICS,
                 self.checker.executed,
                 None if options.feature_levels is None else dict(options.feature_levels),
+                options.session_7_nodes,
             ),
         )
         self.events = self.cluster.events
