@@ -5,6 +5,7 @@ node below a committed level starting, joining or applying."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -23,7 +24,7 @@ from quorumlog.codec.feature_levels import (
 from quorumlog.errors import ClusterLevelError
 from quorumlog.node.cluster_level import CommittedLevelFile, PeerLevels
 from quorumlog.stream.group_coordinator import GroupCoordinatorMachine
-from quorumlog.stream.group_model import GroupEntry, encode_entry
+from quorumlog.stream.group_model import GroupEntry, JoinGroup, encode_entry
 
 
 def test_the_table_names_every_level_up_to_this_release() -> None:
@@ -161,3 +162,42 @@ def test_a_snapshot_below_the_fencing_level_is_restored_with_its_fencing_fields(
         machine.restore(msgspec.msgpack.encode(snapshot))
         restored = machine.groups["g"].members["m"]
         assert (restored.revoking_since, restored.commit_sequence) == (5, 3), level
+
+
+def level_one_entry(member_id: str) -> bytes:
+    """A join as this release's leader proposes it below level 2 (no owned_generation)."""
+    join = JoinGroup("g", member_id, member_id, ["u"], partition_counts={"u": 2}, owned=[])
+    return encode_entry(GroupEntry(timestamp_ms=0, batches=[[join]]))
+
+
+def as_session_6_writes(snapshot: bytes) -> bytes:
+    """A coordinator snapshot as the session-6 release writes it: no level, and members
+    without revoking_since and commit_sequence (its MemberState had 6 fields)."""
+    fields: list[Any] = msgspec.msgpack.decode(snapshot)[:3]
+    for group in fields[2]:
+        for member_id, member in group[3].items():
+            group[3][member_id] = member[:6]
+    return msgspec.msgpack.encode(fields)
+
+
+def test_the_raise_to_the_fencing_level_sets_revocations_alike_after_a_session_6_snapshot() -> None:
+    """A replica restored from a session-6 snapshot lacks the generation of a revocation
+    under way that a replica replaying the same entries noted; applying the raise to level
+    2 sets it from what both hold (the generation, as the member still revokes)."""
+    replayed = GroupCoordinatorMachine()
+    replayed.apply(1, level_one_entry("m"))
+    replayed.apply(2, level_one_entry("m2"))  # takes one of m's partitions: m revokes it
+    restored = GroupCoordinatorMachine()
+    restored.restore(as_session_6_writes(replayed.snapshot()))
+    assert replayed.groups["g"].members["m"].revoking_since == 2
+    assert restored.groups["g"].members["m"].revoking_since == 0
+    for machine in (replayed, restored):
+        machine.apply(3, level_one_entry("m3"))
+    assert replayed.snapshot() != restored.snapshot()  # they differ in revoking_since only
+    for machine in (replayed, restored):
+        machine.apply(4, raise_entry(GROUP_FENCING_LEVEL))
+    assert replayed.snapshot() == restored.snapshot()
+    state = replayed.groups["g"]
+    for member in state.members.values():
+        assert member.revoking_since == (state.generation if member.revoking else 0)
+    assert state.members["m"].revoking and state.members["m"].revoking_since == 3
