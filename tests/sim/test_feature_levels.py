@@ -196,8 +196,8 @@ def test_a_half_upgraded_cluster_keeps_every_check_under_the_nemesis(seed: int) 
     """The consumer-group world (crashes, partitions, pauses, lossy frames) with n3 on the
     release before the fencing: every replica holds the same state at the same index
     (`check_converged`, snapshot digests), and the consumers' checks hold. Without the gate
-    every one of seeds 0-7 fails there ("n3 and n1 applied through 58 but hold different
-    states")."""
+    (the leader proposing the fields below level 2) every one of seeds 0-7 fails there
+    ("n3 and n1 applied through 58 but hold different states")."""
     plan = plan_seed(seed, seconds=6.0)
     world = msgspec.structs.replace(
         plan.world, feature_levels={"n1": GROUP_FENCING_LEVEL, "n2": GROUP_FENCING_LEVEL, "n3": 1}
@@ -245,7 +245,8 @@ def test_a_session_7_leaders_fields_are_applied_alike_by_session_7_and_new_repli
 def test_a_cluster_with_a_session_7_node_keeps_every_check_under_the_nemesis(seed: int) -> None:
     """The consumer-group world with n3 on session 7 (it proposes the fields when it leads)
     and n1, n2 on this release at level 1: every replica holds the same state at the same
-    index, and the consumers' checks hold."""
+    index, and the consumers' checks hold. Before apply followed the session-7 rules at
+    level 1, both seeds failed ("... snapshot at 64 differs from another node's")."""
     plan = plan_seed(seed, seconds=6.0)
     world = msgspec.structs.replace(
         plan.world,
