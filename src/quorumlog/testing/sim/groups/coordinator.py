@@ -10,8 +10,11 @@ Feature levels (codec/feature_levels.py): every node says the level `feature_lev
 it (one mapping for all: as if every node had heard every other's handshake). A node below
 this release's level stands for an older release: it decodes each entry as that release's
 decoder does, dropping the trailing fields it does not know (`as_release_decodes`, a model
-of msgspec's decoding kept apart from the gate it checks), and applies by that level's
-rules at most. Tests change the mapping and restart a node to upgrade it.
+of msgspec's decoding kept apart from the gate it checks), and applies what is left with
+this release's machine. (That machine also notes `revoking_since`, which session 6 lacks:
+nothing reads it below level 2 under a leader of this release, and a session-6 snapshot
+without it is the unit tests' case, tests/unit/node/test_cluster_level.py.) Tests change
+the mapping and restart a node to upgrade it.
 
 A node in `session_7_nodes` stands for the session-7 release, the one users run before
 this one: it applied the fencing fields ungated and says no level (give it level 1 in
