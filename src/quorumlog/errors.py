@@ -449,6 +449,13 @@ class MissingExtraError(QuorumLogError, ImportError):
         self.missing = missing
 
 
+class ClusterLevelError(QuorumLogError):
+    """This node's feature level is below the level its cluster committed (a downgrade
+    past it, or an old release joining an upgraded cluster): it refuses to start, join or
+    apply rather than apply the log by older rules than the other replicas
+    (codec/feature_levels.py). The message is one line naming both levels."""
+
+
 # --- consumer groups -------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import cast
 
+from quorumlog.codec.feature_levels import GROUP_FENCING_LEVEL
 from quorumlog.stream.client_common import StreamTransport
 from quorumlog.stream.group_client import CoordinatorLink
 from quorumlog.stream.group_coordinator import GroupCoordinatorMachine
@@ -25,7 +26,7 @@ from quorumlog.testing.sim.groups.runner import run_seed
 
 
 def member_of_one_partition() -> tuple[GroupCoordinatorMachine, int]:
-    machine = GroupCoordinatorMachine()
+    machine = fenced_machine()
     joined = machine.execute(JoinGroup("g", "m", "m", ["t"], partition_counts={"t": 1}))
     assert joined.assignment == [("t", 0)]
     return machine, joined.generation
@@ -77,3 +78,11 @@ def test_the_link_numbers_each_members_commits() -> None:
 def test_the_seed_that_found_it_keeps_every_invariant() -> None:
     result = run_seed(793, capture_trace=False)
     assert result.ok, f"{result.replay_command}\n{result.failure}"
+
+
+def fenced_machine() -> GroupCoordinatorMachine:
+    """A machine whose log has committed the feature level of the fencing (as a cluster
+    whose every node runs this release does: codec/feature_levels.py)."""
+    machine = GroupCoordinatorMachine()
+    machine.raise_level(GROUP_FENCING_LEVEL)
+    return machine

@@ -9,6 +9,7 @@ read them. A retried or delayed join does the same."""
 
 from __future__ import annotations
 
+from quorumlog.codec.feature_levels import GROUP_FENCING_LEVEL
 from quorumlog.stream.group_coordinator import GroupCoordinatorMachine
 from quorumlog.stream.group_model import NO_GENERATION, JoinGroup
 from quorumlog.testing.sim.groups.runner import run_seed
@@ -29,7 +30,7 @@ def join(member_id: str, owned: list[tuple[str, int]], owned_generation: int) ->
 
 
 def test_a_duplicated_first_join_does_not_release_what_its_member_was_given() -> None:
-    machine = GroupCoordinatorMachine()
+    machine = fenced_machine()
     first_join = join("first", [], NO_GENERATION)
     assert machine.execute(first_join).generation == 1
     second = machine.execute(join("second", [], NO_GENERATION))
@@ -45,7 +46,7 @@ def test_a_duplicated_first_join_does_not_release_what_its_member_was_given() ->
 
 
 def test_a_join_that_knew_the_revocation_releases() -> None:
-    machine = GroupCoordinatorMachine()
+    machine = fenced_machine()
     machine.execute(join("first", [], NO_GENERATION))
     second = machine.execute(join("second", [], NO_GENERATION))
     state = machine.groups["g"]
@@ -58,7 +59,7 @@ def test_a_join_that_knew_the_revocation_releases() -> None:
 
 
 def test_a_join_from_a_client_without_the_field_releases_as_before() -> None:
-    machine = GroupCoordinatorMachine()
+    machine = fenced_machine()
     machine.execute(join("first", [], NO_GENERATION))
     machine.execute(join("second", [], NO_GENERATION))
     old_client = JoinGroup("g", "first", "first", ["orders"], partition_counts=COUNTS, owned=[])
@@ -71,3 +72,11 @@ def test_a_join_from_a_client_without_the_field_releases_as_before() -> None:
 def test_the_seed_that_found_it_keeps_every_invariant() -> None:
     result = run_seed(220, capture_trace=False)
     assert result.ok, f"{result.replay_command}\n{result.failure}"
+
+
+def fenced_machine() -> GroupCoordinatorMachine:
+    """A machine whose log has committed the feature level of the fencing (as a cluster
+    whose every node runs this release does: codec/feature_levels.py)."""
+    machine = GroupCoordinatorMachine()
+    machine.raise_level(GROUP_FENCING_LEVEL)
+    return machine

@@ -3,7 +3,8 @@
 - `health`: an endpoint is healthy when the node answers, its "kv" group has a leader, and
   a linearizable read through it succeeds (a real read of the key "health", as etcdctl
   reads, within `--timeout`). Exits 1 when any endpoint is unhealthy, after printing all.
-- `status`: each node's view (id, leadership, term, log indexes), as `quorumlog status`,
+- `status`: each node's view (id, leadership, term, log indexes, and last the feature
+  level it knows its cluster committed: codec/feature_levels.py), as `quorumlog status`,
   which stays as its alias.
 
 `--cluster` asks every member in the group's member list instead of the endpoints given,
@@ -125,8 +126,9 @@ def endpoint_health(settings: ClientSettings, write_out: str, cluster: bool) -> 
 @output_option
 @client_options
 def endpoint_status(settings: ClientSettings, write_out: str, cluster: bool) -> None:
-    """Each endpoint's view: id, leadership, term and log indexes (`quorumlog status` is
-    the same without --cluster). Exits 1 if any endpoint did not answer."""
+    """Each endpoint's view: id, leadership, term, log indexes and the cluster's feature
+    level (`quorumlog status` is the same without --cluster). Exits 1 if any endpoint did
+    not answer."""
     report_status(resolved(settings, cluster), write_out)
 
 

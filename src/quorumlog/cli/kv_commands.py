@@ -36,6 +36,7 @@ STATUS_COLUMNS = [
     "applied index",
     "last index",
     "errors",
+    "cluster level",
 ]
 
 Command = TypeVar("Command", bound=Callable[..., Any])
@@ -252,7 +253,7 @@ def status_rows(settings: ClientSettings) -> list[dict[str, Any]]:
 
 def status_cells(row: dict[str, Any]) -> list[str]:
     if "node_id" not in row:
-        return [row["endpoint"], "", "", "", "", "", "", "; ".join(row["errors"])]
+        return [row["endpoint"], "", "", "", "", "", "", "; ".join(row["errors"]), ""]
     return [
         row["endpoint"],
         row["node_id"],
@@ -262,6 +263,8 @@ def status_cells(row: dict[str, Any]) -> list[str]:
         str(row["applied_index"]),
         str(row["last_index"]),
         "; ".join(row["errors"]),
+        # The feature level the node knows its cluster committed (0: a node before it).
+        str(row.get("cluster_level", 0)),
     ]
 
 
@@ -283,8 +286,8 @@ def print_table(columns: list[str], rows: list[list[str]]) -> None:
 @output_option
 @client_options
 def status_command(settings: ClientSettings, write_out: str) -> None:
-    """Ask every endpoint for its view: id, leadership, term and log indexes (an alias of
-    `quorumlog endpoint status`).
+    """Ask every endpoint for its view: id, leadership, term, log indexes and the cluster's
+    feature level (an alias of `quorumlog endpoint status`).
 
     Exits 1 if any endpoint did not answer (after printing every row)."""
     report_status(settings, write_out)

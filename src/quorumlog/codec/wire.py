@@ -12,6 +12,7 @@ import enum
 
 import msgspec
 
+from quorumlog.codec.feature_levels import BASELINE_FEATURE_LEVEL
 from quorumlog.codec.kv_v3 import KeyValue, V3Failure, WatchEvent
 from quorumlog.raft.messages import Message
 
@@ -28,6 +29,9 @@ class Hello(msgspec.Struct, frozen=True, tag=True):
     """A peer's own "host:port", where the others should reach it now (it may have
     restarted on a new one); empty from a client. A wildcard host ("0.0.0.0") stands for
     the address the connection came from."""
+    feature_level: int = BASELINE_FEATURE_LEVEL
+    """A peer's release's feature level (codec/feature_levels.py). Trailing, with a
+    default: a node from before the gate says nothing and runs the baseline."""
 
 
 class Welcome(msgspec.Struct, frozen=True, tag=True):
@@ -36,6 +40,9 @@ class Welcome(msgspec.Struct, frozen=True, tag=True):
     """The node serves ProduceMany frames. A trailing field with a default: a node from
     before them says nothing, and its clients send each Produce alone (an unknown frame
     type would close the connection)."""
+    feature_level: int = BASELINE_FEATURE_LEVEL
+    """The node's release's feature level, as `Hello.feature_level`, for the dialling
+    peer. Trailing, with a default."""
 
 
 class Refused(msgspec.Struct, frozen=True, tag=True):
@@ -216,6 +223,9 @@ class StatusResponse(msgspec.Struct, frozen=True, tag=True):
     learners: list[str]
     addresses: dict[str, str]
     errors: list[str] = []
+    cluster_level: int = 0
+    """The highest feature level this node knows its cluster committed
+    (codec/feature_levels.py); 0: a node from before the gate."""
 
 
 class MemberChangeRequest(msgspec.Struct, frozen=True, tag=True):

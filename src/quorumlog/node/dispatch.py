@@ -91,6 +91,8 @@ class RequestDispatcher:
         self.group_coordinator: GroupCoordinatorService | None = None
         self.auth: AuthGuard | None = None
         """Checks tokens and rights (quorumlog.auth); None: nothing is checked."""
+        self.cluster_level: Callable[[], int] = lambda: 0
+        """The feature level this node knows its cluster committed (status answers)."""
 
     def on_client_request(
         self, request: wire.ClientRequest, reply: Replier, peer_common_name: str = ""
@@ -262,6 +264,7 @@ class RequestDispatcher:
             learners=list(core.configuration.learners),
             addresses=self.addresses(),
             errors=errors,
+            cluster_level=self.cluster_level(),
         )
 
     def change_membership(

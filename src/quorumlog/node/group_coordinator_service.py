@@ -21,6 +21,13 @@ member as heard from when it first looks (one session timeout of grace, as a new
 leader extends leases): a member is never removed for the time the coordinator had no
 leader. Partition counts come from this node's view of the topics (the metadata group it
 replicates); a count that changes starts a new generation through `UpdatePartitions`.
+
+Rolling upgrades (codec/feature_levels.py): the leader commits the feature level its
+group's members and every node heard from agree on (the lowest they said) into this
+group's log, once it is above the committed one, and until a level is committed it
+proposes commands without the fields that level added (`at_level`), so a session-6
+replica, which drops them at decode, applies every entry as the others do (replicas of
+this release and of session 7 honour the fields whenever the log holds them).
 """
 
 from __future__ import annotations
@@ -32,8 +39,10 @@ from typing import Any
 import msgspec
 
 from quorumlog.codec import wire
+from quorumlog.codec.feature_levels import level_to_propose
 from quorumlog.errors import GroupCoordinatorLoadingError, QuorumLogError
 from quorumlog.node.batched_proposals import BatchedProposals
+from quorumlog.node.cluster_level import PeerLevels
 from quorumlog.node.command_requests import accepted_commands
 from quorumlog.node.errors_to_wire import after_read_barrier, error_response
 from quorumlog.node.offsets_import import OffsetsImport, PreviousOffsets
@@ -49,6 +58,7 @@ from quorumlog.stream.group_model import (
     GroupResult,
     JoinGroup,
     UpdatePartitions,
+    at_level,
     decode_commands,
     encode_entry,
     encode_results,
@@ -72,11 +82,13 @@ class GroupCoordinatorService:
         partition_count: Callable[[str], int],
         check_interval_seconds: float = CHECK_INTERVAL_SECONDS_DEFAULT,
         previous_offsets: PreviousOffsets | None = None,
+        peer_levels: PeerLevels | None = None,
     ) -> None:
         """`partition_count(topic)`: the topic's partitions as this node knows them (0 for
         a topic it does not know). `previous_offsets`: where the previous release kept
         committed offsets, carried over once per leadership (node/offsets_import.py);
-        None: nothing to carry over."""
+        None: nothing to carry over. `peer_levels`: the feature levels the nodes said, to
+        agree the group's level on; None: the level stays where the log has it."""
         if check_interval_seconds <= 0:
             raise ValueError(
                 f"check_interval_seconds must be positive, got {check_interval_seconds}"
@@ -97,6 +109,8 @@ class GroupCoordinatorService:
         self.offsets_import = (
             None if previous_offsets is None else OffsetsImport(group, previous_offsets)
         )
+        self.peer_levels = peer_levels
+        self.level_in_flight = False
 
     # --- client requests -------------------------------------------------------------------
 
@@ -128,7 +142,9 @@ class GroupCoordinatorService:
         if all(isinstance(command, QUERY_TYPES) for command in commands):
             self.query(request.request_id, commands, reply)
             return
-        filled = [self.with_counts(command) for command in commands]
+        # Below the level that added a field, an older replica would drop it: leave it out.
+        level = self.machine.cluster_level
+        filled = [at_level(self.with_counts(command), level) for command in commands]
         for command in filled:
             self.note_heard(command)
         if any(self.heartbeat_answer(command) is None for command in filled):
@@ -214,6 +230,7 @@ class GroupCoordinatorService:
             # Heartbeats heard while leading before are stale for a later term.
             self.heard_seconds.clear()
             return
+        self.propose_level()
         if self.offsets_import is not None and self.offsets_import.loading:
             # Heartbeats are held back meanwhile: nobody is counted silent until it ends.
             return
@@ -235,6 +252,29 @@ class GroupCoordinatorService:
         live = {(name, m) for name, state in self.machine.groups.items() for m in state.members}
         for key in [key for key in self.heard_seconds if key not in live]:
             del self.heard_seconds[key]
+
+    def propose_level(self) -> None:
+        """Commit the feature level the members agree on, if above the committed one."""
+        if self.peer_levels is None or self.level_in_flight:
+            return
+        agreed = self.peer_levels.agreed(self.group.configuration.members())
+        level = level_to_propose(self.machine.cluster_level, agreed, self.machine.feature_level)
+        if level is None:
+            return
+        entry = GroupEntry(self.group.scheduler.wall_time_ms(), [], cluster_level=level)
+        try:
+            future = self.group.propose(encode_entry(entry))
+        except QuorumLogError as error:
+            log.info("group coordinator: feature level %d not proposed: %s", level, error)
+            return
+        self.level_in_flight = True
+
+        def done(completion: Completion[Any]) -> None:
+            self.level_in_flight = False
+            if completion.exception() is None:
+                log.info("group coordinator: feature level %d committed", level)
+
+        future.add_done_callback(done)
 
     def propose_change(self, name: str, kind: str, command: GroupCommand) -> None:
         key = (name, kind)

@@ -46,6 +46,7 @@ from quorumlog.auth.model import NODE_USER
 from quorumlog.auth.service import AuthRequestService
 from quorumlog.auth.state import AuthStateView
 from quorumlog.codec import wire
+from quorumlog.codec.feature_levels import BASELINE_FEATURE_LEVEL
 from quorumlog.errors import QuorumLogError
 from quorumlog.ha.controller_machine import BROKER_HEARTBEAT_TIMEOUT_MS_DEFAULT, HAControllerMachine
 from quorumlog.kv.connection import parse_endpoint
@@ -59,6 +60,7 @@ from quorumlog.ledger.bookie_registration import BookieRegistrar, RegistrationSe
 from quorumlog.ledger.bookie_server import BookieServer
 from quorumlog.ledger.registry import BOOKIE_HEARTBEAT_SECONDS
 from quorumlog.node.addresses import AddressBook, AddressSource, check_advertised
+from quorumlog.node.cluster_level import CommittedLevelFile, PeerLevels
 from quorumlog.node.composition import ShardedKVLayout, ShardedKVParts, compose_sharded_kv
 from quorumlog.node.controller_service import ControllerService
 from quorumlog.node.dispatch import KV_GROUP, RequestDispatcher
@@ -220,6 +222,12 @@ class Node:
         self.observability = Observability(settings.node_id, settings.slow_fsync_warn_ms)
         self.endpoint.on_peer_link = self.observability.events.peer_link
         self.endpoint.on_round_trip = self.observability.metrics.round_trip
+        self.level_file = CommittedLevelFile(Path(settings.data_dir))
+        self.committed_level = BASELINE_FEATURE_LEVEL
+        """The highest feature level this node knows was committed (codec/feature_levels)."""
+        self.peer_levels = PeerLevels(settings.node_id, committed=lambda: self.committed_level)
+        self.endpoint.on_peer_level = self.peer_levels.heard
+        self.dispatcher.cluster_level = lambda: self.committed_level
 
     def raft_config(self) -> RaftConfig:
         """The Raft settings of every group this node hosts."""
@@ -240,6 +248,8 @@ class Node:
         """Open storage, start listening; returns the port bound."""
         settings = self.settings
         check_advertised(settings.listen, settings.advertise)
+        # Before anything is opened or heard: a release below the committed level refuses.
+        self.committed_level = self.level_file.check_start()
         self.ticker = GroupTicker(
             AsyncioScheduler(asyncio.get_running_loop()), settings.tick_ms / 1000
         )
@@ -450,6 +460,7 @@ class Node:
     def host_group_coordinator(self, voters: tuple[str, ...]) -> None:
         """Host the consumer-group coordinator group (not started) and serve it."""
         machine = GroupCoordinatorMachine()
+        machine.on_level_raised = self.level_raised
         group = self.add_group(wire.GROUP_COORDINATOR_GROUP, machine, voters)
         # The previous release's offsets are read through the "kv" leader, wherever it is.
         self.previous_offsets = KVPreviousOffsets(
@@ -465,8 +476,16 @@ class Node:
             lambda: self.address_of(group.core.leader_id),
             self.streams.partition_count,
             previous_offsets=self.previous_offsets,
+            peer_levels=self.peer_levels,
         )
         self.dispatcher.group_coordinator = self.group_coordinator
+
+    def level_raised(self, level: int) -> None:
+        """A gated group applied a raise of the cluster's feature level: keep it, so that a
+        release below it refuses to start here."""
+        if level > self.committed_level:
+            self.committed_level = level
+            self.level_file.raise_to(level)
 
     @property
     def controller(self) -> ControllerService | None:

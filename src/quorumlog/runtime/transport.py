@@ -24,6 +24,9 @@
   saying TLS is required, in plaintext, so it can tell its user. Peers dial with the
   node's dialing certificate and verify the node they reach; a connection that says it
   is a peer is held to the peer rules (`check_peer_certificate`) at its Hello.
+- Feature levels (codec/feature_levels.py): both ends of a peer link say their release's
+  level (`Hello.feature_level`, `Welcome.feature_level`); `on_peer_level` notes it and
+  may refuse the peer (a release below the cluster's committed level).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from collections.abc import Callable
 from typing import Protocol, cast
 
 from quorumlog.codec import wire
+from quorumlog.codec.feature_levels import FEATURE_LEVEL
 from quorumlog.codec.frame import (
     FRAME_BYTES_MAX_DEFAULT,
     FRAME_HEADER,
@@ -154,6 +158,7 @@ class Connection(asyncio.Protocol):
                     sender=self.endpoint.node_id,
                     is_peer=True,
                     listen=self.endpoint.listen_address,
+                    feature_level=FEATURE_LEVEL,
                 )
             )
 
@@ -223,6 +228,10 @@ class Connection(asyncio.Protocol):
         endpoint = self.endpoint
         if self.dialed_peer is not None:
             if isinstance(frame, wire.Welcome) and frame.node_id == self.dialed_peer:
+                refusal = endpoint.peer_level(self.dialed_peer, frame.feature_level)
+                if refusal is not None:
+                    self.abort(refusal)
+                    return False
                 self.ready = True
                 self.peer_id = self.dialed_peer
                 endpoint.peer_ready(self.dialed_peer, self)
@@ -243,8 +252,15 @@ class Connection(asyncio.Protocol):
             if problem is not None:
                 self.refuse(f"peer {frame.sender!r}: {problem}")
                 return False
+        if frame.is_peer:
+            refusal = endpoint.peer_level(frame.sender, frame.feature_level)
+            if refusal is not None:
+                self.refuse(refusal)
+                return False
         self.ready = True
-        self.write(wire.Welcome(node_id=endpoint.node_id, produce_many=True))
+        self.write(
+            wire.Welcome(node_id=endpoint.node_id, produce_many=True, feature_level=FEATURE_LEVEL)
+        )
         if frame.is_peer:
             self.peer_id = frame.sender
             address = announced_address(frame.listen, self.remote_host)
@@ -377,6 +393,13 @@ class Endpoint:
         self.peer_bytes_received: dict[str, int] = {}
         """Bytes on peer links per peer since start (counted per read and write, not per
         message), for the node's metrics."""
+        self.on_peer_level: Callable[[str, int], str | None] | None = None
+        """Told (peer, level) for the feature level a peer said in its handshake; returns
+        the reason to refuse the peer, or None."""
+
+    def peer_level(self, peer: str, level: int) -> str | None:
+        """Why `peer`, which said `level` in its handshake, is refused; None if it is not."""
+        return None if self.on_peer_level is None else self.on_peer_level(peer, level)
 
     async def listen(self, host: str, port: int, advertise: str = "") -> int:
         """Listen on `host:port` (0: any free port); returns the port bound. Peers are told

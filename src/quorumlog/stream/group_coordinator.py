@@ -19,13 +19,33 @@ always gives the same bytes. A well-formed entry never makes `apply` raise; byte
 not decode are corruption. `ImportOffsets` (offsets carried over from the previous
 release's `__offsets/` keys) writes only into the committed offsets, so it left the
 snapshot format as it was.
+
+Rolling upgrades (codec/feature_levels.py): the feature level is committed in this group's
+own log (`GroupEntry.cluster_level`) and kept in snapshots. Apply does not depend on it:
+below level 2 it follows the session-7 release's rules, which apply the fencing fields
+whenever the log holds them and always note `MemberState.revoking_since`, so a replica of
+this release at level 1 applies every entry as a session-7 replica does. What keeps a
+session-6 replica (which drops the fields at decode) in step is the leader: below level 2
+it proposes no fencing field (`group_model.at_level`), so every replica applies the same
+commands. The one state a session-6 replica's snapshot can leave different is
+`revoking_since` (session 6 never noted it); applying the raise to level 2 sets it from
+state every release shares (`normalise_revocations`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import msgspec
 
 from quorumlog.codec import wire
+from quorumlog.codec.feature_levels import (
+    BASELINE_FEATURE_LEVEL,
+    FEATURE_LEVEL,
+    GROUP_FENCING_LEVEL,
+    check_level,
+    raised,
+)
 from quorumlog.kv.machine import MalformedEntryError, decode_log_entry
 from quorumlog.raft.invariants import require
 from quorumlog.stream.assignors import ASSIGNORS, assign
@@ -74,10 +94,14 @@ class MemberState(msgspec.Struct, array_like=True):
     revoking_since: int = 0
     """The generation that last took a partition from this member: only a join that knew
     it (`JoinGroup.owned_generation`) may say the member let go. Trailing, with a default
-    (0: any join may, as before the field)."""
+    (0: any join may, as before the field). Noted at every level, as the session-7 release
+    does; set from the state when the level rises to `GROUP_FENCING_LEVEL`
+    (`normalise_revocations`)."""
     commit_sequence: int = 0
     """The highest `CommitOffsets.sequence` applied for this member. Trailing, with a
-    default (0: none yet)."""
+    default (0: none yet). Below `GROUP_FENCING_LEVEL` only a session-7 leader puts a
+    sequence in the log (this release's leader leaves it out), and the session-7 release
+    applies it as this one does."""
 
 
 class ConsumerGroupState(msgspec.Struct, array_like=True):
@@ -94,6 +118,9 @@ class GroupCoordinatorSnapshot(msgspec.Struct, frozen=True, array_like=True):
     format_version: int
     applied_index: int
     groups: list[ConsumerGroupState]
+    cluster_level: int = BASELINE_FEATURE_LEVEL
+    """The feature level committed by the entries the snapshot covers. Trailing, with a
+    default: a snapshot from before the gate is at the baseline."""
 
 
 _snapshot_encoder = msgspec.msgpack.Encoder()
@@ -101,11 +128,19 @@ _snapshot_decoder = msgspec.msgpack.Decoder(GroupCoordinatorSnapshot)
 
 
 class GroupCoordinatorMachine:
-    """Consumer groups by name, and the index of the last entry applied."""
+    """Consumer groups by name, the index of the last entry applied, and the feature level
+    committed in the log so far."""
 
-    def __init__(self) -> None:
+    def __init__(self, feature_level: int = FEATURE_LEVEL) -> None:
+        """`feature_level`: the highest level this build applies by (a lower one stands
+        for an older release in tests)."""
         self.groups: dict[str, ConsumerGroupState] = {}
         self._applied_index = 0
+        self.feature_level = feature_level
+        self.cluster_level = BASELINE_FEATURE_LEVEL
+        """The level committed by the entries applied: the rules `apply` uses now."""
+        self.on_level_raised: Callable[[int], None] | None = None
+        """Told the new level when an applied entry raised it (the node records it)."""
 
     # --- reads --------------------------------------------------------------------------
 
@@ -145,9 +180,21 @@ class GroupCoordinatorMachine:
         if index <= self._applied_index:
             return []
         entry = decode_log_entry(decode_entry, data, index, "group coordinator")
+        if entry.cluster_level:
+            self.raise_level(entry.cluster_level)
         results = [[self.execute(command) for command in batch] for batch in entry.batches]
         self._applied_index = index
         return results
+
+    def raise_level(self, level: int) -> None:
+        """Apply a committed raise of the feature level (it never goes down); a build below
+        it stops here rather than apply later entries by older rules."""
+        before = self.cluster_level
+        self.cluster_level = raised(before, level, self.feature_level)
+        if before < GROUP_FENCING_LEVEL <= self.cluster_level:
+            normalise_revocations(self.groups.values())
+        if self.cluster_level > before and self.on_level_raised is not None:
+            self.on_level_raised(self.cluster_level)
 
     def mark_applied(self, index: int) -> None:
         if index > self._applied_index:
@@ -304,7 +351,9 @@ class GroupCoordinatorMachine:
     def snapshot(self) -> bytes:
         groups = [canonical(state) for _, state in sorted(self.groups.items())]
         return _snapshot_encoder.encode(
-            GroupCoordinatorSnapshot(SNAPSHOT_FORMAT_VERSION, self._applied_index, groups)
+            GroupCoordinatorSnapshot(
+                SNAPSHOT_FORMAT_VERSION, self._applied_index, groups, self.cluster_level
+            )
         )
 
     def restore(self, data: bytes) -> None:
@@ -323,8 +372,38 @@ class GroupCoordinatorMachine:
         groups = {state.group: state for state in snapshot.groups}
         if len(groups) != len(snapshot.groups):
             raise MalformedEntryError("group coordinator snapshot names a group twice")
+        # Restored as written, below level 2 too: a session-7 snapshot holds what replicas
+        # that replay its entries hold; a session-6 one lacks revoking_since, which the raise
+        # to level 2 sets (normalise_revocations).
+        check_level(self.feature_level, snapshot.cluster_level)
         self.groups = groups
         self._applied_index = snapshot.applied_index
+        before = self.cluster_level
+        self.cluster_level = snapshot.cluster_level
+        if self.cluster_level > before and self.on_level_raised is not None:
+            self.on_level_raised(self.cluster_level)
+
+
+def normalise_revocations(groups: Iterable[ConsumerGroupState]) -> None:
+    """At the raise to `GROUP_FENCING_LEVEL`: every member's `revoking_since` set from state
+    every release shares, the generation if it is giving partitions up, else 0.
+
+    Why: below the level a replica restored from a session-6 snapshot has it at 0 (that
+    release never noted it) while one that replayed the same entries noted a generation;
+    the field is not read meanwhile (this release's leader proposes no `owned_generation`
+    below the level), but from the level on it is, so every replica must hold the same.
+    Conservative: only a join that knew the generation at the raise, or a later one,
+    releases a revocation still under way then.
+
+    `commit_sequence` needs no such step: below the level a sequence reaches the log only
+    from a session-7 leader (this release's leader leaves it out), and a cluster with a
+    session-7 node has no session-6 one (that mix predates the gate and was never safe),
+    so every replica and every snapshot below the level applied the same sequences: none
+    (a session-6 snapshot and replicas replaying after it: 0) or a session-7 leader's
+    (session-7 and this release apply them alike)."""
+    for state in groups:
+        for member in state.members.values():
+            member.revoking_since = state.generation if member.revoking else 0
 
 
 def join_problem(command: JoinGroup) -> str | None:
@@ -377,7 +456,9 @@ def still_revoking(member: MemberState, command: JoinGroup) -> list[tuple[str, i
 def rebalance(state: ConsumerGroupState) -> None:
     """A new generation, its assignment computed from the previous one. A partition the
     assignor moves away from a live member is withheld from its new owner until the old
-    one gave it up (the module docstring of `group_model`)."""
+    one gave it up (the module docstring of `group_model`). The generation of each
+    revocation is noted (`MemberState.revoking_since`) at every feature level, as the
+    session-7 release does."""
     subscriptions = {member_id: m.topics for member_id, m in state.members.items()}
     previous = {member_id: m.assignment for member_id, m in state.members.items()}
     assignor = state.assignor or ASSIGNORS[0]

@@ -25,9 +25,11 @@ an offset that a newer owner of the partition committed.
 from __future__ import annotations
 
 import enum
+from typing import TypeVar
 
 import msgspec
 
+from quorumlog.codec.feature_levels import GROUP_FENCING_LEVEL
 from quorumlog.stream.assignors import ASSIGNOR_DEFAULT
 
 SESSION_TIMEOUT_MS_DEFAULT = 45_000
@@ -125,7 +127,9 @@ class JoinGroup(msgspec.Struct, frozen=True, array_like=True, tag="join"):
     delayed join) lacks that partition only because it never held it yet, not because it
     let go: the coordinator takes `owned` as a release only from a join at least as new as
     the revocation. None (a client from before this field): taken as new enough. Trailing,
-    with a default, as `owned`."""
+    with a default, as `owned`. The leader proposes it only from feature level 2
+    (`GROUP_FENCING_LEVEL`) on (`at_level`: a session-6 replica would drop it); apply
+    honours it whenever the log holds it, at every level, as the session-7 release does."""
 
 
 class LeaveGroup(msgspec.Struct, frozen=True, array_like=True, tag="leave"):
@@ -158,7 +162,9 @@ class CommitOffsets(msgspec.Struct, frozen=True, array_like=True, tag="commit"):
     one of the same member (an attempt that was retried, or delayed on the way) changes
     nothing, so an acknowledged commit is never undone by an older one. 0: unnumbered (a
     client from before this field, or a commit from outside the group). Trailing, with a
-    default: older clients' commits decode, and older nodes ignore it."""
+    default: older clients' commits decode, and session-6 nodes drop it, so the leader
+    proposes it only from feature level 2 (`GROUP_FENCING_LEVEL`) on (`at_level`); apply
+    honours it whenever the log holds it, at every level, as the session-7 release does."""
 
 
 class ResetOffsets(msgspec.Struct, frozen=True, array_like=True, tag="reset"):
@@ -207,6 +213,7 @@ GroupCommand = (
     | ImportOffsets
 )
 QUERY_TYPES: tuple[type, ...] = (DescribeGroup, ListGroups)
+CommandType = TypeVar("CommandType", bound=GroupCommand)
 
 
 class GroupResult(msgspec.Struct, frozen=True):
@@ -227,6 +234,21 @@ def refused(refusal: Refusal, error: str) -> GroupResult:
     return GroupResult(ok=False, refusal=refusal, error=error)
 
 
+def at_level(command: CommandType, level: int) -> CommandType:
+    """`command` as a release of feature `level` reads it: the fields added by later
+    levels set back to their defaults (a session-6 release drops them when it decodes).
+    The leader proposes commands so until the level is committed, so that every replica
+    applies the same; apply does not call it (it follows the session-7 rules below level 2:
+    a session-7 leader's fields are applied, as session-7 replicas apply them)."""
+    if level >= GROUP_FENCING_LEVEL:
+        return command
+    if isinstance(command, JoinGroup) and command.owned_generation is not None:
+        return msgspec.structs.replace(command, owned_generation=None)
+    if isinstance(command, CommitOffsets) and command.sequence:
+        return msgspec.structs.replace(command, sequence=0)
+    return command
+
+
 # --- log entries ---------------------------------------------------------------------
 
 
@@ -235,6 +257,11 @@ class GroupEntry(msgspec.Struct, frozen=True, array_like=True):
     """The proposing leader's wall clock (kept for the record; no rule reads it)."""
     batches: list[list[GroupCommand]]
     """One batch per client request gathered into this entry."""
+    cluster_level: int = 0
+    """Non-zero: the feature level the group's members agreed on, raised by applying this
+    entry (which carries no batches), for this and every later entry
+    (codec/feature_levels.py). 0: no change. Trailing, with a default: raised only once
+    every member runs a release that reads it."""
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -290,6 +317,7 @@ __all__ = [
     "Refusal",
     "ResetOffsets",
     "UpdatePartitions",
+    "at_level",
     "decode_commands",
     "decode_entry",
     "decode_results",

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from quorumlog.codec import wire
+from quorumlog.codec.feature_levels import FEATURE_LEVEL
 from quorumlog.stream.group_coordinator import GroupCoordinatorMachine
 from quorumlog.stream.group_model import (
     QUERY_TYPES,
@@ -224,6 +225,7 @@ class FakeStreamCluster(FakeCluster):
         self.partitions: dict[tuple[str, int], FakePartition] = {}
         self.clock_ms = 1_700_000_000_000
         self.coordinator = GroupCoordinatorMachine()
+        self.coordinator.raise_level(FEATURE_LEVEL)  # every node runs this release
         self.coordinator_index = 0
 
     def coordinate(self, frame: wire.GroupCoordinatorRequest) -> wire.Frame:

@@ -38,6 +38,12 @@ class GroupWorldOptions(msgspec.Struct, frozen=True):
     """Group → one subscription per consumer."""
     network: NetworkFaults = NetworkFaults()
     raft: RaftConfig = RaftConfig(node_id="template")
+    feature_levels: dict[str, int] | None = None
+    """Node id → the feature level of the release it runs (a rolling upgrade caught half
+    way: coordinator.py); None: every node runs this release."""
+    session_7_nodes: frozenset[str] = frozenset()
+    """Nodes on the session-7 release, the one before this (coordinator.py): give them
+    level 1 in `feature_levels`, as they say no level."""
 
 
 class GroupWorld:
@@ -53,7 +59,12 @@ class GroupWorld:
             seed,
             SimOptions(node_count=3, raft=options.raft, network=options.network),
             trace,
-            coordinator_application(TOPICS, self.checker.executed),
+            coordinator_application(
+                TOPICS,
+                self.checker.executed,
+                None if options.feature_levels is None else dict(options.feature_levels),
+                options.session_7_nodes,
+            ),
         )
         self.events = self.cluster.events
         self.rng = derive_random(seed, "group-consumers")
