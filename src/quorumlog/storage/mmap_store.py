@@ -365,10 +365,6 @@ class MmapLogStore:
         `SyncPolicy.NEVER`: by a `sync` or `finish_sync` call, which flush nothing)."""
         return self._durable_data_end
 
-    @property
-    def sync_in_flight(self) -> bool:
-        return self._sync_in_flight is not None
-
     def begin_sync(self) -> CapturedSync:
         """Capture what is written and not yet synced, for a sync off this thread.
 
