@@ -12,10 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+PRODUCE_CASES = ["produce-ha", "produce-raft", "produce-ledger"]
+ROUNDS = 2
 CASES = [
-    "produce-ha",
-    "produce-raft",
-    "produce-ledger",
+    *PRODUCE_CASES * ROUNDS,
     "latency-ha",
     "latency-raft",
     "latency-ledger",
@@ -38,7 +38,7 @@ SUMMARY_KEYS = {
 
 
 def test_bench_ha_prints_cases_and_a_summary(tmp_path: Path) -> None:
-    command = ["bench", "ha", "--json", "--quick", "--dir", str(tmp_path)]
+    command = ["bench", "ha", "--json", "--quick", "--rounds", str(ROUNDS), "--dir", str(tmp_path)]
     completed = subprocess.run(
         [sys.executable, "-m", "quorumlog", *command],
         capture_output=True,
@@ -53,6 +53,8 @@ def test_bench_ha_prints_cases_and_a_summary(tmp_path: Path) -> None:
     assert set(summary) >= SUMMARY_KEYS
     for key in SUMMARY_KEYS:
         assert summary[key] is not None and summary[key] > 0, key
+    assert summary["rounds"] == ROUNDS
+    assert len(summary["ratio_ha_to_raft_produce_rounds"]) == ROUNDS
     failover = lines[CASES.index("failover")]
     assert failover["new_master"] not in (None, failover["old_master"])
     assert failover["master_epoch_after"] == failover["master_epoch_before"] + 1

@@ -72,9 +72,11 @@ def test_a_master_that_acknowledges_alone_is_caught(monkeypatch: pytest.MonkeyPa
         self.confirm_offset = self.acknowledged_offset = self._durable_offset
 
     monkeypatch.setattr(replication_master.MasterCore, "_advance_confirm", acknowledge_alone)
-    # A partitioned master (3), a random seed (15), and the #5663 (1) and #7689 (2) shapes,
-    # whose slaves trail the master by a slow link when it dies.
-    results = [run_seed(seed, capture_trace=False) for seed in (1, 2, 3, 15)]
+    # Partitioned masters (3, 8), and the #5663 (1) and #7689 (2) shapes, whose slaves
+    # trail the master by a slow link when it dies. (Random seeds stopped seeing this once
+    # syncs took virtual time, as they do off the loop in a node: seeds 0-35 that are
+    # random pass with it. The shapes are built to.)
+    results = [run_seed(seed, capture_trace=False) for seed in (1, 2, 3, 8)]
     assert [plan_seed(seed).shape for seed in (1, 2)] == [
         "ack-lost-while-expanding",
         "controller-and-master-killed",

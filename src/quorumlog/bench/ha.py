@@ -1,7 +1,7 @@
 """`quorumlog bench ha`: produce to an HA-replicated topic beside a Raft topic and a ledger
 topic on the same nodes, and failover time (issue 12, "Benchmark").
 
-    quorumlog bench ha --json [--quick] [--dir DIR]
+    quorumlog bench ha --json [--quick] [--rounds N] [--dir DIR]
 
 Setup: 3 `quorumlog node` processes on loopback, fsync on, each hosting a bookie (so the
 ledger topic writes to them). One one-partition topic of each storage, replicated 3 ways
@@ -14,6 +14,11 @@ Cases, one JSON object each:
   100-byte records as fast as it takes them; records/s from the first send to the last
   acknowledgement. CPU per record of the nodes (all three) and of this client beside it:
   a client near one core's worth per record is what bounds the rate, not the storage.
+  The three storages take turns, `--rounds` times (3 by default, 1 with --quick): on a
+  shared machine the load drifts between cases, and a ratio of two runs taken seconds
+  apart, repeated, says more than one taken once. The summary gives the median rates and
+  the median of the rounds' HA/Raft ratios (each round's ratio in
+  `ratio_ha_to_raft_produce_rounds`).
 - `latency-<storage>`: one `send` per record at PACED_RECORDS_PER_SECOND (open loop: the
   schedule does not wait for answers); p50/p99 from send to acknowledgement.
 - `failover`: a paced producer runs against the HA topic; the master's process is
@@ -35,6 +40,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import tempfile
 import threading
 import time
@@ -60,16 +66,22 @@ within this)."""
 SETUP_TIMEOUT_SECONDS = 30.0
 FAILOVER_TIMEOUT_SECONDS = 30.0
 STORAGES = ("ha", "raft", "ledger")
+ROUNDS_DEFAULT = 3
 TOPICS = {storage: f"bench-{storage}-topic" for storage in STORAGES}
 
 
 class Settings:
-    def __init__(self, quick: bool, directory: str | None, as_json: bool) -> None:
+    def __init__(
+        self, quick: bool, directory: str | None, as_json: bool, rounds: int | None = None
+    ) -> None:
         self.quick = quick
         self.directory = directory
         self.as_json = as_json
         self.records = RECORDS_QUICK if quick else RECORDS
         self.paced_seconds = 0.5 if quick else 3.0
+        self.rounds = rounds if rounds is not None else (1 if quick else ROUNDS_DEFAULT)
+        if self.rounds < 1:
+            raise BenchError("--rounds must be at least 1")
 
 
 def emit(line: dict[str, Any], as_json: bool) -> None:
@@ -320,11 +332,13 @@ def run_cases(nodes: NodeCluster, settings: Settings) -> dict[str, Any]:
     summary: dict[str, Any] = {"case": "summary", "load_average": load_average()}
     group = create_topics(endpoints)
     pids = list(nodes.pids.values())
-    rates: dict[str, int] = {}
-    for storage in STORAGES:
-        line = produce_case(endpoints, storage, pids, settings)
-        emit(line, settings.as_json)
-        rates[storage] = line["records_per_s"]
+    rates: dict[str, list[int]] = {storage: [] for storage in STORAGES}
+    for round_number in range(settings.rounds):
+        for storage in STORAGES:
+            line = produce_case(endpoints, storage, pids, settings)
+            line["round"] = round_number
+            emit(line, settings.as_json)
+            rates[storage].append(line["records_per_s"])
     for storage in STORAGES:
         paced = latency_case(endpoints, storage, settings)
         emit(paced, settings.as_json)
@@ -332,17 +346,23 @@ def run_cases(nodes: NodeCluster, settings: Settings) -> dict[str, Any]:
         summary[f"{storage}_p99_ms"] = paced["p99_ms"]
     failover = failover_case(nodes, group)
     emit(failover, settings.as_json)
-    summary["produce_records_per_s"] = rates["ha"]
-    summary["raft_topic_produce_per_s"] = rates["raft"]
-    summary["ledger_topic_produce_per_s"] = rates["ledger"]
-    summary["ratio_ha_to_raft_produce"] = round(rates["ha"] / rates["raft"], 3)
-    summary["ratio_ha_to_ledger_produce"] = round(rates["ha"] / rates["ledger"], 3)
+    summary["produce_records_per_s"] = round(statistics.median(rates["ha"]))
+    summary["raft_topic_produce_per_s"] = round(statistics.median(rates["raft"]))
+    summary["ledger_topic_produce_per_s"] = round(statistics.median(rates["ledger"]))
+    raft_ratios = [ha / raft for ha, raft in zip(rates["ha"], rates["raft"], strict=True)]
+    ledger_ratios = [ha / other for ha, other in zip(rates["ha"], rates["ledger"], strict=True)]
+    summary["ratio_ha_to_raft_produce"] = round(statistics.median(raft_ratios), 3)
+    summary["ratio_ha_to_ledger_produce"] = round(statistics.median(ledger_ratios), 3)
+    summary["ratio_ha_to_raft_produce_rounds"] = [round(ratio, 3) for ratio in raft_ratios]
+    summary["rounds"] = settings.rounds
     summary["failover_seconds"] = failover["failover_seconds"]
     return summary
 
 
-def run_ha_benchmark(as_json: bool, quick: bool, directory: str | None) -> None:
-    settings = Settings(quick, directory, as_json)
+def run_ha_benchmark(
+    as_json: bool, quick: bool, directory: str | None, rounds: int | None = None
+) -> None:
+    settings = Settings(quick, directory, as_json, rounds)
     base = Path(tempfile.mkdtemp(prefix="quorumlog-bench-ha-", dir=directory))
     nodes = NodeCluster(base, 3, CLUSTER_ID)
     try:

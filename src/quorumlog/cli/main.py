@@ -77,12 +77,13 @@ def bench_ledger(as_json: bool, quick: bool, directory: str | None) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")
 @click.option("--quick", is_flag=True, help="Short runs, for a smoke run.")
 @click.option("--dir", "directory", type=click.Path(file_okay=False), default=None)
-def bench_ha(as_json: bool, quick: bool, directory: str | None) -> None:
+@click.option("--rounds", type=click.IntRange(min=1), default=None, help="Produce rounds.")
+def bench_ha(as_json: bool, quick: bool, directory: str | None, rounds: int | None) -> None:
     """Produce records/s and p50/p99 to an HA topic, a Raft topic and a ledger topic on 3
     nodes (fsync on), and failover seconds from the HA master's SIGKILL."""
     from quorumlog.bench.ha import run_ha_benchmark
 
-    run_ha_benchmark(as_json, quick, directory)
+    run_ha_benchmark(as_json, quick, directory, rounds)
 
 
 @bench.command("kv")

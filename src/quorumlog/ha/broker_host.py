@@ -17,17 +17,27 @@ run the same code:
   each answered exactly once (never inline) with the controller's `HAControllerResult`, or
   None when the outcome is unknown (no answer in time, or the call failed on the way).
 - the broker's `CommitLog` and `EpochFile`, which the cores write synchronously (their order
-  is the protocol; see replication_actions). Syncs run on the host's thread: one per burst
-  of produces (group commit) at the master, one per transfer batch at a slave.
+  is the protocol; see replication_actions).
+- a `Background` (runtime/resources.py) for the commit log's syncs: a thread pool in a node
+  (the msyncs then run while the loop takes more produces, transfers and acks), the
+  simulator's delayed jobs, or, by default, at once on the host's thread.
+
+Syncs. At most one is in flight per broker: it covers what was appended when it began
+(`CommitLog.begin_sync`), and whatever is appended while it runs waits for the next, which
+begins as soon as it returns (group commit: one sync per burst, however long the burst).
+Only a returned sync moves the log's durable offset, and only the durable offset counts:
+the master's own offset in confirmOffset (`MasterCore.synced`), a slave's acks
+(`SlaveCore.synced`). So a produce is still acknowledged only when every SyncStateSet
+member has it durably, while the loop never waits for a disk.
 
 What the host does, in order, after every event (`flush`): `take_actions` (sends,
 disconnects, a SyncStateSet change to forward, and the produces to complete: those whose end
-offset is at or below the acknowledged offset, in log order); if something was appended
-since the last sync, the master then syncs it and takes the actions again. Transfers go out
-BEFORE the sync, so the slaves write their disks while the master writes its own; what the
-sync made durable counts in confirmOffset only after it. A timer runs `take_actions` every
-`tick_seconds` too (transfer heartbeats and shrink decisions are due by time) and heartbeats
-the controller every `controller_heartbeat_seconds`.
+offset is at or below the acknowledged offset, in log order); then, if something was
+appended and no sync is in flight, it begins one. Transfers go out BEFORE the sync, so the
+slaves write their disks while the master writes its own; when a sync returns, the master
+takes the actions again (acknowledgements) and a slave acks. A timer runs `take_actions`
+every `tick_seconds` too (transfer heartbeats and shrink decisions are due by time) and
+heartbeats the controller every `controller_heartbeat_seconds`.
 
 Following the controller. Every controller answer carries the group's `BrokerGroupInfo`;
 the host follows it: master at the named MasterEpoch (a new `MasterCore`, which appends
@@ -58,7 +68,7 @@ from quorumlog.errors import (
     NotEnoughReplicasError,
     QuorumLogError,
 )
-from quorumlog.ha.commit_log import CommitLog, CommitLogBatch
+from quorumlog.ha.commit_log import CommitLog, CommitLogBatch, CommitLogSync
 from quorumlog.ha.controller_model import (
     AlterSyncStateSet,
     BrokerGroupInfo,
@@ -78,7 +88,7 @@ from quorumlog.ha.replication_master import MasterCore
 from quorumlog.ha.replication_slave import SlaveCore
 from quorumlog.ha.wire import HAFrame
 from quorumlog.runtime.completion import Completion
-from quorumlog.runtime.resources import Scheduler, Timer
+from quorumlog.runtime.resources import Background, Scheduler, Timer
 
 log = logging.getLogger("quorumlog.ha")
 
@@ -110,6 +120,19 @@ class ControllerAccess(Protocol):
         thread and never from inside this call, with the controller's result, or None if
         the outcome is unknown."""
         ...
+
+
+class SyncHere:
+    """A `Background` that runs each job at once, on the caller's thread (the default: the
+    host then syncs on its own thread, as a test or a simple world wants)."""
+
+    def submit(self, job: Callable[[], None], done: Callable[[BaseException | None], None]) -> None:
+        try:
+            job()
+        except Exception as error:  # reported to the host, as a thread pool does
+            done(error)
+            return
+        done(None)
 
 
 class BrokerHostConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -163,6 +186,7 @@ class BrokerHost:
         config: BrokerHostConfig | None = None,
         on_truncated: Callable[[int], None] | None = None,
         on_role_changed: Callable[[], None] | None = None,
+        background: Background | None = None,
     ) -> None:
         self.config = config or BrokerHostConfig()
         self.config.validate()
@@ -190,7 +214,11 @@ class BrokerHost:
         """A heap of (end offset, arrival, completion) of produces not yet acknowledged
         (a retried produce may wait on an offset below those already waiting)."""
         self.arrivals = itertools.count()
-        self.unsynced = False
+        self.background = background or SyncHere()
+        """Where the commit log's syncs run (see the module docstring)."""
+        self.sync_in_flight: CommitLogSync | None = None
+        self.sync_failed = False
+        """A sync failed: the commit log is unusable until reopened; no more syncs."""
         self.flush_scheduled = False
         self.registered = False
         self.heartbeat_in_flight = False
@@ -272,7 +300,6 @@ class BrokerHost:
         master = self.master
         assert master is not None  # append_refusal said so
         end_offset = master.append(messages)
-        self.unsynced = True
         self.schedule_flush()
         return end_offset
 
@@ -540,6 +567,8 @@ class BrokerHost:
                 self.links.send(connection_id, frame)
         if actions.disconnect is not None:
             self.lose_slave_connection(actions.disconnect)
+        if actions.sync:
+            self.start_sync()
 
     # --- events from the links ---------------------------------------------------------------
 
@@ -618,21 +647,54 @@ class BrokerHost:
             self.scheduler.call_soon(self.flush)
 
     def flush(self) -> None:
-        """Sync what was appended, then act on what the master core decided."""
+        """Act on what the master core decided, then sync what was appended."""
         self.flush_scheduled = False
         master = self.master
         if self.closed or master is None:
             return
-        if self.unsynced:
-            self.unsynced = False
-            # Replicate first, then sync: the slaves write their disks while this one syncs
-            # (the Raft leader's order). Nothing is acknowledged before this sync: the
-            # master's own durable offset bounds confirmOffset.
-            self.master_actions(master, master.take_actions(self.now_ms()))
-            if self.master is not master:
-                return  # the actions ended this mastership
-            master.sync()
+        # Replicate first, then sync: the slaves write their disks while this one syncs
+        # (the Raft leader's order). Nothing is acknowledged before the sync returns: the
+        # master's own durable offset bounds confirmOffset.
         self.master_actions(master, master.take_actions(self.now_ms()))
+        if self.master is master:
+            self.start_sync()
+
+    # --- syncs ---------------------------------------------------------------------------------
+
+    def start_sync(self) -> None:
+        """Begin a sync of what was appended, unless one is in flight (it begins the next
+        when it returns) or everything is durable."""
+        log = self.commit_log
+        if (
+            self.sync_in_flight is not None
+            or self.closed
+            or self.sync_failed
+            or log.durable_offset >= log.max_offset
+        ):
+            return
+        captured = log.begin_sync()
+        self.sync_in_flight = captured
+        self.background.submit(captured.run, lambda error: self.sync_done(captured, error))
+
+    def sync_done(self, captured: CommitLogSync, error: BaseException | None) -> None:
+        """On the host's thread: a sync returned; count what it made durable."""
+        self.sync_in_flight = None
+        self.commit_log.finish_sync(captured, error)
+        if error is not None:
+            # The kernel may have dropped the dirty pages: nothing more is acknowledged
+            # from this log until the broker reopens it (restart). Produces wait, then fail.
+            self.sync_failed = True
+            log.error("HA broker %s/%s: sync failed: %s", self.group, self.broker_id, error)
+            return
+        if self.closed:
+            return
+        master, slave = self.master, self.slave
+        if master is not None:
+            master.synced()
+            self.master_actions(master, master.take_actions(self.now_ms()))
+        elif slave is not None:
+            self.slave_actions(slave.synced())
+        self.start_sync()  # what was appended while this one ran
 
     def master_actions(self, master: MasterCore, actions: MasterActions) -> None:
         for send in actions.sends:
@@ -659,4 +721,5 @@ __all__ = [
     "ControllerAccess",
     "ControllerCall",
     "HALinks",
+    "SyncHere",
 ]

@@ -41,6 +41,7 @@ from quorumlog.storage.mmap_store import (
     INDEX_FILE_BYTES_DEFAULT,
     MmapLogStore,
 )
+from quorumlog.storage.mmap_sync import CapturedSync
 
 OFFSET_CACHE_ENTRIES_MAX = 64
 """Offsets (batch ends) remembered with the entry that follows them: each slave's transfer
@@ -70,8 +71,20 @@ class RecentMessage(NamedTuple):
     data: bytes
 
 
+class CommitLogSync(Protocol):
+    """A sync captured by `CommitLog.begin_sync`: `run` it once, off the broker's thread
+    if the log allows (see `CommitLog.begin_sync`), then hand it to `finish_sync`."""
+
+    def run(self) -> None: ...
+
+
 class CommitLog(Protocol):
-    """What the HA cores need of a broker's commit log."""
+    """What the HA cores need of a broker's commit log.
+
+    Durability: a position is reported durable (`durable_offset`) only after a sync that
+    covered it returned. `sync` is one on this thread; `begin_sync`, `run`, `finish_sync`
+    one whose `run` may go to another thread while appends go on (they are left for the
+    next sync)."""
 
     @property
     def data_file_bytes(self) -> int:
@@ -94,7 +107,23 @@ class CommitLog(Protocol):
         at once, durable only after `sync`."""
         ...
 
-    def sync(self) -> None: ...
+    def sync(self) -> None:
+        """Make everything appended durable, on this thread (covers a sync in flight)."""
+        ...
+
+    @property
+    def durable_offset(self) -> int:
+        """Every message below this was covered by a sync that returned."""
+        ...
+
+    def begin_sync(self) -> CommitLogSync:
+        """Capture what is appended and not yet durable (one capture in flight at a time)."""
+        ...
+
+    def finish_sync(self, sync: CommitLogSync, error: BaseException | None) -> int:
+        """`sync` ran (`error`: what it raised); returns the durable offset, moved to the
+        captured end if it succeeded and no truncation came between."""
+        ...
 
     def read_batch(self, offset: int, bytes_max: int) -> CommitLogBatch | None:
         """Messages from `offset` (a message boundary), all of the first one's epoch, about
@@ -177,6 +206,19 @@ class MmapCommitLog:
 
     def sync(self) -> None:
         self._store.sync()
+
+    @property
+    def durable_offset(self) -> int:
+        return self._store.durable_data_end
+
+    def begin_sync(self) -> CapturedSync:
+        """The store's captured sync: its `run` is safe on any thread (mmap_sync)."""
+        return self._store.begin_sync()
+
+    def finish_sync(self, sync: CommitLogSync, error: BaseException | None) -> int:
+        require(isinstance(sync, CapturedSync), f"not a sync of this log: {sync!r}")
+        assert isinstance(sync, CapturedSync)  # for mypy; `require` above checked it
+        return self._store.finish_sync(sync, error)
 
     def read_batch(self, offset: int, bytes_max: int) -> CommitLogBatch | None:
         recent = self._read_recent(offset, bytes_max)
@@ -284,7 +326,7 @@ class MmapCommitLog:
             cache.popitem(last=False)
 
 
-__all__ = ["CommitLog", "CommitLogBatch", "MmapCommitLog"]
+__all__ = ["CommitLog", "CommitLogBatch", "CommitLogSync", "MmapCommitLog"]
 
 
 # --- shared by every CommitLog on a LogStore -----------------------------------------------

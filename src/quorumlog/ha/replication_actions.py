@@ -10,7 +10,9 @@ A driver (the broker in the node, the simulator, a test's pump) does for the mas
 
 1. feed `receive(connection_id, frame, now_ms)` for every frame from a slave connection,
    `connection_closed(connection_id)` when one drops;
-2. `append(messages)` for produces, then `sync()` once per burst (group commit);
+2. `append(messages)` for produces, then make the log durable once per burst (group
+   commit): `sync()`, or the commit log's `begin_sync` / `run` off the loop / `finish_sync`,
+   then `synced()` (the master counts only what the log reports durable);
 3. answer each `RequestAlterSyncStateSet` with `alter_sync_state_set_done`,
    `alter_sync_state_set_refused` or (no answer in time) `alter_sync_state_set_unknown`,
    and pass every view of the group the controller sends with `controller_view`;
@@ -99,6 +101,9 @@ class SlaveActions:
     sends: list[HAFrame] = field(default_factory=list)
     disconnect: str | None = None
     """The connection broke the protocol: close it and handshake again."""
+    sync: bool = False
+    """Messages were appended: make the log durable (at once, or off the loop while more
+    batches come), then call the slave's `synced()` and send what it returns (the ack)."""
 
 
 __all__ = [

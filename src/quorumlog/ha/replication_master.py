@@ -12,7 +12,8 @@ change of epoch in a header. Every batch carries confirmOffset; an idle connecti
 empty batch every `heartbeat_interval_ms`, so acks, and so catching up, keep being dated.
 
 confirmOffset = min over the SyncStateSet of each member's durable offset: the master's
-synced max offset, each slave's last ack (slaves ack after syncing). It never goes back.
+durable offset (what its commit log reports durable after a sync returned, `synced`), each
+slave's last ack (slaves ack only what is durable at them). It never goes back.
 While an AlterSyncStateSet is outstanding, the min runs over the old set AND the proposed
 one: the controller may have applied the change already (its answer can be lost), and from
 then on it may elect any member of the new set, so a joining slave must be counted at once
@@ -153,10 +154,19 @@ class MasterCore:
         return self.commit_log.append(messages, self.master_epoch)
 
     def sync(self) -> None:
-        """Make every write so far durable on the master (group commit)."""
-        offset = self.commit_log.max_offset
+        """Make every write so far durable on the master (group commit), here and now."""
         self.commit_log.sync()
-        self._durable_offset = offset
+        self.synced()
+
+    def synced(self) -> None:
+        """A sync of the commit log returned (here or off the loop): what the log reports
+        durable now counts as the master's own offset in confirmOffset."""
+        durable = self.commit_log.durable_offset
+        require(
+            durable <= self.commit_log.max_offset,
+            f"durable offset {durable} is past the log's end {self.commit_log.max_offset}",
+        )
+        self._durable_offset = max(self._durable_offset, durable)
         self._advance_confirm()
 
     # --- slave connections ----------------------------------------------------------

@@ -10,9 +10,14 @@ end are dropped (see "Crash safety"). Then, per connection to the master:
 2. transfer: each batch must start at the slave's max offset. When its epoch differs from
    the last one in the epoch file, <epoch, epochStartOffset> is appended to the epoch file
    (durable) BEFORE the messages are appended: the epoch file is written before the offsets
-   it describes are used. The messages are appended and synced, and the new max offset is
-   acked (durable, so the master may count it in confirmOffset). Empty batches are
-   heartbeats: they carry confirmOffset and are acked, and never touch the epoch file.
+   it describes are used. The messages are appended and the driver is asked to sync
+   (`SlaveActions.sync`); it may sync off the loop and take further batches meanwhile.
+   Acks carry the log's durable offset only (`CommitLog.durable_offset`, moved by a sync
+   that returned), so the master may count every ack in confirmOffset: the driver calls
+   `synced()` when a sync returned, which acks. Empty batches are heartbeats: they carry
+   confirmOffset and are acked (with the durable offset), and never touch the epoch file.
+   The handshake syncs the log before its ack: the master transfers from the acked
+   offset, so that ack must be the log's end, and durable.
 
 Crash safety of the handshake truncation. The log is truncated FIRST, the epoch file
 second. A crash in between leaves epoch entries that start at or past the log's end: the
@@ -125,6 +130,7 @@ class SlaveCore:
         before = log.max_offset
         log.truncate(target)  # the log first, then the epoch file: see the module docs
         self.epoch_file.truncate_from(target)
+        log.sync()  # the ack below says durable up to the end (a sync may be in flight)
         self.last_truncation = (before, target)
         self.confirm_offset = min(self.confirm_offset, target)
         self.master_epoch = response.master_epoch
@@ -145,14 +151,22 @@ class SlaveCore:
         if batch.messages:
             self._record_epoch(batch)
             log.append(batch.messages, batch.epoch)
-            log.sync()
             require(
                 log.max_offset == batch.end_offset,
                 f"the batch [{batch.start_offset}, {batch.end_offset}) ends at "
                 f"{log.max_offset} here: the commit log layouts differ",
             )
         self.confirm_offset = max(self.confirm_offset, min(batch.confirm_offset, log.max_offset))
-        return SlaveActions(sends=[Ack(log.max_offset)])
+        if batch.messages:
+            return SlaveActions(sync=True)  # acked by `synced`, once durable
+        return SlaveActions(sends=[Ack(log.durable_offset)])
+
+    def synced(self) -> SlaveActions:
+        """A sync of the log returned: ack what is durable now (nothing while no
+        connection is transferring: the next handshake acks)."""
+        if self.state is not SlaveState.TRANSFER:
+            return SlaveActions()
+        return SlaveActions(sends=[Ack(self.commit_log.durable_offset)])
 
     def _record_epoch(self, batch: TransferBatch) -> None:
         """A new epoch in the header goes to the epoch file (durable) before its offsets."""

@@ -20,6 +20,11 @@ does not support a log whose head was dropped (the handshake refuses such a mast
 
 The entry's term is the MasterEpoch under which its message was written, so a read never
 mixes epochs (reference 003: transfer batches never cross an epoch boundary).
+
+Syncs: `begin_sync` captures the max offset and its `run` syncs the whole store, so it is
+for one-thread worlds only (the simulator runs background jobs on its one thread, later):
+`SegmentLogStore` is not safe to append to while another thread syncs it. What `run` syncs
+past the capture is not claimed; the next sync claims it.
 """
 
 from __future__ import annotations
@@ -27,9 +32,15 @@ from __future__ import annotations
 import os
 from bisect import bisect_left
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
 
-from quorumlog.ha.commit_log import CommitLogBatch, message_entries, read_one_epoch
+from quorumlog.ha.commit_log import (
+    CommitLogBatch,
+    CommitLogSync,
+    message_entries,
+    read_one_epoch,
+)
 from quorumlog.raft.invariants import require
 from quorumlog.storage.base import SyncPolicy
 from quorumlog.storage.filesystem import OS_FILE_SYSTEM, FileSystem
@@ -38,6 +49,20 @@ from quorumlog.storage.segment_format import ENTRY_HEADER_BYTES
 
 DENSE_LAYOUT: Final = 0
 """`data_file_bytes` of a dense log: no data file size shapes its offsets."""
+
+
+@dataclass
+class SegmentSync:
+    """A captured sync of a `SegmentCommitLog` (one-thread worlds only; see the module)."""
+
+    store: SegmentLogStore
+    end_offset: int
+    truncations: int
+    ran: bool = False
+
+    def run(self) -> None:
+        self.store.sync()
+        self.ran = True
 
 
 class SegmentCommitLog:
@@ -53,6 +78,11 @@ class SegmentCommitLog:
         for entry in store.iter_entries(1, store.last_index + 1):
             end += ENTRY_HEADER_BYTES + len(entry.data)
             self._ends.append(end)
+        self._durable_offset = end
+        """What open found counts as durable, as the Raft host counts it (the store's
+        recovery keeps only what was written whole)."""
+        self._in_flight: SegmentSync | None = None
+        self._truncations = 0
 
     @classmethod
     def open(
@@ -108,6 +138,24 @@ class SegmentCommitLog:
 
     def sync(self) -> None:
         self._store.sync()
+        self._durable_offset = self.max_offset
+
+    @property
+    def durable_offset(self) -> int:
+        return self._durable_offset
+
+    def begin_sync(self) -> SegmentSync:
+        require(self._in_flight is None, "a background sync is already in flight")
+        self._in_flight = SegmentSync(self._store, self.max_offset, self._truncations)
+        return self._in_flight
+
+    def finish_sync(self, sync: CommitLogSync, error: BaseException | None) -> int:
+        require(sync is self._in_flight, "finish_sync of a sync not in flight")
+        assert isinstance(sync, SegmentSync)  # for mypy; `require` above checked it
+        self._in_flight = None
+        if error is None and sync.ran and sync.truncations == self._truncations:
+            self._durable_offset = max(self._durable_offset, sync.end_offset)
+        return self._durable_offset
 
     def read_batch(self, offset: int, bytes_max: int) -> CommitLogBatch | None:
         store = self._store
@@ -123,6 +171,8 @@ class SegmentCommitLog:
         index = self._index_at(offset)
         self._store.truncate_suffix(index - 1)
         del self._ends[index - 1 :]
+        self._durable_offset = min(self._durable_offset, offset)
+        self._truncations += 1
         require(self.max_offset == offset, f"truncated to {offset}, ends at {self.max_offset}")
 
     def truncate_to_last_whole_message(self) -> int:
@@ -145,4 +195,4 @@ class SegmentCommitLog:
         return position + 2
 
 
-__all__ = ["DENSE_LAYOUT", "SegmentCommitLog"]
+__all__ = ["DENSE_LAYOUT", "SegmentCommitLog", "SegmentSync"]

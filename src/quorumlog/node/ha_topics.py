@@ -14,6 +14,9 @@
   producer table, built by reading the log when it becomes master; record offsets are
   contiguous record numbers, as on Raft topics, and duplicates get the same answers
   (`stream.partition.admit_batch`, shared by every storage mode).
+- Syncs of the commit logs run on a thread pool of this service (`BatchedBackground`), so
+  the event loop takes produces, transfers and acks while a broker's msync runs; what the
+  pool made durable counts only once its report is back on the loop (ha/broker_host.py).
 - Produce at the master only (NOT_LEADER naming the master's node elsewhere); acknowledged
   once every SyncStateSet member has it (refused with NOT_ENOUGH_REPLICAS, nothing
   written, if the set is smaller than `min_in_sync`). Fetch and PartitionStatus at the
@@ -45,6 +48,7 @@ from quorumlog.node.ha_links import AsyncioHALinks
 from quorumlog.node.peer_requests import AsyncioPeerRequests, PeerRequester
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.group import AsyncioScheduler
+from quorumlog.runtime.sync_batch import BatchedBackground
 from quorumlog.runtime.transport import Replier, format_address
 from quorumlog.storage.base import SyncPolicy
 from quorumlog.stream.partition import OffsetOutOfRangeError, OutOfOrderSequenceError
@@ -65,6 +69,9 @@ HA_TOPIC_CONFIG = BrokerHostConfig(
     ),
 )
 """A dead slave leaves the SyncStateSet (and stops holding produces) within 3 s."""
+SYNC_THREADS = 4
+"""Threads syncing commit logs at once: each broker has at most one sync in flight, and a
+file system commits concurrent syncs together (runtime/sync_batch.py)."""
 SLAVE_INDEX_INTERVAL_SECONDS = 0.2
 SLAVE_INDEX_MESSAGES_PER_STEP = 2_048
 """A slave indexes what it received this often, at most this many messages per partition
@@ -119,6 +126,7 @@ class HATopicService:
         self.listening: asyncio.Task[None] | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.stopping = False
+        self.syncs = BatchedBackground(SYNC_THREADS)
 
     # --- hosting ---------------------------------------------------------------------------
 
@@ -192,6 +200,7 @@ class HATopicService:
             address=address,
             config=config,
             on_truncated=lambda _offset: index.reset(),
+            background=self.syncs,
         )
         part = HAPartition(descriptor, partition, name, host, index, commit_log)
         self.partitions[(descriptor.name, partition)] = part
@@ -259,6 +268,9 @@ class HATopicService:
             self.controller.close()
         if self.controller_requests is not None:
             await self.controller_requests.close()
+        # Jobs handed out run to their end (on descriptors of their own, so closing the
+        # logs did not hurt them); their reports go nowhere now.
+        await asyncio.to_thread(self.syncs.shutdown)
 
     # --- requests --------------------------------------------------------------------------
 

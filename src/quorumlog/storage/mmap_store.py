@@ -19,7 +19,9 @@ Appends are written with pwrite/pwritev into the files (faster than storing into
 mapped pages; see mmap_files); reads and recovery go through the mappings. While syncs are
 small, each append first writes zeros a little past its end and starts their write-back, so
 that syncs overwrite blocks already written (see `MappedFileList.zero_ahead`). `sync` msyncs the
-data written since the last sync and fsyncs directories that changed. Index slots are
+data written since the last sync and fsyncs directories that changed. `begin_sync` captures
+that range for a sync on another thread while appends go on (mmap_sync); `durable_data_end`
+moves only when such a sync has returned and `finish_sync` is told. Index slots are
 flushed lazily, a bounded number behind: they are rebuilt from the data, at open for the
 tail and on read for a hole. Files are created with posix_fallocate before any byte is
 written, so a full disk fails the append cleanly.
@@ -46,6 +48,7 @@ import google_crc32c
 import msgspec
 
 from quorumlog.errors import CorruptLogError, StorageError, StoreClosedError
+from quorumlog.raft.invariants import require
 from quorumlog.storage.base import (
     ENTRY_BYTES_MAX_DEFAULT,
     RecoveryReport,
@@ -87,6 +90,7 @@ from quorumlog.storage.mmap_recovery import (
     slot_position,
     walk_to,
 )
+from quorumlog.storage.mmap_sync import CapturedSync, capture_pieces, close_pieces
 
 _crc32c = google_crc32c.value
 
@@ -169,6 +173,19 @@ class MmapLogStore:
         """Set when an operation failed halfway; only reopening (which repairs) is safe."""
         self._lock_descriptor = -1
         """Holds the directory's lock (see `lock_directory`) while the store is open."""
+        self._durable_data_end = data_end
+        """Every data byte below this was covered by a sync that returned (open syncs
+        what it found). See `begin_sync`."""
+        self._sync_in_flight: CapturedSync | None = None
+        """The background sync captured and not yet finished (one at a time)."""
+        self._syncing_low: int | None = None
+        """Where the data range of the sync in flight starts: a sync or cut made meanwhile
+        on this thread flushes from there too, as that range is not durable yet."""
+        self._syncing_directories: list[Path] = []
+        """Directories the sync in flight fsyncs (a sync made meanwhile fsyncs them too)."""
+        self._truncations = 0
+        """Counts suffix truncations and resets: a background sync captured before one
+        claims nothing when it finishes (the truncation made durable what it kept)."""
 
     # --- opening ----------------------------------------------------------------------
 
@@ -334,10 +351,94 @@ class MmapLogStore:
     # --- durability -------------------------------------------------------------------
 
     def sync(self) -> None:
-        """Make every append so far durable (nothing, under `SyncPolicy.NEVER`)."""
+        """Make every append so far durable (nothing, under `SyncPolicy.NEVER`). It also
+        covers the range of a background sync still in flight."""
         self._check_usable()
         if self._sync_policy is not SyncPolicy.NEVER:
             self._flush(index_lag_bytes=INDEX_FLUSH_LAG_BYTES)
+        else:
+            self._durable_data_end = self._data_end  # as durable as this policy makes data
+
+    @property
+    def durable_data_end(self) -> int:
+        """Every data byte below this was covered by a sync that returned (under
+        `SyncPolicy.NEVER`: by a `sync` or `finish_sync` call, which flush nothing)."""
+        return self._durable_data_end
+
+    def begin_sync(self) -> CapturedSync:
+        """Capture what is written and not yet synced, for a sync off this thread.
+
+        Run the result's `run` on any thread, then pass it to `finish_sync` here. Appends
+        may go on meanwhile (they stay dirty for the next sync); so may `sync` and the
+        truncations, which flush the captured range themselves. One at a time.
+        """
+        self._check_usable()
+        require(self._sync_in_flight is None, "a background sync is already in flight")
+        data_low, data_end = self._data_dirty_low, self._data_end
+        if self._sync_policy is SyncPolicy.NEVER:
+            captured = CapturedSync(data_low=data_end, data_end=data_end, pieces=[],
+                                    directories=[], generation=self._truncations)  # fmt: skip
+            self._sync_in_flight = captured
+            return captured
+        pieces = []
+        try:
+            if data_low is not None:
+                pieces = capture_pieces(self._data, data_low, data_end)
+            index_low, slot_end = self._index_dirty_low, self._slot_end()
+            index_captured = index_low is not None and slot_end - index_low > INDEX_FLUSH_LAG_BYTES
+            if index_captured and index_low is not None:
+                pieces += capture_pieces(self._index, index_low, slot_end)
+        except BaseException:
+            close_pieces(pieces)
+            raise
+        # Forget only what was captured: appends go at data_end or past it, so whatever
+        # is written from now on sets the dirty marks again and the next sync covers it.
+        if data_low is not None:
+            self._note_sync_bytes(data_end - data_low)
+            self._data_dirty_low = None
+        if index_captured:
+            self._index_dirty_low = None
+        directories = [d.directory for d in (self._data, self._index) if d.directory_dirty]
+        self._data.directory_dirty = self._index.directory_dirty = False
+        captured = CapturedSync(
+            data_low=data_end if data_low is None else data_low,
+            data_end=data_end,
+            pieces=pieces,
+            directories=directories,
+            generation=self._truncations,
+        )
+        self._sync_in_flight = captured
+        self._syncing_low = data_low
+        self._syncing_directories = directories
+        return captured
+
+    def finish_sync(self, captured: CapturedSync, error: BaseException | None) -> int:
+        """Back on this thread after `captured.run` returned (`error`: what it raised).
+        Returns the durable data end, advanced to the captured end only if the sync ran
+        and no truncation came between. A failed sync fails the store (reopen repairs):
+        after a failed msync the kernel may have dropped the dirty pages."""
+        require(self._sync_in_flight is captured, "finish_sync of a sync not in flight")
+        self._sync_in_flight = None
+        self._syncing_low = None
+        self._syncing_directories = []
+        if error is not None or not captured.ran:
+            captured.discard()
+            if not self._closed:
+                self._failure = f"sync failed: {error or 'it did not run'}"
+            return self._durable_data_end
+        if captured.generation == self._truncations:
+            self._durable_data_end = max(self._durable_data_end, captured.data_end)
+        require(
+            self._durable_data_end <= self._data_end,
+            "durable data end %d is past the data end %d",
+            self._durable_data_end,
+            self._data_end,
+        )
+        return self._durable_data_end
+
+    def _note_sync_bytes(self, flushed: int) -> None:
+        average = self._sync_bytes_average
+        self._sync_bytes_average = average + (flushed - average) // SYNC_BYTES_AVERAGE_WEIGHT
 
     def _flush(self, *, index_lag_bytes: int = 0) -> None:
         """msync the data written since the last flush, and the index slots too once more
@@ -352,19 +453,19 @@ class MmapLogStore:
         sync; bounding the lag bounds how much data open must parse after a crash.
         """
         try:
-            if self._data_dirty_low is not None:
-                self._data.flush(self._data_dirty_low, self._data_end)
-                average = self._sync_bytes_average
-                flushed = self._data_end - self._data_dirty_low
-                self._sync_bytes_average = (
-                    average + (flushed - average) // SYNC_BYTES_AVERAGE_WEIGHT
-                )
+            data_low = self._unsynced_data_low()
+            if data_low is not None:
+                self._data.flush(data_low, self._data_end)
+                self._note_sync_bytes(self._data_end - data_low)
                 self._data_dirty_low = None
+                self._syncing_low = None  # a sync in flight covers nothing more than this
+            self._durable_data_end = self._data_end
             slot_end = self._slot_end()
             index_low = self._index_dirty_low
             if index_low is not None and slot_end - index_low > index_lag_bytes:
                 self._index.flush(index_low, slot_end)
                 self._index_dirty_low = None
+            self._sync_captured_directories()
             self._data.sync_directory()
             self._index.sync_directory()
         except BaseException as error:
@@ -372,6 +473,19 @@ class MmapLogStore:
             # is on disk is unknown until open checks it again.
             self._failure = f"sync failed: {error}"
             raise
+
+    def _sync_captured_directories(self) -> None:
+        """fsync the directories a sync in flight captured: a sync on this thread that
+        reports everything durable must not wait for that one to have done it."""
+        directories, self._syncing_directories = self._syncing_directories, []
+        for directory in directories:
+            with disk_errors(directory):
+                fsync_directory(directory)
+
+    def _unsynced_data_low(self) -> int | None:
+        """The lowest data position not known durable: dirty, or in a sync in flight."""
+        lows = [low for low in (self._data_dirty_low, self._syncing_low) if low is not None]
+        return min(lows) if lows else None
 
     def _slot_end(self) -> int:
         return slot_position(self._last_index + 1, self._slot_base_index)
@@ -526,8 +640,9 @@ class MmapLogStore:
         # Flush from the lowest byte that changed since the last flush: the zeros, and any
         # appends before the cut that were not synced yet.
         data_low = cut_position
-        if self._data_dirty_low is not None:
-            data_low = min(data_low, self._data_dirty_low)
+        unsynced_low = self._unsynced_data_low()
+        if unsynced_low is not None:
+            data_low = min(data_low, unsynced_low)
         index_low = slot_cut
         if self._index_dirty_low is not None:
             index_low = min(index_low, self._index_dirty_low)
@@ -540,10 +655,14 @@ class MmapLogStore:
         self._data_dirty_low = self._index_dirty_low = None
         self._data.remove_above(cut_position)
         self._index.remove_above(slot_cut)
+        self._sync_captured_directories()
         self._data.sync_directory()
         self._index.sync_directory()
         self._last_index = last_kept
         self._data_end = cut_position
+        self._durable_data_end = cut_position
+        self._syncing_low = None  # flushed above: the sync in flight now claims nothing
+        self._truncations += 1
 
     def truncate_prefix(self, first_kept: int) -> None:
         """Drop every entry before `first_kept`; durable when it returns.
@@ -606,6 +725,9 @@ class MmapLogStore:
         self._first_entry_present = False
         self._data_end = data_start
         self._data_dirty_low = self._index_dirty_low = None
+        self._durable_data_end = data_start
+        self._syncing_low = None  # nothing it covered is kept: it now claims nothing
+        self._truncations += 1
         try:
             self._data.remove_all()
             self._index.remove_all()

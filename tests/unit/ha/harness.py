@@ -311,6 +311,9 @@ class Cluster:
             assert slave is not None
             actions = slave.receive(decode_frame(link.to_slave.popleft()))
             link.to_master.extend(encode_frame(frame) for frame in actions.sends)
+            if actions.sync:  # the slave syncs at once here, then acks
+                slave.commit_log.sync()
+                link.to_master.extend(encode_frame(frame) for frame in slave.synced().sends)
             if actions.disconnect is not None:
                 self.close_link(link)
             moved = True

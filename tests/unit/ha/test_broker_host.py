@@ -10,6 +10,7 @@ import pytest
 from quorumlog.errors import MasterFencedError, NotEnoughReplicasError
 from quorumlog.ha.wire import HAFrame, TransferBatch
 from quorumlog.runtime.completion import Completion
+from quorumlog.storage.mmap_sync import CapturedSync
 
 from .broker_harness import GROUP, BrokerCluster
 
@@ -191,20 +192,20 @@ def test_the_master_replicates_a_produce_before_it_syncs_it(tmp_path: Path) -> N
     log = cluster.brokers["b1"].log
     events: list[str] = []
     acknowledged_at_sync: list[int] = []
-    send, sync = master.links.send, log.sync
+    send, begin_sync = master.links.send, log.begin_sync
 
     def recording_send(connection_id: int, frame: HAFrame) -> None:
         if isinstance(frame, TransferBatch) and frame.messages:
             events.append("transfer")
         send(connection_id, frame)
 
-    def recording_sync() -> None:
+    def recording_begin_sync() -> CapturedSync:
         events.append("sync")
         acknowledged_at_sync.append(master.acknowledged_offset)
-        sync()
+        return begin_sync()
 
     master.links.send = recording_send  # type: ignore[method-assign]
-    log.sync = recording_sync  # type: ignore[method-assign]
+    log.begin_sync = recording_begin_sync  # type: ignore[method-assign]
     done = produce(cluster, "b1", b"m")
     cluster.run_until(done.done)
     assert events[:3] == ["transfer", "transfer", "sync"]

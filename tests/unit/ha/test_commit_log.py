@@ -175,3 +175,48 @@ def test_a_truncation_forgets_the_latest_appends(tmp_path: Path) -> None:
     log.append([message(9)], epoch=2)
     batch = log.read_batch(ends[1], 1 << 20)
     assert batch is not None and (batch.epoch, batch.messages) == (2, [message(9)])
+
+
+# --- durability: a captured sync claims only what it captured ----------------------------
+
+
+def test_a_captured_sync_claims_what_it_covered_once_finished(
+    opener: LogOpener, tmp_path: Path
+) -> None:
+    log = opener(tmp_path / "log")
+    first_end = log.append([message(1), message(2)], epoch=1)
+    captured = log.begin_sync()
+    second_end = log.append([message(3)], epoch=1)  # during the sync: left for the next
+    assert log.durable_offset == 0
+    captured.run()
+    assert log.durable_offset == 0  # not before the finish is handed back
+    assert log.finish_sync(captured, None) == first_end == log.durable_offset
+    follow_up = log.begin_sync()
+    follow_up.run()
+    assert log.finish_sync(follow_up, None) == second_end
+    log.close()
+
+
+def test_a_truncation_during_a_sync_leaves_it_nothing_to_claim(
+    opener: LogOpener, tmp_path: Path
+) -> None:
+    log = opener(tmp_path / "log")
+    log.append([message(1)], epoch=1)
+    log.sync()
+    kept = log.max_offset
+    log.append([message(2), message(3)], epoch=1)
+    captured = log.begin_sync()
+    log.truncate(kept)
+    captured.run()
+    assert log.finish_sync(captured, None) <= kept
+    log.sync()
+    assert log.durable_offset == log.max_offset == kept
+    log.close()
+
+
+def test_a_failed_sync_claims_nothing(opener: LogOpener, tmp_path: Path) -> None:
+    log = opener(tmp_path / "log")
+    log.append([message(1)], epoch=1)
+    captured = log.begin_sync()
+    assert log.finish_sync(captured, OSError(5, "Input/output error")) == 0
+    log.close()

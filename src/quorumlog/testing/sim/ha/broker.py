@@ -25,13 +25,18 @@ from quorumlog.testing.sim.filesystem import DiskCrashReport, SimFileSystem, Sim
 from quorumlog.testing.sim.frame_network import SimFrameNetwork
 from quorumlog.testing.sim.ha.controller import broker_controller_access
 from quorumlog.testing.sim.ha.links import LinkEnd, LinkHost, SimHALinks, ha_address
-from quorumlog.testing.sim.process import SimProcess, SimScheduler
+from quorumlog.testing.sim.process import SimBackground, SimProcess, SimScheduler
 
 GROUP = "ha-group"
 LOG_PATH = Path("/broker/log")
 EPOCH_PATH = Path("/broker/epochs")
 SEGMENT_BYTES_MAX = 16 * 1024
 """Small segments, so truncations cross files (unlinks, then a cut)."""
+SYNC_DELAY_MS_MIN = 0
+SYNC_DELAY_MS_MAX = 3
+"""A commit-log sync takes this long (virtual): the host's syncs run as they do in a node,
+off its thread, with produces, transfers and acks going on meanwhile; a crash before one
+reports loses what it would have made durable."""
 
 
 class SimBroker:
@@ -113,6 +118,12 @@ class SimBroker:
             config=self.config,
             on_truncated=lambda offset: self.on_truncated(self),
             on_role_changed=lambda: self.on_role_changed(self),
+            background=SimBackground(
+                self.process,
+                derive_random(self.seed, f"syncs:{self.name}:{self.process.incarnation}"),
+                SYNC_DELAY_MS_MIN,
+                SYNC_DELAY_MS_MAX,
+            ),
         )
         self.process.enter("local", lambda _: self.started())
 
