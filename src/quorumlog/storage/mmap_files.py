@@ -320,8 +320,11 @@ class MappedFileList:
     def wait_for_zeros(self, high: int) -> None:
         """Wait until no queued zeros begin below stream position `high`, before bytes are
         written there; raise the error of a chunk of zeros that failed (once)."""
+        zeros = self.zeros
+        if not zeros.pending and zeros.failure is None:
+            return  # the usual case, without the cost of a context manager
         with disk_errors(self.directory):
-            self.zeros.wait_below(high)
+            zeros.wait_below(high)
 
     def _descriptor(self, mapped: MappedFile) -> int:
         if mapped.path != self._write_path:
