@@ -27,8 +27,8 @@ batches of equal lengths (no join): break-even. At 100 B a sync (about 280 us qu
 under the other engineers' load) costs as much as the encode and the writes together.
 Zero-filling the preallocated files makes each sync about 100 us cheaper (no
 unwritten-extent conversion to journal); zero-filling a whole file at once costs as much disk
-time as it saves, so the store writes zeros a little ahead of its appends and lets the kernel
-write them back off the sync path, only while syncs are small (`MappedFileList.zero_ahead`,
+time as it saves, so the store has zeros written a little ahead of its appends, by a thread
+that also syncs them (mmap_zeroing), only while syncs are small (`MappedFileList.zero_ahead`,
 `mmap_store.ZERO_AHEAD_SYNC_BYTES_MAX`).
 """
 

@@ -143,6 +143,22 @@ def _work() -> None:
             _condition.notify_all()
 
 
+def _forget_after_fork() -> None:
+    """In a forked child: the parent's thread writes the parent's chunks; the child has no
+    thread, and `_condition` may have been held by it at the fork."""
+    global _condition, _worker
+    for chunk in _chunks:
+        chunk.queue.pending.clear()
+        os.close(chunk.descriptor)
+    _chunks.clear()
+    _condition = threading.Condition()
+    _worker = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def write_zeros(descriptor: int, offset: int, length: int) -> None:
     """Write `length` zeros at `offset`, wait for their write-back, and fdatasync, which
     commits the block conversion they cause, so that no sync of the appending thread has to.

@@ -8,6 +8,7 @@ import ctypes
 import errno
 import os
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -436,4 +437,32 @@ def test_closes_and_truncations_wait_for_the_zeros_queued(
     store.close()
     store = open_store(path)
     assert store.entries(first, first + 6) == entries
+    store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.usefixtures("small_zero_ahead")
+def test_a_forked_child_does_not_wait_for_the_parents_zeros(
+    tmp_path: Path, held_zeros: HeldZeros
+) -> None:
+    """The child has no zeroing thread: a chunk the parent had queued must not hang it."""
+    store = open_store(tmp_path / "log")
+    store.append(make_entries(1, [100] * 4))
+    wait_until(held_zeros.started.is_set, "the zeroing thread holds a chunk")
+    child = os.fork()
+    if child == 0:  # the child: drain, queue and write zeros of its own, then leave at once
+        code = 1
+        try:
+            signal.alarm(10)  # a child that hangs dies of SIGALRM, and the test fails
+            queue = store._data.zeros
+            queue.drain()
+            held_zeros.release.set()  # the child's own chunk goes through
+            queue.submit(os.open(tmp_path / "child", os.O_RDWR | os.O_CREAT), 0, 0, PAGE_BYTES)
+            queue.drain()
+            code = 0 if (tmp_path / "child").stat().st_size == PAGE_BYTES else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    held_zeros.release.set()
+    assert os.waitstatus_to_exitcode(status) == 0
     store.close()
