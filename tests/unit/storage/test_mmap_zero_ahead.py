@@ -466,3 +466,27 @@ def test_a_forked_child_does_not_wait_for_the_parents_zeros(
     held_zeros.release.set()
     assert os.waitstatus_to_exitcode(status) == 0
     store.close()
+
+
+@pytest.mark.parametrize("dsync", [True, False], ids=["pwritev-dsync", "refused"])
+def test_write_zeros_writes_them_with_or_without_dsync_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dsync: bool
+) -> None:
+    if dsync and not mmap_zeroing._dsync_writes:
+        pytest.skip("pwritev takes no RWF_DSYNC here")
+    if not dsync:
+        monkeypatch.setattr(mmap_zeroing, "_dsync_writes", True)
+
+        def refusing(*arguments: object) -> int:
+            raise OSError(errno.EOPNOTSUPP, "no RWF_DSYNC here")
+
+        monkeypatch.setattr(os, "pwritev", refusing)
+    path = tmp_path / "file"
+    path.write_bytes(b"\1" * 3 * PAGE_BYTES)
+    descriptor = os.open(path, os.O_WRONLY)
+    try:
+        write_zeros(descriptor, PAGE_BYTES, PAGE_BYTES)
+    finally:
+        os.close(descriptor)
+    assert path.read_bytes() == b"\1" * PAGE_BYTES + bytes(PAGE_BYTES) + b"\1" * PAGE_BYTES
+    assert mmap_zeroing._dsync_writes is dsync
