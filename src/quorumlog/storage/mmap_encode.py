@@ -171,7 +171,10 @@ def _encode_in_one_file(
     pieces[0::4] = heads
     pieces[1::4] = map(ENTRY_HEADER_TAIL.pack, map(_crc32c, heads), map(_crc32c, datas), lengths)
     pieces[2::4] = datas
-    if columns.length_max < TABLE_LENGTH_MAX:
+    if lengths.count(lengths[0]) == count:
+        # One length (see `encode`): one padding.
+        pieces[3::4] = [_PADDINGS[sizes[0] - ENTRY_HEADER_BYTES - lengths[0]]] * count
+    elif columns.length_max < TABLE_LENGTH_MAX:
         pieces[3::4] = map(_PADDING_BY_LENGTH.__getitem__, lengths)
     else:
         pieces[3::4] = [
