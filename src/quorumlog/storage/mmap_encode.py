@@ -12,10 +12,12 @@ A batch that fits in the current data file (nearly every one) is encoded column 
 with map() over C functions, as the segment store does, so the per-entry work runs in C, not
 in Python bytecode: each attribute is read once (`EntryColumns`), sizes and paddings of
 small entries are table lookups, the pieces are placed by slice assignment and joined once,
-and the index slots are packed by one Struct for the whole batch. What is left per entry is
-a header pack, two checksums and a tail pack. A batch that crosses a file boundary takes
-the loop, written out flat on purpose: per-entry helper calls would cost more than the rest
-of its body. `mmap_format.encode_entry` is the plain reference both are tested against.
+and the index slots are packed by one Struct for the whole batch. A batch of one entry
+length (the usual one: like records) takes its sizes, positions and padding from one size.
+What is left per entry is a header pack, two checksums and a tail pack. A batch that
+crosses a file boundary takes the loop, written out flat on purpose: per-entry helper calls
+would cost more than the rest of its body. `mmap_format.encode_entry` is the plain reference
+both are tested against.
 
 Tried and left out (measured on the 2-core bench VM): numpy columns (converting 256-item
 lists costs about what it saves), writing the index slots through the mapping, and

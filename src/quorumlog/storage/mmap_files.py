@@ -47,7 +47,10 @@ ZERO_AHEAD_BYTES = 1024 * 1024
 Written on the appending thread (session 7), each chunk made the sync after it take 2-4 ms
 (a journal commit that waited for the chunk), which gave back much of what the other syncs
 saved (their median fell from about 330 to 210 µs). The zeroing thread (mmap_zeroing) now
-writes and commits each chunk off that path."""
+writes and commits each chunk off that path. Measured in one process, stores alternating in
+blocks of 25 batches of 256 x 100 B, loaded machine (load 6-9): the thread against the
+chunks written on the appending thread 0.98-1.15 (mean 1.05 over 5 runs); writing the chunk
+and only starting its write-back on the thread (no sync there) was no better than inline."""
 ZERO_AHEAD_LEAD_BYTES = 2 * 1024 * 1024
 """How far past the end the zeros must reach after an append; below that, another chunk is
 queued. The lead gives the zeroing thread time to finish a chunk (many appends) before the
