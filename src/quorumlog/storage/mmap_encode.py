@@ -12,10 +12,12 @@ A batch that fits in the current data file (nearly every one) is encoded column 
 with map() over C functions, as the segment store does, so the per-entry work runs in C, not
 in Python bytecode: each attribute is read once (`EntryColumns`), sizes and paddings of
 small entries are table lookups, the pieces are placed by slice assignment and joined once,
-and the index slots are packed by one Struct for the whole batch. What is left per entry is
-a header pack, two checksums and a tail pack. A batch that crosses a file boundary takes
-the loop, written out flat on purpose: per-entry helper calls would cost more than the rest
-of its body. `mmap_format.encode_entry` is the plain reference both are tested against.
+and the index slots are packed by one Struct for the whole batch. A batch of one entry
+length (the usual one: like records) takes its sizes, positions and padding from one size.
+What is left per entry is a header pack, two checksums and a tail pack. A batch that
+crosses a file boundary takes the loop, written out flat on purpose: per-entry helper calls
+would cost more than the rest of its body. `mmap_format.encode_entry` is the plain reference
+both are tested against.
 
 Tried and left out (measured on the 2-core bench VM): numpy columns (converting 256-item
 lists costs about what it saves), writing the index slots through the mapping, and
@@ -27,8 +29,8 @@ batches of equal lengths (no join): break-even. At 100 B a sync (about 280 us qu
 under the other engineers' load) costs as much as the encode and the writes together.
 Zero-filling the preallocated files makes each sync about 100 us cheaper (no
 unwritten-extent conversion to journal); zero-filling a whole file at once costs as much disk
-time as it saves, so the store writes zeros a little ahead of its appends and lets the kernel
-write them back off the sync path, only while syncs are small (`MappedFileList.zero_ahead`,
+time as it saves, so the store has zeros written a little ahead of its appends, by a thread
+that also syncs them (mmap_zeroing), only while syncs are small (`MappedFileList.zero_ahead`,
 `mmap_store.ZERO_AHEAD_SYNC_BYTES_MAX`).
 """
 
@@ -128,12 +130,20 @@ def encode(columns: EntryColumns, start: int, file_bytes: int) -> EncodedBatch:
 
     The entries must have passed `EntryColumns.follow` (or `check_append`)."""
     lengths = columns.lengths
-    if columns.length_max < TABLE_LENGTH_MAX:
-        sizes = list(map(_SIZE_BY_LENGTH.__getitem__, lengths))
+    count = len(lengths)
+    if count and lengths.count(lengths[0]) == count:
+        # Entries of one length (batches of like records, the bench's): sizes and positions
+        # in C from one size, without a lookup or a sum per entry.
+        size = (lengths[0] + _SIZE_ROUNDING) & _SIZE_MASK
+        sizes = [size] * count
+        positions = list(range(start, start + (count + 1) * size, size))
     else:
-        sizes = [(length + _SIZE_ROUNDING) & _SIZE_MASK for length in lengths]
+        if columns.length_max < TABLE_LENGTH_MAX:
+            sizes = list(map(_SIZE_BY_LENGTH.__getitem__, lengths))
+        else:
+            sizes = [(length + _SIZE_ROUNDING) & _SIZE_MASK for length in lengths]
+        positions = list(accumulate(sizes, initial=start))
     file_end = start - start % file_bytes + file_bytes
-    positions = list(accumulate(sizes, initial=start))
     data_end = positions.pop()
     if data_end <= file_end:
         return _encode_in_one_file(columns, sizes, positions, data_end)
@@ -163,7 +173,10 @@ def _encode_in_one_file(
     pieces[0::4] = heads
     pieces[1::4] = map(ENTRY_HEADER_TAIL.pack, map(_crc32c, heads), map(_crc32c, datas), lengths)
     pieces[2::4] = datas
-    if columns.length_max < TABLE_LENGTH_MAX:
+    if lengths.count(lengths[0]) == count:
+        # One length (see `encode`): one padding.
+        pieces[3::4] = [_PADDINGS[sizes[0] - ENTRY_HEADER_BYTES - lengths[0]]] * count
+    elif columns.length_max < TABLE_LENGTH_MAX:
         pieces[3::4] = map(_PADDING_BY_LENGTH.__getitem__, lengths)
     else:
         pieces[3::4] = [

@@ -17,8 +17,8 @@ fills the file (DLedger's preAppend), and goes at the start of the next file.
 
 Appends are written with pwrite/pwritev into the files (faster than storing into fresh
 mapped pages; see mmap_files); reads and recovery go through the mappings. While syncs are
-small, each append first writes zeros a little past its end and starts their write-back, so
-that syncs overwrite blocks already written (see `MappedFileList.zero_ahead`). `sync` msyncs the
+small, appends queue zeros well past their end for a thread to write and sync, so that
+syncs overwrite blocks already written (see `MappedFileList.zero_ahead`). `sync` msyncs the
 data written since the last sync and fsyncs directories that changed. `begin_sync` captures
 that range for a sync on another thread while appends go on (mmap_sync); `durable_data_end`
 moves only when such a sync has returned and `finish_sync` is told. Index slots are
@@ -326,8 +326,12 @@ class MmapLogStore:
         the batch is written; on failure remove the files made here, so nothing changed.
 
         The zeros past the batch make later syncs overwrite written blocks (see mmap_files);
-        they are past the end, where everything is zero already.
+        they are past the end, where everything is zero already. Zeros still queued where
+        the batch goes are waited for first, and a failed chunk of them fails this append
+        before anything is made or written.
         """
+        self._data.wait_for_zeros(end)
+        self._index.wait_for_zeros(slot_high)
         data_created = self._data.ensure(start, end)
         index_created = 0
         try:

@@ -1,8 +1,10 @@
 """Starting the write-back of a file range without waiting for it (Linux `sync_file_range`).
 
 The mmap store writes zeros ahead of its appends (see `MappedFileList.zero_ahead`) and wants
-the kernel to write them to disk soon, but not on the path of a sync: `fdatasync` would wait
-for them, and the kernel's own flusher starts only after about 30 seconds. Python's `os` has
+them on disk soon, but not on the path of a sync, and apart from the appended data: its
+zeroing thread writes a chunk back on its own (`write_back`) before its fdatasync, which then
+finds only the few pages appended meanwhile. The kernel's own flusher would start only after
+about 30 seconds. Python's `os` has
 no `sync_file_range`, so it is called through ctypes. Where the call is missing (not Linux,
 a libc without it, or a file system that refuses it) `writeback_available` says so and the
 store writes no zeros ahead: left to the kernel's flusher they would cost disk writes and
@@ -17,8 +19,12 @@ import os
 import sys
 from collections.abc import Callable
 
+SYNC_FILE_RANGE_WAIT_BEFORE = 1
+"""Wait for write-out of the range already under way before starting more."""
 SYNC_FILE_RANGE_WRITE = 2
 """Start write-out of the dirty pages in the range that are not under write-out yet."""
+SYNC_FILE_RANGE_WAIT_AFTER = 4
+"""Wait for the write-out of the range to finish."""
 
 UNSUPPORTED_ERRNOS = frozenset({errno.ENOSYS, errno.EOPNOTSUPP, errno.ESPIPE, errno.EINVAL})
 """Errors that say the call cannot work here (not that the disk failed): after one, the
@@ -54,10 +60,22 @@ def start_writeback(descriptor: int, offset: int, length: int) -> bool:
     Raises OSError for other errors (EIO from an earlier failed write-back of the file,
     EBADF).
     """
+    return _call(descriptor, offset, length, SYNC_FILE_RANGE_WRITE)
+
+
+def write_back(descriptor: int, offset: int, length: int) -> bool:
+    """Write [offset, offset + length) of the file to disk and wait for it: the range's
+    data only, not the file's metadata and not through the disk's cache (that takes an
+    fdatasync). Returns and raises as `start_writeback`."""
+    flags = SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER
+    return _call(descriptor, offset, length, flags)
+
+
+def _call(descriptor: int, offset: int, length: int, flags: int) -> bool:
     global _sync_file_range
     if _sync_file_range is None:
         return False
-    if _sync_file_range(descriptor, offset, length, SYNC_FILE_RANGE_WRITE) != 0:
+    if _sync_file_range(descriptor, offset, length, flags) != 0:
         number = ctypes.get_errno()
         if number in UNSUPPORTED_ERRNOS:
             _sync_file_range = None
@@ -66,4 +84,4 @@ def start_writeback(descriptor: int, offset: int, length: int) -> bool:
     return True
 
 
-__all__ = ["start_writeback", "writeback_available"]
+__all__ = ["start_writeback", "write_back", "writeback_available"]

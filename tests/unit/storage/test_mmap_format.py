@@ -191,6 +191,9 @@ def test_batches_across_rollovers_match_the_reference_codec(
         [100, TABLE_LENGTH_MAX, 3],  # a length past the tables: sizes computed
         [5] * (SLOT_STRUCT_ENTRIES_MAX + 1),  # slots packed one by one
         [33] * 300,  # slots from one Struct for the batch
+        [100] * 256,  # one length: sizes and positions from one size
+        [100] * 255 + [101],  # all but one alike
+        [4095],
     ],
 )
 def test_the_batch_encoder_matches_the_reference_codec(lengths: list[int]) -> None:

@@ -8,6 +8,10 @@ import ctypes
 import errno
 import os
 import random
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,8 +24,10 @@ from quorumlog.storage import (
     mmap_files,
     mmap_store,
     mmap_writeback,
+    mmap_zeroing,
 )
 from quorumlog.storage.mmap_files import MappedFileList
+from quorumlog.storage.mmap_zeroing import ZeroQueue, write_zeros
 
 DATA_FILE_BYTES = 16 * 1024
 INDEX_FILE_BYTES = 32 * 512
@@ -49,19 +55,40 @@ def files_of(path: Path) -> tuple[list[str], list[str]]:
     return sorted(os.listdir(path / "data")), sorted(os.listdir(path / "index"))
 
 
-class WritebackRecorder:
-    """Stands in for `start_writeback`: records each range, fails the call numbered
-    `failing_call` (counting from 1), and passes the others on."""
+class ZeroRecorder:
+    """Stands in for `mmap_zeroing.write_zeros` (on the zeroing thread): records each chunk
+    for a file under `directory`, fails the call numbered `failing_call` among those
+    (counting from 1), and passes every chunk on. (The thread is shared: chunks of stores
+    other tests left open may still come by.)"""
 
-    def __init__(self, failing_call: int = 0) -> None:
+    def __init__(self, directory: Path, failing_call: int = 0) -> None:
+        self.directory = f"{directory}/"
         self.ranges: list[tuple[str, int, int]] = []
         self.failing_call = failing_call
 
-    def __call__(self, descriptor: int, offset: int, length: int) -> bool:
-        self.ranges.append((os.readlink(f"/proc/self/fd/{descriptor}"), offset, length))
+    def __call__(self, descriptor: int, offset: int, length: int) -> None:
+        name = os.readlink(f"/proc/self/fd/{descriptor}")
+        if not name.startswith(self.directory):
+            write_zeros(descriptor, offset, length)
+            return
+        self.ranges.append((name, offset, length))
         if len(self.ranges) == self.failing_call:
             raise OSError(errno.EIO, "injected write-back error")
-        return mmap_writeback.start_writeback(descriptor, offset, length)
+        write_zeros(descriptor, offset, length)
+
+
+class SubmitCounter:
+    """Counts the chunks of zeros queued (on the appending thread, so counts are exact)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        real_submit = ZeroQueue.submit
+
+        def counting(queue: ZeroQueue, descriptor: int, offset: int, low: int, high: int) -> None:
+            self.count += 1
+            real_submit(queue, descriptor, offset, low, high)
+
+        monkeypatch.setattr(ZeroQueue, "submit", counting)
 
 
 @pytest.fixture
@@ -76,8 +103,8 @@ def small_zero_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_zeros_start_at_the_page_after_the_end_and_go_to_disk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    recorder = WritebackRecorder()
-    monkeypatch.setattr(mmap_files, "start_writeback", recorder)
+    recorder = ZeroRecorder(tmp_path)
+    monkeypatch.setattr(mmap_zeroing, "write_zeros", recorder)
     path = tmp_path / "log"
     store = open_store(path)
     entries = make_entries(1, [100] * 10)
@@ -86,12 +113,12 @@ def test_zeros_start_at_the_page_after_the_end_and_go_to_disk(
     data_file = str(path / "data" / mmap_files.file_name(0))
     index_file = str(path / "index" / mmap_files.file_name(0))
     first_zero = -(-data_end // PAGE_BYTES) * PAGE_BYTES
+    store.sync()
+    store.close()  # waits for the zeroing thread
     assert recorder.ranges == [
         (data_file, first_zero, DATA_FILE_BYTES - first_zero),
         (index_file, PAGE_BYTES, INDEX_FILE_BYTES - PAGE_BYTES),
     ]
-    store.sync()
-    store.close()
     assert Path(data_file).read_bytes()[data_end:] == bytes(DATA_FILE_BYTES - data_end)
     store = open_store(path)
     assert store.entries(1, 11) == entries
@@ -142,33 +169,40 @@ def test_zeros_ahead_never_touch_an_entry(tmp_path: Path) -> None:
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name files")
 @pytest.mark.usefixtures("small_zero_ahead")
 @pytest.mark.parametrize("failing_call", [1, 2], ids=["data-zeros", "index-zeros"])
-def test_a_failed_zero_ahead_fails_the_append_cleanly_and_appends_resume(
+def test_a_failed_chunk_of_zeros_fails_the_next_append_cleanly_and_appends_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing_call: int
 ) -> None:
-    """Zeros are written before the batch: when they fail, nothing of the batch is written,
-    the files the append made are gone, and the store goes on without a reopen."""
+    """A chunk fails on the zeroing thread; the next append raises its error before it
+    makes or writes anything, and the store goes on without a reopen (and without zeros
+    ahead in that stream)."""
+    recorder = ZeroRecorder(tmp_path, failing_call)
+    monkeypatch.setattr(mmap_zeroing, "write_zeros", recorder)
     path = tmp_path / "log"
     store = open_store(path)
-    with monkeypatch.context() as patch:
-        patch.setattr(mmap_files, "start_writeback", WritebackRecorder(failing_call))
-        with pytest.raises(StorageError, match="injected write-back error"):
-            store.append(make_entries(1, [100] * 5))  # the first files are made for it
-    assert store.last_index == 0
-    assert files_of(path) == ([], [])
-    store.append(make_entries(1, [100] * 5))
+    entries = make_entries(1, [100] * 5)
+    store.append(entries)
     store.sync()
+    zeros = [store._data.zeros, store._index.zeros]
+    for queue in zeros:
+        queue.drain()
     files_before = files_of(path)
-    with monkeypatch.context() as patch:
-        patch.setattr(mmap_files, "start_writeback", WritebackRecorder(failing_call))
-        with pytest.raises(StorageError, match="injected write-back error"):
-            store.append(make_entries(6, [1500] * 12))  # needs a second data file
+    more = make_entries(6, [1500] * 12)  # needs a second data file
+    with pytest.raises(StorageError, match="injected write-back error"):
+        store.append(more)
     assert store.last_index == 5
     assert files_of(path) == files_before
-    entries = make_entries(1, [100] * 5) + make_entries(6, [1500] * 12)
-    store.append(entries[5:])
+    assert [queue.failed for queue in zeros] == [failing_call == 1, failing_call == 2]
+    chunks_before = len(recorder.ranges)
+    store.append(more)
+    store.append(make_entries(18, [1500] * 12))
     store.sync()
-    assert store.entries(1, 18) == entries
+    entries += more + make_entries(18, [1500] * 12)
+    assert store.entries(1, 30) == entries
     store.close()
+    failed_file = "data" if failing_call == 1 else "index"
+    assert not [
+        name for name, _, _ in recorder.ranges[chunks_before:] if f"/{failed_file}/" in name
+    ]
     store = open_store(path)
     assert store.entries(1, store.last_index + 1) == entries
     store.close()
@@ -240,13 +274,11 @@ def test_without_early_write_back_no_zeros_are_written(
     store.close()
 
 
-@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name files")
 @pytest.mark.usefixtures("small_zero_ahead")
 def test_zeros_are_written_ahead_only_while_syncs_are_small(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    recorder = WritebackRecorder()
-    monkeypatch.setattr(mmap_files, "start_writeback", recorder)
+    submits = SubmitCounter(monkeypatch)
     monkeypatch.setattr(mmap_store, "ZERO_AHEAD_SYNC_BYTES_MAX", 1024)
     store = MmapLogStore.open(
         tmp_path / "log", data_file_bytes=1024 * 1024, index_file_bytes=INDEX_FILE_BYTES
@@ -254,13 +286,13 @@ def test_zeros_are_written_ahead_only_while_syncs_are_small(
     next_index = 1
 
     def append_and_sync(sizes: list[int]) -> int:
-        """How many ranges the append zeroed ahead."""
+        """How many chunks of zeros the append queued."""
         nonlocal next_index
-        before = len(recorder.ranges)
+        before = submits.count
         store.append(make_entries(next_index, sizes))
         store.sync()
         next_index += len(sizes)
-        return len(recorder.ranges) - before
+        return submits.count - before
 
     assert [append_and_sync([100] * 2) for _ in range(8)].count(0) < 8
     # Syncs of 18 KB push the average past 1 KiB within two syncs; from then on, no zeros.
@@ -270,15 +302,191 @@ def test_zeros_are_written_ahead_only_while_syncs_are_small(
     store.close()
 
 
-@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to name files")
 def test_no_zeros_ahead_for_a_store_that_never_syncs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    recorder = WritebackRecorder()
-    monkeypatch.setattr(mmap_files, "start_writeback", recorder)
+    submits = SubmitCounter(monkeypatch)
     store = MmapLogStore.open(tmp_path / "log", sync_policy=SyncPolicy.NEVER)
     store.append(make_entries(1, [100] * 10))
     store.sync()
     store.append(make_entries(11, [100] * 10))
-    assert recorder.ranges == []
+    assert submits.count == 0
     store.close()
+
+
+WAIT_SECONDS_MAX = 30.0
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_SECONDS_MAX
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting until {what}")
+        time.sleep(0.001)
+
+
+class HeldZeros:
+    """Stands in for `mmap_zeroing.write_zeros`: each chunk waits on the zeroing thread
+    until the test lets it go, then is written for real and logged."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.release = threading.Event()
+        self.log: list[str] = []
+
+    def __call__(self, descriptor: int, offset: int, length: int) -> None:
+        self.started.set()
+        if not self.release.wait(WAIT_SECONDS_MAX):
+            raise AssertionError("the test never released the zeros")
+        write_zeros(descriptor, offset, length)
+        self.log.append(f"zeros {offset}+{length}")
+
+
+@pytest.fixture
+def held_zeros(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldZeros]:
+    held = HeldZeros()
+    monkeypatch.setattr(mmap_zeroing, "write_zeros", held)
+    yield held
+    held.release.set()  # never leave the shared zeroing thread stuck for the next test
+
+
+def run_while_zeros_are_held(
+    held: HeldZeros, queue: ZeroQueue, operation: Callable[[], None], name: str
+) -> None:
+    """Run `operation` on a thread while a chunk of `queue` is held; let the chunk go once
+    the operation waits for it (or, where it wrongly does not wait, once it is done), so a
+    missing wait shows as zeros written after the operation."""
+    waits_before = queue.waits
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            operation()
+            held.log.append(name)
+        except BaseException as error:  # reported on the test's thread
+            failures.append(error)
+
+    wait_until(held.started.is_set, "the zeroing thread holds a chunk")
+    worker = threading.Thread(target=run)
+    worker.start()
+    wait_until(lambda: queue.waits > waits_before or not worker.is_alive(), f"{name} waits or ends")
+    held.release.set()
+    worker.join(WAIT_SECONDS_MAX)
+    assert not worker.is_alive()
+    assert not failures, failures
+    wait_until(lambda: len(held.log) > 1, "the held chunk is written")
+    # The held chunk went first; the operation ended after it (it may queue more itself).
+    assert held.log[0].startswith("zeros") and name in held.log, held.log
+
+
+@pytest.mark.usefixtures("small_zero_ahead")
+def test_an_append_that_reaches_zeros_still_queued_waits_for_them(
+    tmp_path: Path, held_zeros: HeldZeros
+) -> None:
+    """Without the wait, the held zeros would land on the second batch after it is written."""
+    path = tmp_path / "log"
+    store = open_store(path)
+    first = make_entries(1, [100] * 4)
+    store.append(first)  # queues zeros from the next page on; the thread holds them
+    second = make_entries(5, [1500] * 6)  # runs over those pages
+    run_while_zeros_are_held(
+        held_zeros,
+        store._data.zeros,
+        lambda: store.append(second),
+        "append",
+    )
+    store.sync()
+    assert store.entries(1, 11) == first + second
+    store.close()
+    store = open_store(path)
+    assert store.entries(1, 11) == first + second
+    store.close()
+
+
+TRUNCATIONS: dict[str, Callable[[MmapLogStore], None]] = {
+    "close": MmapLogStore.close,
+    "truncate_suffix": lambda store: store.truncate_suffix(2),
+    "reset": lambda store: store.reset(100),
+}
+
+
+@pytest.mark.usefixtures("small_zero_ahead")
+@pytest.mark.parametrize("operation", sorted(TRUNCATIONS))
+def test_closes_and_truncations_wait_for_the_zeros_queued(
+    tmp_path: Path, held_zeros: HeldZeros, operation: str
+) -> None:
+    """A chunk must not land after its stream was cut, reset or closed: the appends that
+    follow (here through a reopened store, which knows nothing of the chunk) would lose
+    their entries to it."""
+    path = tmp_path / "log"
+    store = open_store(path)
+    store.append(make_entries(1, [100] * 4))
+    store.sync()
+    run_while_zeros_are_held(
+        held_zeros,
+        store._data.zeros,
+        lambda: TRUNCATIONS[operation](store),
+        operation,
+    )
+    store.close()
+    store = open_store(path)
+    first = store.last_index + 1
+    entries = make_entries(first, [1500] * 6)
+    store.append(entries)
+    store.sync()
+    store.close()
+    store = open_store(path)
+    assert store.entries(first, first + 6) == entries
+    store.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.usefixtures("small_zero_ahead")
+def test_a_forked_child_does_not_wait_for_the_parents_zeros(
+    tmp_path: Path, held_zeros: HeldZeros
+) -> None:
+    """The child has no zeroing thread: a chunk the parent had queued must not hang it."""
+    store = open_store(tmp_path / "log")
+    store.append(make_entries(1, [100] * 4))
+    wait_until(held_zeros.started.is_set, "the zeroing thread holds a chunk")
+    child = os.fork()
+    if child == 0:  # the child: drain, queue and write zeros of its own, then leave at once
+        code = 1
+        try:
+            signal.alarm(10)  # a child that hangs dies of SIGALRM, and the test fails
+            queue = store._data.zeros
+            queue.drain()
+            held_zeros.release.set()  # the child's own chunk goes through
+            queue.submit(os.open(tmp_path / "child", os.O_RDWR | os.O_CREAT), 0, 0, PAGE_BYTES)
+            queue.drain()
+            code = 0 if (tmp_path / "child").stat().st_size == PAGE_BYTES else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    held_zeros.release.set()
+    assert os.waitstatus_to_exitcode(status) == 0
+    store.close()
+
+
+@pytest.mark.parametrize("dsync", [True, False], ids=["pwritev-dsync", "refused"])
+def test_write_zeros_writes_them_with_or_without_dsync_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, dsync: bool
+) -> None:
+    if dsync and not mmap_zeroing._dsync_writes:
+        pytest.skip("pwritev takes no RWF_DSYNC here")
+    if not dsync:
+        monkeypatch.setattr(mmap_zeroing, "_dsync_writes", True)
+
+        def refusing(*arguments: object) -> int:
+            raise OSError(errno.EOPNOTSUPP, "no RWF_DSYNC here")
+
+        monkeypatch.setattr(os, "pwritev", refusing)
+    path = tmp_path / "file"
+    path.write_bytes(b"\1" * 3 * PAGE_BYTES)
+    descriptor = os.open(path, os.O_WRONLY)
+    try:
+        write_zeros(descriptor, PAGE_BYTES, PAGE_BYTES)
+    finally:
+        os.close(descriptor)
+    assert path.read_bytes() == b"\1" * PAGE_BYTES + bytes(PAGE_BYTES) + b"\1" * PAGE_BYTES
+    assert mmap_zeroing._dsync_writes is dsync
