@@ -221,6 +221,25 @@ class FollowerState:
         durable_match = min(self.verified_index, core.log.persisted_index)
         core.send(self.push_response(push, success=True, match_index=durable_match))
 
+    def answer_heartbeat_at_once(self, push: Push) -> PushResponse | None:
+        """`handle_push` of a heartbeat from our leader of this term that moves neither
+        our commit index nor anything else but the election timer and the round: the
+        answer it would send at once (`answer_heartbeat`), or None to step it as usual.
+        The caller checked role, quiet, kind and that our term is durable."""
+        core = self.core
+        if (
+            self.leader_id != push.source
+            or self.term != core.term
+            or push.round < self.round
+            or min(push.commit_index, self.verified_index) > core.commit_index
+        ):
+            return None
+        core.leader_id = push.source
+        core.reset_election_timer()
+        self.accept_round(push.round)
+        durable_match = min(self.verified_index, core.log.persisted_index)
+        return self.push_response(push, success=True, match_index=durable_match)
+
     def respond(
         self,
         push: Push,

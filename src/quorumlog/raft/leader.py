@@ -173,6 +173,9 @@ class LeaderState:
             self.retry_if_timed_out(peer, progress)
         if config.quiesce_idle_ticks:
             self.maybe_quiesce()
+        if self.heartbeat_due and core.send_heartbeats_at_once:
+            self.heartbeat_due = False  # sent now, not by the next Ready's `flush`
+            self.broadcast_heartbeat(at_once=True)
 
     # --- quiet groups -------------------------------------------------------------------
 
@@ -371,9 +374,12 @@ class LeaderState:
             progress.next_index = entries[-1].index + 1
             progress.inflight.append((entries[-1].index, core.ticks))
 
-    def broadcast_heartbeat(self, quiesce: bool = False) -> None:
+    def broadcast_heartbeat(self, quiesce: bool = False, at_once: bool = False) -> None:
+        """One COMMIT push to every follower with a new read sequence. `at_once`: into
+        the core's `outbox_at_once` (a tick's plain heartbeat), else the next Ready."""
         self.read_sequence += 1
         self.sequence_sent_tick[self.read_sequence] = self.core.ticks
+        send = self.core.send_at_once if at_once else self.core.send
         log = self.core.log
         for peer, progress in sorted(self.progress.items()):
             if quiesce:
@@ -387,7 +393,7 @@ class LeaderState:
                 )
             else:
                 push = self.push(peer, progress, PUSH_COMMIT)
-            self.core.send(push)
+            send(push)
         self.check_reads()  # alone in the group: every read is confirmed at once
 
     def start_snapshot(self, peer: str, progress: Progress) -> None:
@@ -465,6 +471,29 @@ class LeaderState:
                 progress.enter(COMPARE, self.core.log.last_index)
                 self.send_compare(peer, progress)
         self.maybe_finish_transfer(peer, progress)
+
+    def take_heartbeat_answer(self, response: PushResponse) -> bool:
+        """`handle_push_response` of a heartbeat's answer (this term, we awake) when it
+        changes no replication state: the follower is active, its read acknowledgement
+        counts (which may confirm reads and start a lease, as usual), and its backoff
+        ends. False, changing nothing: the answer moves a match index or concerns a
+        transfer's target, so the caller steps it as usual."""
+        peer = response.source
+        progress = self.progress.get(peer)
+        if progress is None:
+            return True  # not a member any more: `handle_push_response` ignores it too
+        same_round = response.round == progress.round
+        if self.transfer_target == peer or (
+            same_round and response.match_index != progress.match_index
+        ):
+            return False
+        progress.recent_active = True
+        if response.read_sequence > progress.read_sequence_acked:
+            progress.read_sequence_acked = response.read_sequence
+            self.check_reads()
+        if same_round:
+            progress.retry_ticks = 0
+        return True
 
     def handle_compare_response(
         self, peer: str, progress: Progress, response: PushResponse

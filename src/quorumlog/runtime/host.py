@@ -54,7 +54,7 @@ from quorumlog.errors import (
 from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration, MembershipChange
 from quorumlog.raft.core import RaftCore, Role
-from quorumlog.raft.messages import Message, SnapshotMeta
+from quorumlog.raft.messages import PUSH_COMMIT, Message, Push, PushResponse, SnapshotMeta
 from quorumlog.raft.ready import HardState, Ready
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.resources import (
@@ -125,6 +125,9 @@ class HostHooks:
 
     def apply_delay_seconds(self) -> float:
         return 0.0
+
+    def on_sent_at_once(self, message: Message) -> None:
+        """A heartbeat or a heartbeat's answer went out without a Ready (see `step`)."""
 
 
 class Waiter:
@@ -198,6 +201,7 @@ class RaftHost:
             snapshot_data=snapshot.data if snapshot else None,
             random=random_source,
         )
+        self.core.send_heartbeats_at_once = True  # drained by `tick`
         self.unwritten: deque[Ready] = deque()
         """Readies taken from the core whose durable part is not written yet, in order."""
         self.unapplied: deque[LogEntry] = deque()
@@ -273,6 +277,8 @@ class RaftHost:
         # and the other groups on the ticker go on.
         with contextlib.suppress(RaftError):
             self.guarded(self.core.tick)
+        if self.core.outbox_at_once and self.failure is None:
+            self.send_at_once(self.core.take_messages_at_once())
         self.schedule_if_due()
         if self.core.quiet:
             self.ticking = False
@@ -316,10 +322,28 @@ class RaftHost:
     # --- events in ----------------------------------------------------------------------
 
     def step(self, message: Message) -> None:
+        """Step one message. A heartbeat, or a heartbeat's answer, that changes nothing but
+        timers and read acknowledgements is taken by the core's fast path: answered at once
+        and no Ready pass (with many awake groups, those passes were most of a node's
+        work). Anything else, or whatever the fast path declines, is stepped as usual."""
         if self.failure is not None or self.stopped:
             return
+        core = self.core
         try:
-            self.core.step(message)
+            if isinstance(message, Push):
+                if message.kind is PUSH_COMMIT:
+                    answer = core.step_heartbeat(message)
+                    if answer is not None:
+                        self.send_at_once([answer])
+                        return
+            elif (
+                isinstance(message, PushResponse)
+                and message.kind is PUSH_COMMIT
+                and core.step_heartbeat_answer(message)
+            ):
+                self.schedule_if_due()  # only if it confirmed reads
+                return
+            core.step(message)
         except Exception as error:
             # A message is never refused, so anything raised here is a failure (a violated
             # invariant, a corrupt read): the group stops, `on_failed` tells the owner, and
@@ -328,6 +352,14 @@ class RaftHost:
             return
         if not self.scheduled:
             self.schedule()
+
+    def send_at_once(self, messages: list[Message]) -> None:
+        """Send messages that need nothing persisted first, outside any Ready."""
+        on_sent = self.hooks.on_sent_at_once
+        send = self.send_message
+        for message in messages:
+            on_sent(message)
+            send(message)
 
     def propose(self, data: bytes) -> Completion[Any]:
         """Propose one entry; the completion gets the state machine's result once applied.
