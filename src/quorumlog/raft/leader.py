@@ -169,7 +169,14 @@ class LeaderState:
                 progress.recent_active = False
         if self.transfer_target is not None and core.ticks >= self.transfer_deadline_tick:
             self.transfer_target = None  # the target never took over: carry on leading
+        last_index = core.log.last_index
         for peer, progress in sorted(self.progress.items()):
+            if (
+                progress.state is APPEND
+                and not progress.inflight
+                and progress.next_index > last_index
+            ):
+                continue  # caught up, nothing in flight: nothing to time out or send
             self.retry_if_timed_out(peer, progress)
         if config.quiesce_idle_ticks:
             self.maybe_quiesce()
@@ -378,7 +385,8 @@ class LeaderState:
         """One COMMIT push to every follower with a new read sequence. `at_once`: into
         the core's `outbox_at_once` (a tick's plain heartbeat), else the next Ready."""
         self.read_sequence += 1
-        self.sequence_sent_tick[self.read_sequence] = self.core.ticks
+        if self.core.config.lease_read:  # only a lease needs to know when each went out
+            self.sequence_sent_tick[self.read_sequence] = self.core.ticks
         send = self.core.send_at_once if at_once else self.core.send
         log = self.core.log
         for peer, progress in sorted(self.progress.items()):
@@ -620,6 +628,8 @@ class LeaderState:
         return acknowledged[len(acknowledged) - configuration.quorum()]
 
     def check_reads(self) -> None:
+        if not self.pending_reads and not self.core.config.lease_read:
+            return  # nothing waits for a confirmation and no lease is kept
         confirmed = self.quorum_acked_sequence()
         while self.pending_reads and self.pending_reads[0].sequence <= confirmed:
             read = self.pending_reads.pop(0)

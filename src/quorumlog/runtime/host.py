@@ -235,6 +235,10 @@ class RaftHost:
         (leadership lost, replaced, stopped): etcd's proposals_failed_total."""
         self.sync_seconds: tuple[float | None, float | None] = (None, None)
         """The last sync job's durations (written by the job, read once it landed)."""
+        self.sent_at_once = 0
+        """Heartbeats and heartbeat answers sent without a Ready (`step`, `tick`)."""
+        self.answers_taken_at_once = 0
+        """Heartbeat answers a leader took without a Ready."""
 
     # --- views --------------------------------------------------------------------------
 
@@ -341,6 +345,7 @@ class RaftHost:
                 and message.kind is PUSH_COMMIT
                 and core.step_heartbeat_answer(message)
             ):
+                self.answers_taken_at_once += 1
                 self.schedule_if_due()  # only if it confirmed reads
                 return
             core.step(message)
@@ -355,6 +360,7 @@ class RaftHost:
 
     def send_at_once(self, messages: list[Message]) -> None:
         """Send messages that need nothing persisted first, outside any Ready."""
+        self.sent_at_once += len(messages)
         on_sent = self.hooks.on_sent_at_once
         send = self.send_message
         for message in messages:
