@@ -319,6 +319,8 @@ class LeaderState:
                     self.send_appends(peer, progress)
 
     def push(self, peer: str, progress: Progress, kind: PushKind, **fields: object) -> Push:
+        if kind is not PUSH_COMMIT:
+            progress.commit_pushed = self.core.commit_index
         return Push(
             source=self.core.node_id,
             target=peer,
@@ -389,7 +391,24 @@ class LeaderState:
             self.sequence_sent_tick[self.read_sequence] = self.core.ticks
         send = self.core.send_at_once if at_once else self.core.send
         log = self.core.log
+        commit_index = self.core.commit_index
+        # A tick's heartbeat leaves out a follower that got a push carrying this commit
+        # index since the last heartbeat, and answered the last heartbeat: the push reset
+        # its election timer as the heartbeat would. Every other heartbeat still goes, so
+        # a follower whose push answers wait for a slow sync still answers one promptly
+        # (check-quorum). Not while reads wait or a lease is kept: those need every
+        # follower to answer this very read sequence.
+        skip_pushed = at_once and not self.pending_reads and not self.core.config.lease_read
+        previous_sequence = self.read_sequence - 1
         for peer, progress in sorted(self.progress.items()):
+            pushed = progress.commit_pushed
+            progress.commit_pushed = -1
+            if (
+                skip_pushed
+                and pushed == commit_index
+                and progress.read_sequence_acked >= previous_sequence
+            ):
+                continue
             if quiesce:
                 push = self.push(
                     peer,

@@ -141,6 +141,10 @@ def test_a_follower_whose_term_is_not_durable_yet_takes_the_slow_path() -> None:
 
 def elected_leader(**settings: object) -> RaftCore:
     """LEADER in TERM + 1, both followers caught up through its no-op (index 1)."""
+    return elected_leader_and_store(**settings)[0]
+
+
+def elected_leader_and_store(**settings: object) -> tuple[RaftCore, MemoryLogStore]:
     core, store = new_core(LEADER, **settings)
     core.campaign()  # pre-vote first, then the vote, each granted by both
     for message in core.ready().messages:
@@ -159,7 +163,7 @@ def elected_leader(**settings: object) -> RaftCore:
     core.ready()
     assert core.commit_index == 1
     assert not core.has_ready()
-    return core
+    return core, store
 
 
 def grant(message: Message, pre_vote: bool) -> Message:
@@ -254,3 +258,66 @@ def test_a_leader_keeps_no_lease_bookkeeping_without_lease_reads() -> None:
             core.step(answer_to(heartbeat, match_index=1))
     assert core.leader is not None
     assert core.leader.sequence_sent_tick == {}  # it grew by one entry per heartbeat before
+
+
+def answer_heartbeats(core: RaftCore, messages: list[Message], match_index: int) -> None:
+    for heartbeat in heartbeats(messages):
+        core.step(answer_to(heartbeat, match_index=match_index))
+
+
+def test_a_tick_heartbeat_leaves_out_a_follower_just_pushed_the_same_commit_index() -> None:
+    core = elected_leader()
+    core.send_heartbeats_at_once = True
+    core.tick()
+    answer_heartbeats(core, core.take_messages_at_once(), match_index=1)
+    core.propose(b"y")
+    appends = core.ready().messages  # index 2 to both followers, carrying commit 1
+    assert sorted(m.target for m in appends if isinstance(m, Push)) == [FOLLOWER, OTHER]
+
+    core.tick()
+    assert heartbeats(core.take_messages_at_once()) == []  # the APPENDs did it
+
+    core.tick()  # no push since the last heartbeat (and none answered): both again
+    assert sorted(m.target for m in heartbeats(core.take_messages_at_once())) == [
+        FOLLOWER,
+        OTHER,
+    ]
+
+
+def test_a_pushed_follower_that_left_the_last_heartbeat_unanswered_still_gets_one() -> None:
+    core = elected_leader()
+    core.send_heartbeats_at_once = True
+    core.tick()
+    sent = core.take_messages_at_once()
+    answer_heartbeats(core, [m for m in sent if m.target == OTHER], match_index=1)
+    core.propose(b"y")
+    core.ready()
+    core.tick()
+    # FOLLOWER has not answered a heartbeat lately: its APPEND answer waits for its sync,
+    # which may be slow, so it still gets this heartbeat (check-quorum needs an answer).
+    assert [m.target for m in heartbeats(core.take_messages_at_once())] == [FOLLOWER]
+
+
+def test_a_follower_pushed_an_older_commit_index_or_a_waiting_read_gets_the_heartbeat() -> None:
+    core, store = elected_leader_and_store()
+    core.send_heartbeats_at_once = True
+    core.tick()
+    answer_heartbeats(core, core.take_messages_at_once(), match_index=1)
+    core.propose(b"y")
+    ready = core.ready()
+    appends = [m for m in ready.messages if isinstance(m, Push)]
+    persist(core, store, ready)
+    core.step(answer_to(appends[0], match_index=2))  # commit 2: newer than the pushes carried
+    assert core.commit_index == 2
+    core.ready()  # the new commit index waits for the heartbeat (no entries to push)
+    core.tick()
+    sent = heartbeats(core.take_messages_at_once())
+    assert len(sent) == 2
+    for heartbeat in sent:  # FOLLOWER holds index 2; OTHER's APPEND is still in flight
+        core.step(answer_to(heartbeat, match_index=2 if heartbeat.target == FOLLOWER else 1))
+
+    core.propose(b"z")
+    core.ready()
+    core.read_index(5)
+    core.tick()  # a read waits: every follower must answer this sequence
+    assert len(heartbeats(core.take_messages_at_once())) == 2
