@@ -252,12 +252,13 @@ class RaftCore:
         elif isinstance(message, TimeoutNow) and self.configuration.is_voter(self.node_id):
             self.campaign(transfer=True)
 
-    def step_heartbeat(self, push: Push) -> PushResponse | None:
-        """A heartbeat (COMMIT push) answered without a Ready: the answer to send now, or
-        None when the heartbeat could change more than the election timer and the round
-        (then the caller steps it as usual). Equal to `step` for what it accepts: a
-        follower of `push.source` in this term, awake, whose term is durable and whose
-        commit index this heartbeat does not move."""
+    def step_heartbeat(self, push: Push) -> bool:
+        """A heartbeat (COMMIT push) taken without a Ready: its answer, if the leader wants
+        one, goes to `outbox_at_once` (send it now). False, changing nothing, when the
+        heartbeat could change more than the election timer and the round: the caller
+        steps it as usual. Equal to `step` for what it accepts: a follower of
+        `push.source` in this term, awake, whose term is durable and whose commit index
+        this heartbeat does not move."""
         if (
             self.role is not FOLLOWER
             or self.quiet
@@ -267,7 +268,7 @@ class RaftCore:
             or push.target != self.node_id
             or self.last_hard_state.term != self.term
         ):
-            return None
+            return False
         return self.follower.answer_heartbeat_at_once(push)
 
     def step_heartbeat_answer(self, response: PushResponse) -> bool:
@@ -286,7 +287,8 @@ class RaftCore:
         return leader.take_heartbeat_answer(response)
 
     def take_messages_at_once(self) -> list[Message]:
-        """The heartbeats a tick sent (see `send_heartbeats_at_once`): send them now."""
+        """The heartbeats a tick sent (see `send_heartbeats_at_once`) and the answers
+        `step_heartbeat` gave: send them now."""
         messages, self.outbox_at_once = self.outbox_at_once, []
         return messages
 

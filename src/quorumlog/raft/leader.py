@@ -400,6 +400,11 @@ class LeaderState:
         # follower to answer this very read sequence.
         skip_pushed = at_once and not self.pending_reads and not self.core.config.lease_read
         previous_sequence = self.read_sequence - 1
+        # One answer per follower per check-quorum window is all a tick's heartbeat needs
+        # while the group is busy but nothing waits on it (not idle: quiescing counts the
+        # answers); the election timer is reset by the heartbeat itself.
+        answers_optional = skip_pushed and self.idle_ticks == 0
+        last_index = log.last_index
         for peer, progress in sorted(self.progress.items()):
             pushed = progress.commit_pushed
             progress.commit_pushed = -1
@@ -418,6 +423,14 @@ class LeaderState:
                     index_term=log.last_term(),
                     quiesce=True,
                 )
+            elif (
+                answers_optional
+                and progress.recent_active
+                and progress.state is APPEND
+                and progress.match_index == last_index
+                and not progress.inflight
+            ):
+                push = self.push(peer, progress, PUSH_COMMIT, answer_wanted=False)
             else:
                 push = self.push(peer, progress, PUSH_COMMIT)
             send(push)

@@ -335,11 +335,10 @@ class RaftHost:
         core = self.core
         try:
             if isinstance(message, Push):
-                if message.kind is PUSH_COMMIT:
-                    answer = core.step_heartbeat(message)
-                    if answer is not None:
-                        self.send_at_once([answer])
-                        return
+                if message.kind is PUSH_COMMIT and core.step_heartbeat(message):
+                    if core.outbox_at_once:
+                        self.send_at_once(core.take_messages_at_once())
+                    return
             elif (
                 isinstance(message, PushResponse)
                 and message.kind is PUSH_COMMIT

@@ -94,9 +94,10 @@ def test_a_plain_heartbeat_is_answered_as_step_would_and_needs_no_ready() -> Non
     slow.tick()
     heartbeat = push(PushKind.COMMIT, commit_index=2, read_sequence=9, round=2)
 
-    answer = fast.step_heartbeat(heartbeat)
+    assert fast.step_heartbeat(heartbeat)
 
-    assert answer is not None
+    (answer,) = fast.take_messages_at_once()
+    assert isinstance(answer, PushResponse)
     assert answer == slow_answer(slow, heartbeat)
     assert answer.match_index == 3 and answer.read_sequence == 9
     assert follower_state(fast) == follower_state(slow)
@@ -104,11 +105,34 @@ def test_a_plain_heartbeat_is_answered_as_step_would_and_needs_no_ready() -> Non
     assert not fast.has_ready()
 
 
+def test_a_heartbeat_that_wants_no_answer_resets_the_timer_and_sends_nothing() -> None:
+    fast, _ = follower_holding(3, commit=2)
+    slow, _ = follower_holding(3, commit=2)
+    for core in (fast, slow):
+        core.tick()
+    heartbeat = push(PushKind.COMMIT, commit_index=2, read_sequence=9, answer_wanted=False)
+
+    assert fast.step_heartbeat(heartbeat)
+    slow.step(heartbeat)
+
+    assert fast.take_messages_at_once() == []
+    assert not slow.has_ready()  # the usual step sends nothing either
+    assert follower_state(fast) == follower_state(slow)
+    assert fast.election_elapsed == 0
+    # A heartbeat that moves the commit index still wants no answer: none after the step.
+    moving = push(PushKind.COMMIT, commit_index=3, answer_wanted=False)
+    assert not fast.step_heartbeat(moving)
+    fast.step(moving)
+    ready = fast.ready()
+    assert fast.commit_index == 3
+    assert ready.messages == [] and ready.messages_after_persist == []
+
+
 def test_the_fast_path_declines_a_heartbeat_that_moves_the_commit_index() -> None:
     core, _ = follower_holding(3, commit=1)
     before = follower_state(core)
 
-    assert core.step_heartbeat(push(PushKind.COMMIT, commit_index=3)) is None
+    assert not core.step_heartbeat(push(PushKind.COMMIT, commit_index=3))
 
     assert follower_state(core) == before  # declined: changed nothing
     core.step(push(PushKind.COMMIT, commit_index=3))
@@ -126,7 +150,8 @@ def test_the_fast_path_declines_what_only_step_may_decide() -> None:
     ]
     before = follower_state(core)
     for message in declined:
-        assert core.step_heartbeat(message) is None, message
+        assert not core.step_heartbeat(message), message
+    assert core.outbox_at_once == []
     assert follower_state(core) == before
 
 
@@ -134,9 +159,9 @@ def test_a_follower_whose_term_is_not_durable_yet_takes_the_slow_path() -> None:
     core, _ = new_core(FOLLOWER)
     # A heartbeat of a new term: the term is durable only once the Ready is persisted.
     core.step(Push(source=LEADER, target=FOLLOWER, term=TERM + 1, kind=PushKind.COMMIT, round=1))
-    assert core.step_heartbeat(push(PushKind.COMMIT, term=TERM + 1)) is None
+    assert not core.step_heartbeat(push(PushKind.COMMIT, term=TERM + 1))
     core.ready()  # the host saved the new term
-    assert core.step_heartbeat(push(PushKind.COMMIT, term=TERM + 1)) is not None
+    assert core.step_heartbeat(push(PushKind.COMMIT, term=TERM + 1))
 
 
 def elected_leader(**settings: object) -> RaftCore:
@@ -321,3 +346,49 @@ def test_a_follower_pushed_an_older_commit_index_or_a_waiting_read_gets_the_hear
     core.read_index(5)
     core.tick()  # a read waits: every follower must answer this sequence
     assert len(heartbeats(core.take_messages_at_once())) == 2
+
+
+def test_a_busy_leader_wants_one_answer_per_follower_per_check_quorum_window() -> None:
+    core = elected_leader()
+    core.send_heartbeats_at_once = True
+    wanted: list[int] = []
+    for _ in range(3 * core.config.election_ticks):
+        core.tick()
+        assert core.is_leader  # one answer per window keeps check-quorum satisfied
+        sent = heartbeats(core.take_messages_at_once())
+        wanted.append(sum(1 for heartbeat in sent if heartbeat.answer_wanted))
+        answer_heartbeats(core, [h for h in sent if h.answer_wanted], match_index=1)
+    # The window (election_ticks) opens with every follower unheard: both are asked once.
+    assert sum(wanted) <= 2 * 4, wanted
+    assert wanted.count(2) >= 3, wanted
+
+
+def test_a_leader_wants_every_answer_while_a_read_waits_or_while_it_is_idle() -> None:
+    core = elected_leader(quiesce_idle_ticks=3)
+    core.send_heartbeats_at_once = True
+    core.tick()
+    answer_heartbeats(core, core.take_messages_at_once(), match_index=1)
+    core.tick()  # idle now: quiescing counts answers, so every heartbeat asks for one
+    assert all(h.answer_wanted for h in heartbeats(core.take_messages_at_once()))
+
+    busy = elected_leader()
+    busy.send_heartbeats_at_once = True
+    busy.tick()
+    answer_heartbeats(busy, busy.take_messages_at_once(), match_index=1)
+    busy.read_index(3)
+    busy.tick()
+    sent = heartbeats([*busy.take_messages_at_once(), *busy.ready().messages])
+    assert sent and all(h.answer_wanted for h in sent)
+
+
+def test_a_follower_that_cannot_vouch_for_the_commit_index_answers_anyway() -> None:
+    """After a restart a follower has verified nothing against the leader: it answers a
+    heartbeat that wants no answer, so the leader learns of it and compares again."""
+    core, _ = follower_holding(3, commit=3)
+    core.follower.start(TERM, LEADER)  # what a restart leaves: nothing verified yet
+    heartbeat = push(PushKind.COMMIT, commit_index=3, answer_wanted=False)
+
+    assert core.step_heartbeat(heartbeat)
+
+    (answer,) = core.take_messages_at_once()
+    assert isinstance(answer, PushResponse) and answer.match_index == 0
