@@ -319,8 +319,8 @@ class LeaderState:
                     self.send_appends(peer, progress)
 
     def push(self, peer: str, progress: Progress, kind: PushKind, **fields: object) -> Push:
-        if kind is not PUSH_COMMIT:
-            progress.commit_pushed = self.core.commit_index
+        progress.commit_sent = self.core.commit_index
+        progress.sent_tick = self.core.ticks
         return Push(
             source=self.core.node_id,
             target=peer,
@@ -386,32 +386,36 @@ class LeaderState:
     def broadcast_heartbeat(self, quiesce: bool = False, at_once: bool = False) -> None:
         """One COMMIT push to every follower with a new read sequence. `at_once`: into
         the core's `outbox_at_once` (a tick's plain heartbeat), else the next Ready."""
+        core = self.core
         self.read_sequence += 1
-        if self.core.config.lease_read:  # only a lease needs to know when each went out
-            self.sequence_sent_tick[self.read_sequence] = self.core.ticks
-        send = self.core.send_at_once if at_once else self.core.send
-        log = self.core.log
-        commit_index = self.core.commit_index
-        # A tick's heartbeat leaves out a follower that got a push carrying this commit
-        # index since the last heartbeat, and answered the last heartbeat: the push reset
-        # its election timer as the heartbeat would. Every other heartbeat still goes, so
-        # a follower whose push answers wait for a slow sync still answers one promptly
-        # (check-quorum). Not while reads wait or a lease is kept: those need every
-        # follower to answer this very read sequence.
-        skip_pushed = at_once and not self.pending_reads and not self.core.config.lease_read
-        previous_sequence = self.read_sequence - 1
-        # One answer per follower per check-quorum window is all a tick's heartbeat needs
-        # while the group is busy but nothing waits on it (not idle: quiescing counts the
-        # answers); the election timer is reset by the heartbeat itself.
-        answers_optional = skip_pushed and self.idle_ticks == 0
+        if core.config.lease_read:  # only a lease needs to know when each went out
+            self.sequence_sent_tick[self.read_sequence] = core.ticks
+        send = core.send_at_once if at_once else core.send
+        log = core.log
+        commit_index = core.commit_index
+        # A tick's heartbeat, while reads need nothing, no lease is kept and the group is
+        # busy (quiescing counts answers), goes to a follower heard in this check-quorum
+        # window only if it lacks our commit index or has had no push for a keepalive
+        # interval; it asks for an answer only from a follower not caught up. Check-quorum
+        # is served by one answer per window (a follower not heard yet always gets the
+        # heartbeat and is asked to answer it at once), and an election timeout spans at
+        # least five keepalive intervals (etcd's ratio), as it spans five heartbeats.
+        thin = (
+            at_once
+            and not self.pending_reads
+            and not core.config.lease_read
+            and self.idle_ticks == 0
+        )
+        keepalive_ticks = max(core.config.heartbeat_ticks, core.config.election_ticks // 5)
+        now = core.ticks
         last_index = log.last_index
         for peer, progress in sorted(self.progress.items()):
-            pushed = progress.commit_pushed
-            progress.commit_pushed = -1
+            heard = progress.recent_active
             if (
-                skip_pushed
-                and pushed == commit_index
-                and progress.read_sequence_acked >= previous_sequence
+                thin
+                and heard
+                and progress.commit_sent == commit_index
+                and now - progress.sent_tick < keepalive_ticks
             ):
                 continue
             if quiesce:
@@ -424,8 +428,8 @@ class LeaderState:
                     quiesce=True,
                 )
             elif (
-                answers_optional
-                and progress.recent_active
+                thin
+                and heard
                 and progress.state is APPEND
                 and progress.match_index == last_index
                 and not progress.inflight
