@@ -15,6 +15,13 @@ Order per Ready: send `messages`; install a snapshot (machine restored, snapshot
 then the log reset); truncate; append; sync the log, then save the hard state; then send
 `messages_after_persist`, report `persisted`, apply the committed entries, answer reads.
 
+Heartbeats outside the Ready loop: a tick's heartbeats (`tick`) and a follower's answer to
+a heartbeat that changes nothing but timers (`step`) are sent at once, and a leader takes
+such an answer without a pass. They need nothing persisted first: a leader's term was
+durable before it could win, and the core answers at once only in a durable term, claiming
+a match only through what is durable (raft/core.py `step_heartbeat`). Anything else a
+heartbeat or its answer brings goes through the core's `step` and a Ready as before.
+
 Fail-stop: anything unexpected out of the core, the stores or the state machine (an
 `InvariantViolation`, an I/O error, a corrupt file) stops the group at once: nothing more
 is persisted, sent or applied, every waiter fails, and `on_failed` tells the owner (the
