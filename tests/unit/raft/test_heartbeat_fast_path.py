@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import random
 
+import msgspec
+
 from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration
 from quorumlog.raft.core import RaftCore
@@ -410,3 +412,30 @@ def test_a_follower_that_cannot_vouch_for_the_commit_index_answers_anyway() -> N
 
     (answer,) = core.take_messages_at_once()
     assert isinstance(answer, PushResponse) and answer.match_index == 0
+
+
+class PushBeforeAnswerWanted(msgspec.Struct, frozen=True, tag="Push", array_like=True):
+    """`Push` as a node from before `answer_wanted` declares it (same tag, same order)."""
+
+    source: str
+    target: str
+    term: int
+    kind: PushKind
+    round: int
+    index: int = 0
+    index_term: int = 0
+    entries: list[LogEntry] = []
+    commit_index: int = 0
+    read_sequence: int = 0
+    quiesce: bool = False
+
+
+def test_answer_wanted_is_a_trailing_field_older_and_newer_nodes_both_read() -> None:
+    new = push(PushKind.COMMIT, commit_index=4, read_sequence=2, answer_wanted=False)
+    as_old = msgspec.msgpack.decode(msgspec.msgpack.encode(new), type=PushBeforeAnswerWanted)
+    assert (as_old.commit_index, as_old.read_sequence) == (4, 2)  # the flag is dropped
+    old = PushBeforeAnswerWanted(
+        source=LEADER, target=FOLLOWER, term=TERM, kind=PushKind.COMMIT, round=1
+    )
+    as_new = msgspec.msgpack.decode(msgspec.msgpack.encode(old), type=Push)
+    assert as_new.answer_wanted  # an older leader's heartbeat is answered, as before
