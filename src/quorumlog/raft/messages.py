@@ -71,6 +71,11 @@ class Push(msgspec.Struct, frozen=True, tag=True, array_like=True):
     quiesce: bool = False
     """COMMIT only: the leader goes quiet; so may the follower, if its log ends at `index`
     (term `index_term`) and it has committed `commit_index` (see RaftConfig.quiesce_idle_ticks)."""
+    answer_wanted: bool = True
+    """COMMIT only. False: the leader heard this follower in this check-quorum window and
+    needs nothing from an answer (no read waits, no lease, the follower holds its whole
+    log), so the follower answers only if something changes (a new term). A trailing
+    field: a node from before it ignores it and answers every heartbeat, as before."""
 
 
 class PushResponse(msgspec.Struct, frozen=True, tag=True, array_like=True):

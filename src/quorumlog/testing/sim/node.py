@@ -95,6 +95,11 @@ class CheckedHooks(CheckerHooks):
         if trace is not None:
             trace.record(self.node.events.now_ms, f"{self.node.node_id} ready {describe(ready)}")
 
+    def on_sent_at_once(self, message: Message) -> None:
+        trace = self.node.trace
+        if trace is not None:
+            trace.record(self.node.events.now_ms, f"{self.node.node_id} at once send {message!r}")
+
     def on_apply(self, entry: LogEntry) -> None:
         super().on_apply(entry)
         observer = self.node.apply_observer
