@@ -345,5 +345,6 @@ class FollowerState:
                 success=success,
                 next_offset=len(self.snapshot_buffer) if not done else 0,
                 match_index=match_index,
+                chunk_offset=chunk.offset,
             )
         )

@@ -604,6 +604,8 @@ class LeaderState:
             self.maybe_commit()
             self.enter_append(response.source, progress)
             return
+        if 0 <= response.chunk_offset != progress.snapshot_offset:
+            return  # answers a chunk no longer in flight (a duplicate, or late): one stream
         progress.snapshot_offset = response.next_offset
         self.send_snapshot_chunk(response.source, progress)
 

@@ -130,6 +130,11 @@ class SnapshotResponse(msgspec.Struct, frozen=True, tag=True, array_like=True):
     success: bool
     next_offset: int = 0
     match_index: int = 0
+    chunk_offset: int = -1
+    """The offset of the chunk this answers (-1: from a node before this field, a trailing
+    one). The leader acts only on the answer to the chunk it has in flight: a duplicated
+    or late answer that moved it on would start a second chunk stream beside the first,
+    and every later duplicate another (tests/unit/raft/test_snapshot_chunks.py)."""
 
 
 class TimeoutNow(msgspec.Struct, frozen=True, tag=True, array_like=True):
