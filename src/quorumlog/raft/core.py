@@ -196,6 +196,22 @@ class RaftCore:
             self.election_elapsed = 0
             self.campaign()
 
+    def tick_counting_only(self) -> bool:
+        """`tick` when it would only count: a follower's (or candidate's) tick that does not
+        reach its election timeout. Taken and True; False, changing nothing, when this tick
+        could do more (a leader, a quiet core, a timeout reached): the caller calls `tick`.
+        Most ticks of a node hosting many groups are these, and the host skips the rest of
+        its tick work for them (runtime/host.py `tick`)."""
+        if (
+            self.leader is not None
+            or self.quiet
+            or self.election_elapsed + 1 >= self.randomized_election_ticks
+        ):
+            return False
+        self.ticks += 1
+        self.election_elapsed += 1
+        return True
+
     def step(self, message: Message) -> None:
         require(
             message.target == self.node_id,

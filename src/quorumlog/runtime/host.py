@@ -281,9 +281,16 @@ class RaftHost:
 
     def tick(self) -> bool:
         """One tick of the core (called by the ticker); False: tick no more for now."""
-        if self.stopped or self.failure is not None or self.core.quiet:
+        core = self.core
+        if self.stopped or self.failure is not None or core.quiet:
             self.ticking = False
             return False
+        if core.tick_counting_only():
+            # A follower's tick that only counted (most ticks of a node with many groups):
+            # no guard (it cannot raise), nothing sent at once, the core still awake. The
+            # pass check stays, as after every tick, so a tick schedules what it did before.
+            self.schedule_if_due()
+            return True
         # A tick refuses nothing: a RaftError here means the group failed (`fail` said so),
         # and the other groups on the ticker go on.
         with contextlib.suppress(RaftError):
