@@ -125,6 +125,10 @@ class RaftCore:
         self.election_elapsed = 0
         self.randomized_election_ticks = 0
         self.reset_election_timer()
+        self.woken_by_unreachable: str | None = None
+        """The peer whose unreachable report woke this quiet follower, until a message, a
+        campaign or that peer's return (`peer_reachable`)."""
+        self.election_elapsed_before_wake = 0
         self.votes: dict[str, bool] = {}
         self.own_snapshot: tuple[SnapshotMeta, bytes] | None = None
         if snapshot is not None and snapshot_data is not None:
@@ -221,6 +225,7 @@ class RaftCore:
         )
         if message.source == self.node_id:
             return
+        self.woken_by_unreachable = None
         if self.quiet and not (self.leader is not None and self.leader.keeps_quiet(message)):
             self.wake()
         if message.term > self.term:
@@ -275,6 +280,7 @@ class RaftCore:
         steps it as usual. Equal to `step` for what it accepts: a follower of
         `push.source` in this term, awake, whose term is durable and whose commit index
         this heartbeat does not move."""
+        self.woken_by_unreachable = None  # as `step` does for every message
         if (
             self.role is not FOLLOWER
             or self.quiet
@@ -291,6 +297,7 @@ class RaftCore:
         """Take the answer to a heartbeat without a Ready, if it changes no replication
         state (see `LeaderState.take_heartbeat_answer`). False: the caller steps it as
         usual. Read states it confirms show in `has_ready`."""
+        self.woken_by_unreachable = None  # as `step` does for every message
         leader = self.leader
         if (
             leader is None
@@ -436,14 +443,37 @@ class RaftCore:
         timeout (pre-vote first: a leader that is alive after all keeps its term)."""
         if not self.quiet or peer not in self.configuration.members():
             return
+        elapsed_before_wake = self.election_elapsed
         self.wake()
         if self.leader is None and self.leader_id == peer:
             self.election_elapsed = self.config.election_ticks
+            self.woken_by_unreachable = peer
+            self.election_elapsed_before_wake = elapsed_before_wake
+
+    def peer_reachable(self, peer: str) -> None:
+        """The node-level liveness hears `peer` again after `peer_unreachable`. A follower
+        that report woke, whose leader `peer` is and that has had no message and no
+        campaign since, goes quiet again as it was: its leader's node is back, and the
+        leader, still quiet, never knew. Without it, a node that stalled a little longer
+        than the liveness allows (a busy machine) lost every quiet group it led at once,
+        and those elections made the next stall likelier. Liveness only: the follower's
+        log is what it was when it went quiet, and a message or the next unreachable
+        report wakes it as before."""
+        if (
+            self.woken_by_unreachable == peer
+            and self.role is Role.FOLLOWER
+            and not self.quiet
+            and self.leader_id == peer
+        ):
+            self.woken_by_unreachable = None
+            self.quiet = True
+            self.election_elapsed = self.election_elapsed_before_wake
 
     def campaign(self, transfer: bool = False) -> None:
         """Start an election now (with a pre-vote first, unless handing over leadership)."""
         if not self.configuration.is_voter(self.node_id) or self.is_leader:
             return
+        self.woken_by_unreachable = None
         self.quiet = False
         if self.config.pre_vote and not transfer:
             self.become_pre_candidate()

@@ -315,6 +315,11 @@ class RaftHost:
             self.guarded(lambda: self.core.peer_unreachable(peer))
             self.schedule()
 
+    def peer_reachable(self, peer: str) -> None:
+        """The node's liveness hears `peer` again (see `RaftCore.peer_reachable`)."""
+        if self.failure is None and not self.stopped:
+            self.guarded(lambda: self.core.peer_reachable(peer))
+
     def stop(self) -> None:
         """Stop ticking and processing; every waiter fails (its outcome is unknown). The
         owner closes the store once `when_sync_idle` fires."""

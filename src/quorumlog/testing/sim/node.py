@@ -203,6 +203,7 @@ class SimNode:
                 ping=lambda peer: self.network.send_ping(self.node_id, peer),
                 unreachable=self.peer_unreachable,
                 silent_ticks_max=self.raft_config.election_ticks,
+                reachable=self.peer_reachable,
             )
             self.liveness.set_peers(self.bootstrap.members())
             self.ticker.every_tick.append(self.liveness.tick)
@@ -297,6 +298,10 @@ class SimNode:
     def peer_unreachable(self, peer: str) -> None:
         self.record(f"{self.node_id} liveness: {peer} unreachable")
         self.host.peer_unreachable(peer)
+
+    def peer_reachable(self, peer: str) -> None:
+        self.record(f"{self.node_id} liveness: {peer} reachable again")
+        self.host.peer_reachable(peer)
 
     def receive_ping(self, source: str) -> None:
         self.process.enter(source, self.hear_ping, source)
