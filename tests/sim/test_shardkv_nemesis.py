@@ -176,14 +176,16 @@ def test_a_queued_client_read_may_beat_the_new_leaders_messages() -> None:
     # after SIGCONT reads its sockets in any order; so answering reads from the applied
     # state without a ReadIndex round is caught.
     #
-    # Rarely, though: of concurrent_changes seeds 4..1500 only seeds 400 and 562 hit the
-    # window (a read sent to a deposed leader that does not know it yet, after a write to
-    # its key completed at the new leader, answered within the client's attempt timeout).
-    # The range below holds 400. The runs are deterministic, so this cannot flake; but a
-    # change to the simulator's random streams moves the seed, and then the last assert
-    # fails: search seeds again for one that the broken read path fails (and widen the
-    # nemesis if none does).
-    concurrent = range(355, 401, 9)  # concurrent_changes: the scenario with the nemesis
+    # Rarely, though: of concurrent_changes seeds 4..1500 only two hit the window (a read
+    # sent to a deposed leader that does not know it yet, after a write to its key
+    # completed at the new leader, answered within the client's attempt timeout): 400 and
+    # 562 before the Raft heartbeat fast path, 877 and 1435 after it and the snapshot-chunk
+    # fix (as rare, other seeds; main also stalled on seed 526 in a snapshot-chunk storm,
+    # KNOWN_CORE_BUGS.md core-16). The range below holds 877. The runs are deterministic,
+    # so this cannot flake; but a change to the simulator's random streams or to Raft
+    # timing moves the seed, and then the last assert fails: sweep the broken read path
+    # over seeds 4..1500 again for one that fails (and widen the nemesis if none does).
+    concurrent = range(832, 878, 9)  # concurrent_changes: the scenario with the nemesis
 
     def read_without_read_index(
         self: ShardGroupService, request: wire.KVRead | wire.KVScan, reply: Replier

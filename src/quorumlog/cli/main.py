@@ -136,8 +136,18 @@ def bench_stream(
     default=None,
     help="The nodes' --quiesce-idle-ticks (default: the node's; 0: groups never go quiet).",
 )
+@click.option(
+    "--partitions",
+    "partition_counts",
+    default=None,
+    help="Comma-separated partition counts, one topic each (default: 1,3,100,1000).",
+)
 def bench_scale(
-    as_json: bool, quick: bool, directory: str | None, quiesce_idle_ticks: int | None
+    as_json: bool,
+    quick: bool,
+    directory: str | None,
+    quiesce_idle_ticks: int | None,
+    partition_counts: str | None,
 ) -> None:
     """Idle CPU, memory, create time and produce rate with 1, 3, 100 and 1000 partitions
     on 3 node processes (fsync on)."""
@@ -149,6 +159,14 @@ def bench_scale(
     settings = msgspec.structs.replace(
         settings, directory=directory, quiesce_idle_ticks=quiesce_idle_ticks
     )
+    if partition_counts is not None:
+        try:
+            counts = tuple(int(count) for count in partition_counts.split(","))
+        except ValueError as error:
+            raise click.BadParameter(f"not a list of numbers: {partition_counts}") from error
+        if not counts or min(counts) < 1:
+            raise click.BadParameter("every partition count must be at least 1")
+        settings = msgspec.structs.replace(settings, partition_counts=counts)
     run_scale_benchmark(settings)
 
 

@@ -217,6 +217,7 @@ class Node:
             # a live one is heard several times within it (short timeouts in tests too).
             ping_ticks=max(1, settings.election_ticks // 5),
             silent_ticks_max=max(settings.election_ticks, 2),
+            reachable=self.peer_reachable,
         )
         self.endpoint.on_peer_heard = self.liveness.heard
         self.observability = Observability(settings.node_id, settings.slow_fsync_warn_ms)
@@ -243,6 +244,12 @@ class Node:
         """Liveness lost `peer`: quiet groups with that member wake (see raft/core.py)."""
         for group in list(self.groups.values()):
             group.host.peer_unreachable(peer)
+
+    def peer_reachable(self, peer: str) -> None:
+        """Liveness hears `peer` again: followers it woke give their leader another
+        election timeout (see raft/core.py `peer_reachable`)."""
+        for group in list(self.groups.values()):
+            group.host.peer_reachable(peer)
 
     async def start(self) -> int:
         """Open storage, start listening; returns the port bound."""

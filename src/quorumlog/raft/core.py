@@ -19,6 +19,15 @@ fresh heartbeat round, and a woken follower follows the usual election rules.
 Election (Raft §5.2, dissertation §9.6 pre-vote, §6.2 check-quorum) lives here; the
 leader's replication machinery (DLedger's per-follower COMPARE / TRUNCATE / APPEND /
 INSTALL_SNAPSHOT) lives in leader.py; the follower's side of pushes in follower.py.
+
+Heartbeats the cheap way (with `send_heartbeats_at_once`, which the host sets): many awake
+groups on one node each heartbeat every tick, and taking a Ready for each heartbeat and
+each answer cost more than the rest of the node's work. So a tick's heartbeats go to
+`outbox_at_once`, which the host sends right after the tick, and `step_heartbeat` /
+`step_heartbeat_answer` take a heartbeat or its answer that changes nothing but timers and
+read acknowledgements without any Ready. Each does exactly what `step` would do, or
+declines (returns None / False) and the caller steps the message as usual: the fast path
+decides nothing of its own, so safety never rests on it.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ from quorumlog.raft.invariants import require
 from quorumlog.raft.leader import LeaderState
 from quorumlog.raft.log import LogReader, RaftLog
 from quorumlog.raft.messages import (
+    PUSH_COMMIT,
     Message,
     Push,
     PushResponse,
@@ -115,6 +125,10 @@ class RaftCore:
         self.election_elapsed = 0
         self.randomized_election_ticks = 0
         self.reset_election_timer()
+        self.woken_by_unreachable: str | None = None
+        """The peer whose unreachable report woke this quiet follower, until a message, a
+        campaign or that peer's return (`peer_reachable`)."""
+        self.election_elapsed_before_wake = 0
         self.votes: dict[str, bool] = {}
         self.own_snapshot: tuple[SnapshotMeta, bytes] | None = None
         if snapshot is not None and snapshot_data is not None:
@@ -129,6 +143,10 @@ class RaftCore:
         self.incoming_snapshot: IncomingSnapshot | None = None
         self.outbox: list[Message] = []
         self.outbox_after_persist: list[Message] = []
+        self.send_heartbeats_at_once = False
+        """Tick heartbeats go to `outbox_at_once` (the host drains it after every tick)
+        instead of waiting for a Ready. Off: every message goes through a Ready."""
+        self.outbox_at_once: list[Message] = []
         self.read_states: list[ReadState] = []
         self.failed_reads: list[int] = []
         # What is durable now; if term or vote were corrected above, the next Ready says so.
@@ -182,6 +200,22 @@ class RaftCore:
             self.election_elapsed = 0
             self.campaign()
 
+    def tick_counting_only(self) -> bool:
+        """`tick` when it would only count: a follower's (or candidate's) tick that does not
+        reach its election timeout. Taken and True; False, changing nothing, when this tick
+        could do more (a leader, a quiet core, a timeout reached): the caller calls `tick`.
+        Most ticks of a node hosting many groups are these, and the host skips the rest of
+        its tick work for them (runtime/host.py `tick`)."""
+        if (
+            self.leader is not None
+            or self.quiet
+            or self.election_elapsed + 1 >= self.randomized_election_ticks
+        ):
+            return False
+        self.ticks += 1
+        self.election_elapsed += 1
+        return True
+
     def step(self, message: Message) -> None:
         require(
             message.target == self.node_id,
@@ -191,6 +225,7 @@ class RaftCore:
         )
         if message.source == self.node_id:
             return
+        self.woken_by_unreachable = None
         if self.quiet and not (self.leader is not None and self.leader.keeps_quiet(message)):
             self.wake()
         if message.term > self.term:
@@ -237,6 +272,48 @@ class RaftCore:
                 self.leader.handle_snapshot_response(message)
         elif isinstance(message, TimeoutNow) and self.configuration.is_voter(self.node_id):
             self.campaign(transfer=True)
+
+    def step_heartbeat(self, push: Push) -> bool:
+        """A heartbeat (COMMIT push) taken without a Ready: its answer, if the leader wants
+        one, goes to `outbox_at_once` (send it now). False, changing nothing, when the
+        heartbeat could change more than the election timer and the round: the caller
+        steps it as usual. Equal to `step` for what it accepts: a follower of
+        `push.source` in this term, awake, whose term is durable and whose commit index
+        this heartbeat does not move."""
+        self.woken_by_unreachable = None  # as `step` does for every message
+        if (
+            self.role is not FOLLOWER
+            or self.quiet
+            or push.kind is not PUSH_COMMIT
+            or push.quiesce
+            or push.term != self.term
+            or push.target != self.node_id
+            or self.last_hard_state.term != self.term
+        ):
+            return False
+        return self.follower.answer_heartbeat_at_once(push)
+
+    def step_heartbeat_answer(self, response: PushResponse) -> bool:
+        """Take the answer to a heartbeat without a Ready, if it changes no replication
+        state (see `LeaderState.take_heartbeat_answer`). False: the caller steps it as
+        usual. Read states it confirms show in `has_ready`."""
+        self.woken_by_unreachable = None  # as `step` does for every message
+        leader = self.leader
+        if (
+            leader is None
+            or self.quiet
+            or response.kind is not PUSH_COMMIT
+            or response.term != self.term
+            or response.target != self.node_id
+        ):
+            return False
+        return leader.take_heartbeat_answer(response)
+
+    def take_messages_at_once(self) -> list[Message]:
+        """The heartbeats a tick sent (see `send_heartbeats_at_once`) and the answers
+        `step_heartbeat` gave: send them now."""
+        messages, self.outbox_at_once = self.outbox_at_once, []
+        return messages
 
     def answer_stale(self, message: Message) -> None:
         """Tell a node from an older term about ours, so a stale leader steps down."""
@@ -366,14 +443,37 @@ class RaftCore:
         timeout (pre-vote first: a leader that is alive after all keeps its term)."""
         if not self.quiet or peer not in self.configuration.members():
             return
+        elapsed_before_wake = self.election_elapsed
         self.wake()
         if self.leader is None and self.leader_id == peer:
             self.election_elapsed = self.config.election_ticks
+            self.woken_by_unreachable = peer
+            self.election_elapsed_before_wake = elapsed_before_wake
+
+    def peer_reachable(self, peer: str) -> None:
+        """The node-level liveness hears `peer` again after `peer_unreachable`. A follower
+        that report woke, whose leader `peer` is and that has had no message and no
+        campaign since, goes quiet again as it was: its leader's node is back, and the
+        leader, still quiet, never knew. Without it, a node that stalled a little longer
+        than the liveness allows (a busy machine) lost every quiet group it led at once,
+        and those elections made the next stall likelier. Liveness only: the follower's
+        log is what it was when it went quiet, and a message or the next unreachable
+        report wakes it as before."""
+        if (
+            self.woken_by_unreachable == peer
+            and self.role is Role.FOLLOWER
+            and not self.quiet
+            and self.leader_id == peer
+        ):
+            self.woken_by_unreachable = None
+            self.quiet = True
+            self.election_elapsed = self.election_elapsed_before_wake
 
     def campaign(self, transfer: bool = False) -> None:
         """Start an election now (with a pre-vote first, unless handing over leadership)."""
         if not self.configuration.is_voter(self.node_id) or self.is_leader:
             return
+        self.woken_by_unreachable = None
         self.quiet = False
         if self.config.pre_vote and not transfer:
             self.become_pre_candidate()
@@ -410,6 +510,11 @@ class RaftCore:
     def send_after_persist(self, message: Message) -> None:
         self.outbox_after_persist.append(message)
 
+    def send_at_once(self, message: Message) -> None:
+        """A message that needs nothing persisted first and may go before the next Ready
+        (a tick's heartbeat, with `send_heartbeats_at_once`)."""
+        self.outbox_at_once.append(message)
+
     def has_ready(self) -> bool:
         leader = self.leader
         # The leader has work when `flush` has something to send. Read here rather than
@@ -421,6 +526,7 @@ class RaftCore:
         # Field by field rather than building a HardState: the host asks after every event.
         return bool(
             self.outbox
+            or self.outbox_at_once
             or self.outbox_after_persist
             or self.read_states
             or self.failed_reads
@@ -439,6 +545,9 @@ class RaftCore:
     def ready(self) -> Ready:
         if self.leader is not None:
             self.leader.flush()
+        if self.outbox_at_once:
+            # Not drained by a host (a caller that only takes Readies): they go now.
+            self.outbox[:0] = self.take_messages_at_once()
         snapshot = self.incoming_snapshot
         self.incoming_snapshot = None
         truncate_after, entries = self.log.take_unsent()

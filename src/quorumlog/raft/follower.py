@@ -218,8 +218,38 @@ class FollowerState:
         if core.term != core.last_hard_state.term:
             self.respond(push, success=True, match_index=self.verified_index)
             return
+        if not self.answer_wanted(push):
+            return  # the leader heard us lately and waits on nothing (Push.answer_wanted)
         durable_match = min(self.verified_index, core.log.persisted_index)
         core.send(self.push_response(push, success=True, match_index=durable_match))
+
+    def answer_heartbeat_at_once(self, push: Push) -> bool:
+        """`handle_push` of a heartbeat from our leader of this term that moves neither
+        our commit index nor anything else but the election timer and the round: its
+        answer, if wanted, goes to the core's `outbox_at_once` (`answer_heartbeat`).
+        False, changing nothing: step it as usual. The caller checked role, quiet, kind
+        and that our term is durable."""
+        core = self.core
+        if (
+            self.leader_id != push.source
+            or self.term != core.term
+            or push.round < self.round
+            or min(push.commit_index, self.verified_index) > core.commit_index
+        ):
+            return False
+        core.leader_id = push.source
+        core.reset_election_timer()
+        self.accept_round(push.round)
+        if self.answer_wanted(push):
+            durable_match = min(self.verified_index, core.log.persisted_index)
+            core.send_at_once(self.push_response(push, success=True, match_index=durable_match))
+        return True
+
+    def answer_wanted(self, push: Push) -> bool:
+        """Answer this heartbeat? If the leader wants it, or if we cannot vouch for
+        everything it committed: then we restarted (or lost state) since we acknowledged
+        it, and the leader must learn it now to COMPARE again, not at the next window."""
+        return push.answer_wanted or self.verified_index < push.commit_index
 
     def respond(
         self,
@@ -315,5 +345,6 @@ class FollowerState:
                 success=success,
                 next_offset=len(self.snapshot_buffer) if not done else 0,
                 match_index=match_index,
+                chunk_offset=chunk.offset,
             )
         )

@@ -169,10 +169,20 @@ class LeaderState:
                 progress.recent_active = False
         if self.transfer_target is not None and core.ticks >= self.transfer_deadline_tick:
             self.transfer_target = None  # the target never took over: carry on leading
+        last_index = core.log.last_index
         for peer, progress in sorted(self.progress.items()):
+            if (
+                progress.state is APPEND
+                and not progress.inflight
+                and progress.next_index > last_index
+            ):
+                continue  # caught up, nothing in flight: nothing to time out or send
             self.retry_if_timed_out(peer, progress)
         if config.quiesce_idle_ticks:
             self.maybe_quiesce()
+        if self.heartbeat_due and core.send_heartbeats_at_once:
+            self.heartbeat_due = False  # sent now, not by the next Ready's `flush`
+            self.broadcast_heartbeat(at_once=True)
 
     # --- quiet groups -------------------------------------------------------------------
 
@@ -309,6 +319,8 @@ class LeaderState:
                     self.send_appends(peer, progress)
 
     def push(self, peer: str, progress: Progress, kind: PushKind, **fields: object) -> Push:
+        progress.commit_sent = self.core.commit_index
+        progress.sent_tick = self.core.ticks
         return Push(
             source=self.core.node_id,
             target=peer,
@@ -371,11 +383,44 @@ class LeaderState:
             progress.next_index = entries[-1].index + 1
             progress.inflight.append((entries[-1].index, core.ticks))
 
-    def broadcast_heartbeat(self, quiesce: bool = False) -> None:
+    def broadcast_heartbeat(self, quiesce: bool = False, at_once: bool = False) -> None:
+        """One COMMIT push to every follower with a new read sequence. `at_once`: into
+        the core's `outbox_at_once` (a tick's plain heartbeat), else the next Ready."""
+        core = self.core
         self.read_sequence += 1
-        self.sequence_sent_tick[self.read_sequence] = self.core.ticks
-        log = self.core.log
+        if core.config.lease_read:  # only a lease needs to know when each went out
+            self.sequence_sent_tick[self.read_sequence] = core.ticks
+        send = core.send_at_once if at_once else core.send
+        log = core.log
+        commit_index = core.commit_index
+        # A tick's heartbeat, while reads need nothing, no lease is kept and the group is
+        # busy (quiescing counts answers), goes to a follower heard in this check-quorum
+        # window only if it lacks our commit index or has had no push for a keepalive
+        # interval; it asks for an answer only from a follower not caught up. Check-quorum
+        # is served by one answer per window (a follower not heard yet always gets the
+        # heartbeat and is asked to answer it at once), and an election timeout spans at
+        # least five keepalive intervals (etcd's ratio), as it spans five heartbeats.
+        thin = (
+            at_once
+            and not self.pending_reads
+            and not core.config.lease_read
+            and self.idle_ticks == 0
+        )
+        keepalive_ticks = max(core.config.heartbeat_ticks, core.config.election_ticks // 5)
+        now = core.ticks
+        last_index = log.last_index
+        node_id = core.node_id
+        term = self.term
+        read_sequence = self.read_sequence
         for peer, progress in sorted(self.progress.items()):
+            heard = progress.recent_active
+            if (
+                thin
+                and heard
+                and progress.commit_sent == commit_index
+                and now - progress.sent_tick < keepalive_ticks
+            ):
+                continue
             if quiesce:
                 push = self.push(
                     peer,
@@ -386,8 +431,27 @@ class LeaderState:
                     quiesce=True,
                 )
             else:
-                push = self.push(peer, progress, PUSH_COMMIT)
-            self.core.send(push)
+                # Built here rather than through `push` (its keyword forwarding costs more
+                # than the rest of a heartbeat, and a busy node sends thousands a second).
+                progress.commit_sent = commit_index
+                progress.sent_tick = now
+                push = Push(
+                    source=node_id,
+                    target=peer,
+                    term=term,
+                    kind=PUSH_COMMIT,
+                    round=progress.round,
+                    commit_index=commit_index,
+                    read_sequence=read_sequence,
+                    answer_wanted=not (
+                        thin
+                        and heard
+                        and progress.state is APPEND
+                        and progress.match_index == last_index
+                        and not progress.inflight
+                    ),
+                )
+            send(push)
         self.check_reads()  # alone in the group: every read is confirmed at once
 
     def start_snapshot(self, peer: str, progress: Progress) -> None:
@@ -466,6 +530,29 @@ class LeaderState:
                 self.send_compare(peer, progress)
         self.maybe_finish_transfer(peer, progress)
 
+    def take_heartbeat_answer(self, response: PushResponse) -> bool:
+        """`handle_push_response` of a heartbeat's answer (this term, we awake) when it
+        changes no replication state: the follower is active, its read acknowledgement
+        counts (which may confirm reads and start a lease, as usual), and its backoff
+        ends. False, changing nothing: the answer moves a match index or concerns a
+        transfer's target, so the caller steps it as usual."""
+        peer = response.source
+        progress = self.progress.get(peer)
+        if progress is None:
+            return True  # not a member any more: `handle_push_response` ignores it too
+        same_round = response.round == progress.round
+        if self.transfer_target == peer or (
+            same_round and response.match_index != progress.match_index
+        ):
+            return False
+        progress.recent_active = True
+        if response.read_sequence > progress.read_sequence_acked:
+            progress.read_sequence_acked = response.read_sequence
+            self.check_reads()
+        if same_round:
+            progress.retry_ticks = 0
+        return True
+
     def handle_compare_response(
         self, peer: str, progress: Progress, response: PushResponse
     ) -> None:
@@ -517,6 +604,8 @@ class LeaderState:
             self.maybe_commit()
             self.enter_append(response.source, progress)
             return
+        if 0 <= response.chunk_offset != progress.snapshot_offset:
+            return  # answers a chunk no longer in flight (a duplicate, or late): one stream
         progress.snapshot_offset = response.next_offset
         self.send_snapshot_chunk(response.source, progress)
 
@@ -591,6 +680,8 @@ class LeaderState:
         return acknowledged[len(acknowledged) - configuration.quorum()]
 
     def check_reads(self) -> None:
+        if not self.pending_reads and not self.core.config.lease_read:
+            return  # nothing waits for a confirmation and no lease is kept
         confirmed = self.quorum_acked_sequence()
         while self.pending_reads and self.pending_reads[0].sequence <= confirmed:
             read = self.pending_reads.pop(0)

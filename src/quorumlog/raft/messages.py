@@ -71,6 +71,11 @@ class Push(msgspec.Struct, frozen=True, tag=True, array_like=True):
     quiesce: bool = False
     """COMMIT only: the leader goes quiet; so may the follower, if its log ends at `index`
     (term `index_term`) and it has committed `commit_index` (see RaftConfig.quiesce_idle_ticks)."""
+    answer_wanted: bool = True
+    """COMMIT only. False: the leader heard this follower in this check-quorum window and
+    needs nothing from an answer (no read waits, no lease, the follower holds its whole
+    log), so the follower answers only if something changes (a new term). A trailing
+    field: a node from before it ignores it and answers every heartbeat, as before."""
 
 
 class PushResponse(msgspec.Struct, frozen=True, tag=True, array_like=True):
@@ -125,6 +130,11 @@ class SnapshotResponse(msgspec.Struct, frozen=True, tag=True, array_like=True):
     success: bool
     next_offset: int = 0
     match_index: int = 0
+    chunk_offset: int = -1
+    """The offset of the chunk this answers (-1: from a node before this field, a trailing
+    one). The leader acts only on the answer to the chunk it has in flight: a duplicated
+    or late answer that moved it on would start a second chunk stream beside the first,
+    and every later duplicate another (tests/unit/raft/test_snapshot_chunks.py)."""
 
 
 class TimeoutNow(msgspec.Struct, frozen=True, tag=True, array_like=True):

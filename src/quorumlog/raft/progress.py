@@ -41,6 +41,11 @@ class Progress:
         self.retry_ticks = 0
         """How long to wait before resending; doubles with each unanswered retry (a slow
         link must not be flooded with retries it cannot answer in time). 0: the default."""
+        self.commit_sent = -1
+        """The commit index the last push of any kind carried (-1: none yet)."""
+        self.sent_tick = 0
+        """When the last push of any kind went out: it reset the follower's election timer
+        as a heartbeat would (see LeaderState.broadcast_heartbeat)."""
 
     def enter(self, state: ReplicationState, leader_last_index: int | None = None) -> None:
         """Every new COMPARE, APPEND or INSTALL_SNAPSHOT phase is a new round (see

@@ -15,6 +15,13 @@ Order per Ready: send `messages`; install a snapshot (machine restored, snapshot
 then the log reset); truncate; append; sync the log, then save the hard state; then send
 `messages_after_persist`, report `persisted`, apply the committed entries, answer reads.
 
+Heartbeats outside the Ready loop: a tick's heartbeats (`tick`) and a follower's answer to
+a heartbeat that changes nothing but timers (`step`) are sent at once, and a leader takes
+such an answer without a pass. They need nothing persisted first: a leader's term was
+durable before it could win, and the core answers at once only in a durable term, claiming
+a match only through what is durable (raft/core.py `step_heartbeat`). Anything else a
+heartbeat or its answer brings goes through the core's `step` and a Ready as before.
+
 Fail-stop: anything unexpected out of the core, the stores or the state machine (an
 `InvariantViolation`, an I/O error, a corrupt file) stops the group at once: nothing more
 is persisted, sent or applied, every waiter fails, and `on_failed` tells the owner (the
@@ -54,7 +61,7 @@ from quorumlog.errors import (
 from quorumlog.raft.config import RaftConfig
 from quorumlog.raft.configuration import Configuration, MembershipChange
 from quorumlog.raft.core import RaftCore, Role
-from quorumlog.raft.messages import Message, SnapshotMeta
+from quorumlog.raft.messages import PUSH_COMMIT, Message, Push, PushResponse, SnapshotMeta
 from quorumlog.raft.ready import HardState, Ready
 from quorumlog.runtime.completion import Completion
 from quorumlog.runtime.resources import (
@@ -125,6 +132,9 @@ class HostHooks:
 
     def apply_delay_seconds(self) -> float:
         return 0.0
+
+    def on_sent_at_once(self, message: Message) -> None:
+        """A heartbeat or a heartbeat's answer went out without a Ready (see `step`)."""
 
 
 class Waiter:
@@ -198,6 +208,7 @@ class RaftHost:
             snapshot_data=snapshot.data if snapshot else None,
             random=random_source,
         )
+        self.core.send_heartbeats_at_once = True  # drained by `tick`
         self.unwritten: deque[Ready] = deque()
         """Readies taken from the core whose durable part is not written yet, in order."""
         self.unapplied: deque[LogEntry] = deque()
@@ -231,6 +242,10 @@ class RaftHost:
         (leadership lost, replaced, stopped): etcd's proposals_failed_total."""
         self.sync_seconds: tuple[float | None, float | None] = (None, None)
         """The last sync job's durations (written by the job, read once it landed)."""
+        self.sent_at_once = 0
+        """Heartbeats and heartbeat answers sent without a Ready (`step`, `tick`)."""
+        self.answers_taken_at_once = 0
+        """Heartbeat answers a leader took without a Ready."""
 
     # --- views --------------------------------------------------------------------------
 
@@ -266,13 +281,22 @@ class RaftHost:
 
     def tick(self) -> bool:
         """One tick of the core (called by the ticker); False: tick no more for now."""
-        if self.stopped or self.failure is not None or self.core.quiet:
+        core = self.core
+        if self.stopped or self.failure is not None or core.quiet:
             self.ticking = False
             return False
+        if core.tick_counting_only():
+            # A follower's tick that only counted (most ticks of a node with many groups):
+            # no guard (it cannot raise), nothing sent at once, the core still awake. The
+            # pass check stays, as after every tick, so a tick schedules what it did before.
+            self.schedule_if_due()
+            return True
         # A tick refuses nothing: a RaftError here means the group failed (`fail` said so),
         # and the other groups on the ticker go on.
         with contextlib.suppress(RaftError):
             self.guarded(self.core.tick)
+        if self.core.outbox_at_once and self.failure is None:
+            self.send_at_once(self.core.take_messages_at_once())
         self.schedule_if_due()
         if self.core.quiet:
             self.ticking = False
@@ -290,6 +314,11 @@ class RaftHost:
         if self.failure is None and not self.stopped and self.core.quiet:
             self.guarded(lambda: self.core.peer_unreachable(peer))
             self.schedule()
+
+    def peer_reachable(self, peer: str) -> None:
+        """The node's liveness hears `peer` again (see `RaftCore.peer_reachable`)."""
+        if self.failure is None and not self.stopped:
+            self.guarded(lambda: self.core.peer_reachable(peer))
 
     def stop(self) -> None:
         """Stop ticking and processing; every waiter fails (its outcome is unknown). The
@@ -316,10 +345,28 @@ class RaftHost:
     # --- events in ----------------------------------------------------------------------
 
     def step(self, message: Message) -> None:
+        """Step one message. A heartbeat, or a heartbeat's answer, that changes nothing but
+        timers and read acknowledgements is taken by the core's fast path: answered at once
+        and no Ready pass (with many awake groups, those passes were most of a node's
+        work). Anything else, or whatever the fast path declines, is stepped as usual."""
         if self.failure is not None or self.stopped:
             return
+        core = self.core
         try:
-            self.core.step(message)
+            if isinstance(message, Push):
+                if message.kind is PUSH_COMMIT and core.step_heartbeat(message):
+                    if core.outbox_at_once:
+                        self.send_at_once(core.take_messages_at_once())
+                    return
+            elif (
+                isinstance(message, PushResponse)
+                and message.kind is PUSH_COMMIT
+                and core.step_heartbeat_answer(message)
+            ):
+                self.answers_taken_at_once += 1
+                self.schedule_if_due()  # only if it confirmed reads
+                return
+            core.step(message)
         except Exception as error:
             # A message is never refused, so anything raised here is a failure (a violated
             # invariant, a corrupt read): the group stops, `on_failed` tells the owner, and
@@ -328,6 +375,15 @@ class RaftHost:
             return
         if not self.scheduled:
             self.schedule()
+
+    def send_at_once(self, messages: list[Message]) -> None:
+        """Send messages that need nothing persisted first, outside any Ready."""
+        self.sent_at_once += len(messages)
+        on_sent = self.hooks.on_sent_at_once
+        send = self.send_message
+        for message in messages:
+            on_sent(message)
+            send(message)
 
     def propose(self, data: bytes) -> Completion[Any]:
         """Propose one entry; the completion gets the state machine's result once applied.

@@ -5,7 +5,8 @@ notice its leader's death from that group's traffic. Instead each node tells eac
 is alive — any frame counts, and a ping goes out every `ping_ticks` ticks — and a peer
 not heard from for `silent_ticks_max` ticks is reported unreachable, once, to every quiet
 group through `unreachable(peer)` (the node calls `RaftHost.peer_unreachable`). Heard
-from again, it is reachable once more; the next silence is reported again.
+from again, it is reachable once more, reported through `reachable(peer)` (the node calls
+`RaftHost.peer_reachable`); the next silence is reported again.
 
 Time is ticks of the node's `GroupTicker` (`tick` runs once per tick), never a clock: a
 node whose event loop stalls counts a stall as one tick, so it does not declare its peers
@@ -32,12 +33,14 @@ class PeerLiveness:
         unreachable: Callable[[str], None],
         ping_ticks: int = PING_TICKS_DEFAULT,
         silent_ticks_max: int = SILENT_TICKS_MAX_DEFAULT,
+        reachable: Callable[[str], None] | None = None,
     ) -> None:
         if ping_ticks < 1 or silent_ticks_max <= ping_ticks:
             raise ValueError("need ping_ticks >= 1 and silent_ticks_max > ping_ticks")
         self.node_id = node_id
         self.ping = ping
         self.unreachable = unreachable
+        self.reachable = reachable
         self.ping_ticks = ping_ticks
         self.silent_ticks_max = silent_ticks_max
         self.ticks = 0
@@ -59,7 +62,10 @@ class PeerLiveness:
         """Anything arrived from `peer`'s node."""
         if peer in self.last_heard_tick:
             self.last_heard_tick[peer] = self.ticks
-            self.unreachable_peers.discard(peer)
+            if peer in self.unreachable_peers:
+                self.unreachable_peers.discard(peer)
+                if self.reachable is not None:
+                    self.reachable(peer)
 
     def is_reachable(self, peer: str) -> bool:
         return peer not in self.unreachable_peers

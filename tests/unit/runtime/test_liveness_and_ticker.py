@@ -34,6 +34,27 @@ def test_a_silent_peer_is_reported_once_and_again_after_it_was_heard() -> None:
     assert pings[:2] == ["n2", "n3"] and len(pings) == 2 * (22 // 2)
 
 
+def test_a_peer_heard_again_is_reported_reachable_once() -> None:
+    lost: list[str] = []
+    back: list[str] = []
+    liveness = PeerLiveness(
+        "n1",
+        ping=lambda peer: None,
+        unreachable=lost.append,
+        silent_ticks_max=3,
+        reachable=back.append,
+    )
+    liveness.set_peers(["n2"])
+    liveness.heard("n2")
+    assert back == []  # never lost: nothing to report
+    for _ in range(4):
+        liveness.tick()
+    assert lost == ["n2"]
+    liveness.heard("n2")
+    liveness.heard("n2")
+    assert back == ["n2"]
+
+
 class CountingGroup:
     def __init__(self, ticks_wanted: int) -> None:
         self.ticks = 0

@@ -95,6 +95,11 @@ class CheckedHooks(CheckerHooks):
         if trace is not None:
             trace.record(self.node.events.now_ms, f"{self.node.node_id} ready {describe(ready)}")
 
+    def on_sent_at_once(self, message: Message) -> None:
+        trace = self.node.trace
+        if trace is not None:
+            trace.record(self.node.events.now_ms, f"{self.node.node_id} at once send {message!r}")
+
     def on_apply(self, entry: LogEntry) -> None:
         super().on_apply(entry)
         observer = self.node.apply_observer
@@ -198,6 +203,7 @@ class SimNode:
                 ping=lambda peer: self.network.send_ping(self.node_id, peer),
                 unreachable=self.peer_unreachable,
                 silent_ticks_max=self.raft_config.election_ticks,
+                reachable=self.peer_reachable,
             )
             self.liveness.set_peers(self.bootstrap.members())
             self.ticker.every_tick.append(self.liveness.tick)
@@ -292,6 +298,10 @@ class SimNode:
     def peer_unreachable(self, peer: str) -> None:
         self.record(f"{self.node_id} liveness: {peer} unreachable")
         self.host.peer_unreachable(peer)
+
+    def peer_reachable(self, peer: str) -> None:
+        self.record(f"{self.node_id} liveness: {peer} reachable again")
+        self.host.peer_reachable(peer)
 
     def receive_ping(self, source: str) -> None:
         self.process.enter(source, self.hear_ping, source)
