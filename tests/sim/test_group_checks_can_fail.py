@@ -73,8 +73,9 @@ def test_a_partition_given_before_its_owner_let_go_is_caught(
         return []
 
     monkeypatch.setattr(group_coordinator, "still_revoking", forget_revoking)
-    # Caught when a member heartbeats in the middle of its revoke (not every seed).
-    failure = failure_of(0, 1, 7)
+    # Caught when a member heartbeats in the middle of its revoke: on 12 of seeds 0..39 of
+    # this tree (a timing change moves them; 0, 1 and 7 before the session-8 merges).
+    failure = failure_of(6, 9, 10)
     assert " takes " in failure and "holds it since" in failure
 
 
