@@ -9,8 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from quorumlog.spark import shared_access
-from quorumlog.spark.options import ConnectionOptions
+from quorumlog.spark import batch_source, shared_access
+from quorumlog.spark.batch_source import FetchSettings, OffsetRange, QuorumLogBatchReader
+from quorumlog.spark.options import ConnectionOptions, parse_source_options
 from quorumlog.spark.shared_access import borrowed_access, close_idle_access
 
 FIRST = ConnectionOptions(endpoints=["127.0.0.1:1"], cluster_id="one")
@@ -28,6 +29,12 @@ class StandInAccess:
 
     def close(self) -> None:
         self.closed = True
+
+    def __enter__(self) -> StandInAccess:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 @pytest.fixture(autouse=True)
@@ -96,3 +103,24 @@ def test_a_forked_child_opens_its_own_access(monkeypatch: pytest.MonkeyPatch) ->
         pass
     assert childs is not parents
     assert not parents.closed  # the parent's: not the child's to close
+
+
+def test_the_tasks_of_one_worker_read_through_one_access(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two tasks in one Python worker (Spark reuses it): one access opened, not two."""
+    opened: list[object] = []
+
+    def read_range(access: object, offset_range: OffsetRange, _: FetchSettings) -> Iterator[int]:
+        opened.append(access)
+        yield offset_range.end
+
+    monkeypatch.setattr(batch_source, "ClusterAccess", StandInAccess)  # a reader's own
+    monkeypatch.setattr(batch_source, "read_range", read_range)
+    options = parse_source_options({"endpoints": "127.0.0.1:1", "topic": "t"}, False)
+    reader = object.__new__(QuorumLogBatchReader)  # no planning: no cluster to ask
+    reader.settings = FetchSettings(options)
+    assert list(reader.read(OffsetRange("t", 0, 0, 5))) == [5]
+    assert list(reader.read(OffsetRange("t", 1, 0, 7))) == [7]
+    assert len(opened) == 2
+    assert opened[0] is opened[1]
