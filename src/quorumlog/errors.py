@@ -294,13 +294,15 @@ class HASyncFailedError(UnknownOutcomeError, HAReplicationError):
     is deduplicated by the new master. The broker serves again once its log is reopened
     (by the node after a full disk, or by a restart)."""
 
-    def __init__(self, group: str, broker_id: str, reason: str) -> None:
+    def __init__(self, group: str, broker_id: str, reason: str, disk_full: bool = False) -> None:
         QuorumLogError.__init__(
             self, f"broker {broker_id} of {group} stepped out after a failed sync: {reason}"
         )
         self.group = group
         self.broker_id = broker_id
         self.reason = reason
+        self.disk_full = disk_full
+        """The sync failed for want of space (ENOSPC, EDQUOT): worth reopening later."""
 
 
 # --- ledgers (reference 001) ---------------------------------------------------------

@@ -71,6 +71,7 @@ from typing import Protocol
 import msgspec
 
 from quorumlog.errors import (
+    DiskFullError,
     HAHandshakeRefusedError,
     HAPendingFullError,
     HAReplicationError,
@@ -731,7 +732,8 @@ class BrokerHost:
         replication connections, and fall silent to the controller, which then elects a
         master from the SyncStateSet members still alive (a slave that steps out stops
         acking and leaves the set by the usual shrink). Other brokers on the node go on."""
-        failure = HASyncFailedError(self.group, self.broker_id, str(error))
+        disk_full = isinstance(error, DiskFullError)
+        failure = HASyncFailedError(self.group, self.broker_id, str(error), disk_full)
         self.failure = failure
         log.error("HA broker %s/%s: %s", self.group, self.broker_id, failure)
         self.drop_role(failure)
