@@ -49,15 +49,17 @@ nothing more), then changes role. Produces waiting on a mastership that ends fai
 `MasterFencedError`: their outcome is unknown (a new master may still hold them), which the
 idempotent producer's retry resolves.
 
-A failed sync (an I/O error, a full disk). The kernel may have dropped the pages the sync was
-writing, so the log counts nothing more durable until it is reopened (the store refuses
-more writes too). The broker steps out at once (`step_out`): the produces waiting fail with
-`HASyncFailedError`, an unknown outcome (the slaves may hold them durably; the idempotent
-producer's retry at the next master resolves it), new ones are refused with it, the
-replication connections close and the broker falls silent to the controller, which elects a
-master from the SyncStateSet members still alive after its heartbeat timeout. A slave that
-steps out stops acking and leaves the SyncStateSet by the usual shrink, so the master's
-produces go on. `on_failed` tells the owner (a node reopens the log after a full disk).
+A failed sync (an I/O error, a full disk), or a failed write to the commit log or the epoch
+file (an append, a handshake truncation, a new epoch). The kernel may have dropped the pages
+a failed sync was writing, so the log counts nothing more durable until it is reopened (the
+store refuses more writes too). The broker steps out at once (`step_out`): the produces
+waiting fail with `HASyncFailedError`, an unknown outcome (the slaves may hold them durably;
+the idempotent producer's retry at the next master resolves it), new ones are refused with
+it, the replication connections close and the broker falls silent to the controller, which
+elects a master from the SyncStateSet members still alive after its heartbeat timeout. A
+slave that steps out stops acking and leaves the SyncStateSet by the usual shrink, so the
+master's produces go on. `on_failed` tells the owner (a node reopens the log after a full
+disk, Kafka's way with a failed log directory: leadership moves to a replica with room).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ from quorumlog.errors import (
     MasterFencedError,
     NotEnoughReplicasError,
     QuorumLogError,
+    StorageError,
 )
 from quorumlog.ha.commit_log import CommitLog, CommitLogBatch, CommitLogSync
 from quorumlog.ha.controller_model import (
@@ -322,7 +325,15 @@ class BrokerHost:
             raise refusal
         master = self.master
         assert master is not None  # append_refusal said so
-        end_offset = master.append(messages)
+        try:
+            end_offset = master.append(messages)
+        except StorageError as error:
+            # A full disk or an I/O error while writing: as for a failed sync, step out
+            # (a replica with room takes over; whoever admitted this produce, such as a
+            # node's producer table, must forget it: the broker is replaced).
+            self.step_out(error)
+            assert self.failure is not None  # step_out set it
+            raise self.failure from error
         self.schedule_flush()
         return end_offset
 
@@ -482,10 +493,13 @@ class BrokerHost:
                 self.role_epoch = view.master_epoch
                 self.role_changed()
             return
-        if view.master_id == self.broker_id:
-            self.become_master(view)
-        else:
-            self.become_slave(view)
+        try:
+            if view.master_id == self.broker_id:
+                self.become_master(view)
+            else:
+                self.become_slave(view)
+        except StorageError as error:  # truncating, syncing or the epoch file failed
+            self.step_out(error)
 
     def drop_role(self, error: HAReplicationError) -> None:
         if self.slave_connection is not None:
@@ -635,6 +649,9 @@ class BrokerHost:
             self.lose_slave_connection(str(error))
             self.heartbeat()  # the refusal may mean a newer master: ask
             return
+        except StorageError as error:  # appending, truncating or the epoch file failed
+            self.step_out(error)
+            return
         if slave.last_truncation is not truncation and slave.last_truncation is not None:
             self.truncated(slave.last_truncation)
         self.slave_actions(actions)
@@ -725,13 +742,16 @@ class BrokerHost:
         self.start_sync()  # what was appended while this one ran
 
     def step_out(self, error: BaseException) -> None:
-        """A sync failed: the kernel may have dropped the pages it was writing, so nothing
-        more from this log may count as durable until the broker reopens it. Rather than
+        """A sync failed (or a write to the log or the epoch file did): the kernel may have
+        dropped the pages it was writing, so nothing more from this log may count as durable
+        until the broker reopens it. Rather than
         hold produces until a restart: fail the waiting ones (outcome unknown: the slaves
         may hold them durably, and a new master may keep them), refuse new ones, close the
         replication connections, and fall silent to the controller, which then elects a
         master from the SyncStateSet members still alive (a slave that steps out stops
         acking and leaves the set by the usual shrink). Other brokers on the node go on."""
+        if self.failure is not None:
+            return  # stepped out already
         disk_full = isinstance(error, DiskFullError)
         failure = HASyncFailedError(self.group, self.broker_id, str(error), disk_full)
         self.failure = failure

@@ -383,7 +383,14 @@ class HATopicService:
             batch = stored_batch(request, timestamp_ms)
             message = encode_message(outcome.base_offset, count, wire.encode_record_batch(batch))
             start = part.commit_log.max_offset
-            end = host.append([message])
+            try:
+                end = host.append([message])
+            except HASyncFailedError as error:
+                # The write failed and the broker stepped out: this index, whose producer
+                # table admitted the batch, is dropped with it (a reopen builds a new one
+                # from the log), so a retry is never taken for a batch that was written.
+                refuse(reply, request.request_id, wire.ErrorCode.UNAVAILABLE, str(error))
+                return
             index.appended(start, end, outcome.base_offset, count)
             waiting = host.wait_acknowledged(end)
 

@@ -11,7 +11,7 @@ with it, and the broker falls silent, so the controller elects a master from the
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from quorumlog.errors import (
@@ -138,3 +138,51 @@ def test_the_sync_state_set_never_names_a_failed_master_again(tmp_path: Path) ->
     assert info.master_epoch == 2  # one election, not a flapping one
     assert cluster.host("b1").status().role == "failed"
     assert [b for b in BROKERS if cluster.host(b).is_master] == [info.master_id]
+
+
+# --- a failed write steps the broker out too ---------------------------------------------
+
+
+def fail_next_append(cluster: BrokerCluster, broker_id: str, error: StorageError) -> None:
+    """The broker's next commit-log append raises `error` (nothing written, as the store's
+    all-or-nothing append on a full disk); later appends write."""
+    log = cluster.brokers[broker_id].log
+    append = log.append
+
+    def failing(messages: Sequence[bytes], epoch: int) -> int:
+        log.append = append  # type: ignore[method-assign]
+        raise error
+
+    log.append = failing  # type: ignore[method-assign]
+
+
+def test_a_failed_master_append_steps_out_and_a_member_takes_over(tmp_path: Path) -> None:
+    cluster = started(tmp_path)
+    before = acknowledged(cluster, "b1", 3)
+    waiting = produce(cluster, "b1", b"waiting")  # written, not yet acknowledged
+    fail_next_append(cluster, "b1", DiskFullError("disk full while writing /b1/log"))
+    try:
+        cluster.host("b1").append([b"refused"])
+    except HASyncFailedError as error:
+        assert error.disk_full
+    else:
+        raise AssertionError("the append should have failed typed")
+    assert isinstance(waiting.exception(), HASyncFailedError)
+    assert cluster.host("b1").status().role == "failed"
+    cluster.run_until(lambda: cluster.master_id() in ("b2", "b3"), seconds_max=5.0)
+    new_master = cluster.master_id()
+    assert new_master is not None
+    assert cluster.brokers[new_master].messages()[: len(before)] == before
+    assert b"refused" not in cluster.brokers[new_master].messages()
+
+
+def test_a_failed_slave_append_steps_the_slave_out(tmp_path: Path) -> None:
+    cluster = started(tmp_path)
+    fail_next_append(cluster, "b2", io_error())
+    first = produce(cluster, "b1", b"m1")
+    cluster.run_until(lambda: cluster.host("b2").sync_failed, seconds_max=1.0)
+    assert cluster.host("b2").status().role == "failed"
+    cluster.run_until(first.done, seconds_max=10.0)  # once b2 left the SyncStateSet
+    assert first.exception() is None
+    info = cluster.controller.machine.group_info(GROUP)
+    assert info is not None and info.master_id == "b1" and "b2" not in info.sync_state_set

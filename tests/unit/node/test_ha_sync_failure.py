@@ -7,7 +7,7 @@ rejoins as a slave."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from quorumlog.codec import wire
@@ -129,3 +129,49 @@ async def check_sync_failure(nodes: list[Node]) -> None:
     await eventually(rejoined, "the reopened broker back in the SyncStateSet")
     reopened = service.serves(TOPIC, 0)
     assert reopened is not None and reopened is not failed and reopened.host.failure is None
+
+
+def test_a_failed_master_append_is_retried_once_at_the_next_master(tmp_path: Path) -> None:
+    """The append itself fails (a full disk): the producer table had admitted the batch, so
+    before, the retry was answered as a duplicate of a batch never written."""
+
+    async def scenario() -> None:
+        nodes = await start_nodes(settings_for(tmp_path))  # type: ignore[arg-type]
+        try:
+            await check_append_failure(nodes)
+        finally:
+            for node in nodes:
+                await node.stop()
+
+    asyncio.run(scenario())
+
+
+async def check_append_failure(nodes: list[Node]) -> None:
+    endpoints = endpoints_of(nodes)
+
+    def create() -> wire.TopicDescriptor:
+        with Admin(endpoints) as admin:
+            admin.create_topic(TOPIC, 1, 3, storage="ha")
+            return admin.topic_descriptor(TOPIC)
+
+    name = group_id(await asyncio.to_thread(create), 0)
+    info = await eventually(lambda: full_set(endpoints, name, 3), "a full set")
+    first = [b"first-%d" % number for number in range(4)]
+    assert await asyncio.to_thread(produce_to, endpoints, 0, first, "p-first") == list(range(4))
+    master = next(node for node in nodes if node.node_id == info.master_id)
+    part = master.streams.ha_topics.serves(TOPIC, 0)
+    assert part is not None
+    log = part.commit_log
+    append = log.append
+
+    def full_once(messages: Sequence[bytes], epoch: int) -> int:
+        log.append = append  # type: ignore[method-assign]
+        raise DiskFullError("disk full while writing the commit log: [Errno 28]")
+
+    log.append = full_once  # type: ignore[method-assign]
+    second = [b"second-%d" % number for number in range(4)]
+    offsets = await asyncio.to_thread(produce_to, endpoints, 0, second, "p-second")
+    assert offsets == list(range(4, 8))
+    assert part.host.failure is not None and part.host.failure.disk_full
+    found = await asyncio.to_thread(read_partition, endpoints, 0, 8)
+    assert found == list(enumerate([*first, *second])), "every record once, in order"
