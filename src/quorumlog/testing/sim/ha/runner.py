@@ -26,11 +26,12 @@ The shapes replay the RocketMQ bugs whose names they carry:
 One shape runs only when asked (`run_seed(seed, shape="sync-failure")`), outside the seed %
 5 rotation so that no existing seed moves:
 
-- "sync-failure": a commit-log sync fails (EIO or a full disk) at the master or at a slave.
-  The broker must step out at once: `SYNC_FAILURE_CHECK_MS` later nothing waits on it, it
+- "sync-failure": a commit-log sync fails (EIO or a full disk) at the master or at a slave,
+  or (by seed) that broker's disk fills, so its next write fails (an append, a truncation,
+  an epoch). The broker must step out at once: `SYNC_FAILURE_CHECK_MS` later nothing waits on it, it
   is not master, another broker is, and produces were acknowledged since (a failed slave
-  left the SyncStateSet). Then it restarts (the operator, or a node reopening the log), and
-  the usual end checks hold.
+  left the SyncStateSet). Then its disk has room again and it restarts (the operator, or a
+  node reopening the log), and the usual end checks hold.
 """
 
 from __future__ import annotations
@@ -257,21 +258,30 @@ class HASeed:
         victim = master if rng.random() < 0.5 else rng.choice(slaves)
         code = rng.choice([errno.EIO, errno.ENOSPC])
         broker = world.brokers[victim]
-        broker.fail_next_sync = storage_error(LOG_PATH, OSError(code, os.strerror(code)))
-        world.note(f"arm sync failure {victim} ({errno.errorcode[code]}; master {master})")
+        sync = rng.random() < 0.5
+        if sync:
+            broker.fail_next_sync = storage_error(LOG_PATH, OSError(code, os.strerror(code)))
+            world.note(f"arm sync failure {victim} ({errno.errorcode[code]}; master {master})")
+        else:
+            broker.disk.bytes_max = broker.disk.bytes_used  # the next write that grows fails
+            world.note(f"fill the disk of {victim} (master {master})")
         acknowledged = len(world.checker.acknowledged)
         world.events.schedule(
-            SYNC_FAILURE_CHECK_MS, lambda _: self.stepped_out(victim, master, acknowledged)
+            SYNC_FAILURE_CHECK_MS, lambda _: self.stepped_out(victim, master, acknowledged, sync)
         )
 
-    def stepped_out(self, victim: str, master: str, acknowledged_before: int) -> None:
+    def stepped_out(self, victim: str, master: str, acknowledged_before: int, sync: bool) -> None:
         """`SYNC_FAILURE_CHECK_MS` after the fault was armed: see the module docstring."""
         world = self.world
         check = world.checker.check
         broker = world.brokers[victim]
         host = broker.host
-        check(host is not None and broker.syncs_failed == 1, f"{victim}'s sync never failed")
+        check(host is not None, f"{victim} is down")
         assert host is not None
+        if sync:
+            check(broker.syncs_failed == 1, f"{victim}'s armed sync never ran")
+        else:
+            check(host.sync_failed, f"{victim} with a full disk never failed a write")
         check(
             not host.pending,
             f"{victim} holds {len(host.pending)} produces {SYNC_FAILURE_CHECK_MS} ms after "
@@ -288,6 +298,7 @@ class HASeed:
             f"nothing acknowledged in the {SYNC_FAILURE_CHECK_MS} ms after {victim}'s sync "
             f"failed (master was {master})",
         )
+        broker.disk.bytes_max = None  # room again (a full disk)
         self.crash_broker(victim, 300)  # the operator restarts it, or the node reopens it
 
     def crash_broker(self, name: str, down_ms: int) -> None:
