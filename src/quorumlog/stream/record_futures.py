@@ -4,8 +4,7 @@ A producer keeps every record's future alive until its batch is acknowledged: hu
 thousands at a time. Each object the garbage collector tracks then costs twice: once when
 a young collection walks and promotes it, and again in every full collection while it
 lives. The standard `concurrent.futures.Future` builds, per future, a Condition (with an
-RLock and a deque) and two lists, and runs a Python `__init__`. A `RecordFuture` builds
-none of them:
+RLock and a deque) and two lists. A `RecordFuture` builds none of them:
 
 - its Condition is its producer's, shared by all of that producer's futures, so a waiter
   may wake for another future: `result` and `exception` wait in a loop until this one is
@@ -14,8 +13,10 @@ none of them:
 - the waiter and callback lists are made on first use (by `concurrent.futures.wait` or
   `as_completed`, or `add_done_callback` on a pending future), not for every record.
 
-Each one is thus one GC-tracked object where the standard future is six, and sending a
-record costs about 1.5 µs less (measured, 300,000 sends in one thread).
+Each one is thus one GC-tracked object where the standard future is six (measured, 300,000
+sends in one thread with delivery stubbed: 3.4 µs a send with two lists per future, 2.2-2.6
+without them). And `done`, `result` and `exception` on a settled future read it without
+the lock: checking 300,000 futures after a flush took 1.9-3.6 µs each, now 0.1.
 """
 
 from __future__ import annotations
@@ -24,13 +25,16 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from concurrent.futures._base import CANCELLED as FUTURE_CANCELLED
+from concurrent.futures._base import CANCELLED_AND_NOTIFIED as FUTURE_CANCELLED_AND_NOTIFIED
 from concurrent.futures._base import FINISHED as FUTURE_FINISHED
 from concurrent.futures._base import PENDING as FUTURE_PENDING
-from typing import Any
+from typing import Any, cast
 
 from quorumlog.stream.records import RecordMetadata
 
 DoneCallback = Callable[[Future[RecordMetadata]], object]
+DONE_STATES = frozenset((FUTURE_CANCELLED, FUTURE_CANCELLED_AND_NOTIFIED, FUTURE_FINISHED))
 
 
 class RecordFuture(Future[RecordMetadata]):
@@ -74,11 +78,23 @@ class RecordFuture(Future[RecordMetadata]):
     def _done_callbacks(self, callbacks: list[DoneCallback]) -> None:
         self.callback_list = callbacks
 
+    def done(self) -> bool:
+        # One read of `_state` needs no lock (the standard future takes it, which costs a
+        # done future more than sending its record did): a future's state only moves on.
+        return self._state in DONE_STATES
+
     def result(self, timeout: float | None = None) -> RecordMetadata:
+        # Fast path for a finished future, as a caller checking 300,000 of them after a
+        # flush finds them: settlers store `_result` or `_exception` before `_state` (under
+        # the GIL a reader that sees FINISHED sees them too), and neither changes after.
+        if self._state == FUTURE_FINISHED and self._exception is None:
+            return cast(RecordMetadata, self._result)
         self.wait_done(timeout)
         return super().result(0)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == FUTURE_FINISHED:  # see `result`
+            return self._exception
         self.wait_done(timeout)
         return super().exception(0)
 

@@ -117,3 +117,30 @@ def test_a_failure_reaches_waiters_and_callbacks() -> None:
     assert done == {future}
     assert isinstance(future.exception(0), ValueError)
     assert len(seen) == 1 and isinstance(seen[0], ValueError)
+
+
+@pytest.mark.parametrize("outcome", ["result", "failure", "cancelled"])
+def test_a_settled_future_answers_as_a_standard_future_does(outcome: str) -> None:
+    ours = RecordFuture(threading.Condition())
+    standard: Future[RecordMetadata] = Future()
+    for future in (ours, standard):
+        if outcome == "result":
+            future.set_result(metadata(3))
+        elif outcome == "failure":
+            future.set_exception(ValueError("refused"))
+        else:
+            assert future.cancel()
+
+    def answers(future: Future[RecordMetadata]) -> tuple[object, ...]:
+        try:
+            result: object = future.result(timeout=0)
+        except BaseException as error:  # the type is the answer here
+            result = type(error)
+        try:
+            exception: object = future.exception(timeout=0)
+        except BaseException as error:
+            exception = type(error)
+        exception = type(exception) if isinstance(exception, BaseException) else exception
+        return future.done(), future.cancelled(), future.running(), result, exception
+
+    assert answers(ours) == answers(standard)
