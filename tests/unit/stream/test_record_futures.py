@@ -144,3 +144,37 @@ def test_a_settled_future_answers_as_a_standard_future_does(outcome: str) -> Non
         return future.done(), future.cancelled(), future.running(), result, exception
 
     assert answers(ours) == answers(standard)
+
+
+def test_a_settled_future_answers_while_another_thread_holds_the_shared_condition() -> None:
+    # The I/O thread holds the producer's condition while it resolves a batch; a caller
+    # checking futures already settled must not queue behind it (nor pay for the lock).
+    condition = threading.Condition()
+    finished, failed = RecordFuture(condition), RecordFuture(condition)
+    resolve_all(condition, [finished], [metadata(4)])
+    failed.set_exception(ValueError("refused"))
+    held, release, answered = threading.Event(), threading.Event(), threading.Event()
+    answers: list[object] = []
+
+    def hold() -> None:
+        with condition:
+            held.set()
+            release.wait(WAIT_SECONDS)
+
+    def ask() -> None:
+        answers.extend([finished.done(), finished.result(), failed.done()])
+        answers.append(type(failed.exception()))
+        answered.set()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(WAIT_SECONDS)
+        asker = threading.Thread(target=ask)
+        asker.start()
+        assert answered.wait(WAIT_SECONDS / 2)
+    finally:
+        release.set()
+        holder.join(WAIT_SECONDS)
+    asker.join(WAIT_SECONDS)
+    assert answers == [True, metadata(4), True, ValueError]
