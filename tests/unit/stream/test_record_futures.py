@@ -3,6 +3,7 @@ use), still usable with everything that takes standard futures."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import gc
 import threading
@@ -178,3 +179,19 @@ def test_a_settled_future_answers_while_another_thread_holds_the_shared_conditio
         holder.join(WAIT_SECONDS)
     asker.join(WAIT_SECONDS)
     assert answers == [True, metadata(4), True, ValueError]
+
+
+def test_asyncio_can_await_a_record_future_settled_on_another_thread() -> None:
+    condition = threading.Condition()
+    future = RecordFuture(condition)
+
+    async def await_it() -> RecordMetadata:
+        wrapped = asyncio.wrap_future(future)  # registers a callback while pending
+        resolver = threading.Thread(target=resolve_all, args=(condition, [future], [metadata(9)]))
+        resolver.start()
+        try:
+            return await asyncio.wait_for(wrapped, WAIT_SECONDS)
+        finally:
+            resolver.join(WAIT_SECONDS)
+
+    assert asyncio.run(await_it()) == metadata(9)
