@@ -368,6 +368,7 @@ class StreamTransport:
         at_leader: bool,
         timeout_seconds: float | None = None,
         fixed_endpoint: str | None = None,
+        patient: bool = False,
     ) -> ResponseType:
         """Send to the partition's replicas until a wanted answer arrives.
 
@@ -375,6 +376,9 @@ class StreamTransport:
         Otherwise any replica may answer (a fetch), preferring the leader if one is known.
         Raises UnknownOutcomeError / UnavailableError at the deadline (as the KV client
         does), RequestRejectedError on a refusal, TopicNotFoundError if the topic is gone.
+        `patient`: an attempt at a node that keeps answering other requests on the same
+        connection waits for its answer until the request's deadline, instead of being
+        given up after one attempt's time (`StreamConnection.wait_patiently`).
         """
         descriptor = await self.topic(topic)
         if not self.addresses_fetched:
@@ -387,6 +391,7 @@ class StreamTransport:
             expected,
             mark_leader=at_leader and fixed_endpoint is None,
             partition=(topic, partition),
+            patient=patient,
         )
 
     async def call_with(
@@ -396,6 +401,7 @@ class StreamTransport:
         expected: type[ResponseType],
         mark_leader: bool,
         partition: tuple[str, int] | None = None,
+        patient: bool = False,
     ) -> ResponseType:
         """The retry loop of `AsyncKVClient.call`, for any selector. With `partition`, a
         NOT_FOUND answer is checked against fresh metadata (see the module docstring)."""
@@ -403,7 +409,11 @@ class StreamTransport:
             if attempt.delay_seconds:
                 await asyncio.sleep(attempt.delay_seconds)  # back-off between attempts
             response = await self.kv.attempt(
-                attempts, attempt.endpoint, attempt.deadline, make_request
+                attempts,
+                attempt.endpoint,
+                attempt.deadline,
+                make_request,
+                attempts.deadline if patient else None,
             )
             if response is None:
                 if partition is not None:

@@ -583,6 +583,9 @@ class Producer(BlockingClient):
             side_effects=True,
             at_leader=True,
             timeout_seconds=self.delivery_timeout_seconds,
+            # A leader answering others on the connection is busy, not gone: a resend
+            # would only add a proposal to its queue.
+            patient=True,
         )
         self.batches_sent += 1
         return result

@@ -12,6 +12,7 @@ or cut a partition by retention.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -72,6 +73,9 @@ class FakeStreamNode(FakeNode):
         """Answer ListTopics as a follower that has not applied any topic yet."""
         self.refuse_produce_frames: wire.ErrorCode | None = None
         """Refuse every ProduceMany as a whole with this code (as auth would)."""
+        self.produce_answer_delays: dict[tuple[str, int], float] = {}
+        """Answer the next produce to this (topic, partition) only after so many seconds
+        (as a busy leader would); it is applied at once. One produce each."""
 
     def produces(self) -> list[wire.Produce]:
         """Every produce received, those that came as parts of a ProduceMany included."""
@@ -160,15 +164,18 @@ class FakeStreamNode(FakeNode):
         if isinstance(outcome, OutOfOrderSequenceError):
             reply(wire.ErrorResponse(frame.request_id, wire.ErrorCode.OUT_OF_RANGE, str(outcome)))
         elif isinstance(outcome, ProduceOutcome):
-            reply(
-                wire.ProduceResult(
-                    frame.request_id,
-                    outcome.base_offset,
-                    outcome.count,
-                    outcome.duplicate,
-                    batch.timestamp_ms,
-                )
+            result = wire.ProduceResult(
+                frame.request_id,
+                outcome.base_offset,
+                outcome.count,
+                outcome.duplicate,
+                batch.timestamp_ms,
             )
+            delay_seconds = self.produce_answer_delays.pop((frame.topic, frame.partition), None)
+            if delay_seconds is None:
+                reply(result)
+            else:
+                asyncio.get_running_loop().call_later(delay_seconds, reply, result)
         else:
             reply(wire.ErrorResponse(frame.request_id, wire.ErrorCode.INTERNAL, str(outcome)))
 
