@@ -229,6 +229,10 @@ class StreamTransport:
         self.addresses: dict[str, str] = {}
         """Node id → where it listens, as a node last said (beats descriptors' addresses)."""
         self.addresses_fetched = False
+        self.leaders_wanted = False
+        """Ask for every partition's leader with the topics (ListTopics.with_leaders): a
+        producer sets it, so its first send to each of a thousand partitions goes to the
+        leader, not to a replica that answers NOT_LEADER."""
 
     # --- metadata -------------------------------------------------------------------------
 
@@ -244,7 +248,24 @@ class StreamTransport:
             listed = await self.list_topics_at(None)
         self.topics = {descriptor.name: descriptor for descriptor in listed.topics}
         await self.refresh_addresses()
+        self.learn_leaders(listed.leaders)
         return self.topics
+
+    def learn_leaders(self, leaders: dict[str, list[str]]) -> None:
+        """Point each partition's selector at the leader a node named, where the selector
+        knows none yet (one it learned from an answer is newer than a listing)."""
+        for name, leader_ids in leaders.items():
+            descriptor = self.topics.get(name)
+            if descriptor is None or len(leader_ids) != len(descriptor.replicas):
+                continue
+            for partition, leader_id in enumerate(leader_ids):
+                address = self.address_of(descriptor, leader_id) if leader_id else None
+                if address is None:
+                    continue
+                with contextlib.suppress(ClientError):
+                    selector = self.selector(descriptor, partition)
+                    if selector.leader is None and address in selector.endpoints:
+                        selector.succeeded_at_leader(address)
 
     async def refresh_addresses(self) -> bool:
         """Ask a node where every node listens now; True if an address changed. (If no node
@@ -266,7 +287,7 @@ class StreamTransport:
         # A node answering ListTopics may be a follower, so it is never cached as leader.
         return await self.kv.call(
             "list topics",
-            lambda request_id: ListTopics(request_id=request_id),
+            lambda request_id: ListTopics(request_id=request_id, with_leaders=self.leaders_wanted),
             TopicList,
             side_effects=False,
             at_leader=False,

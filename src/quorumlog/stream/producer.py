@@ -298,6 +298,7 @@ class Producer(BlockingClient):
             password=password,
             tls=tls,
         )
+        self.transport.leaders_wanted = True
 
     # --- the caller's side --------------------------------------------------------------
 

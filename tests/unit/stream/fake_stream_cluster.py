@@ -73,6 +73,8 @@ class FakeStreamNode(FakeNode):
         """Answer ListTopics as a follower that has not applied any topic yet."""
         self.refuse_produce_frames: wire.ErrorCode | None = None
         """Refuse every ProduceMany as a whole with this code (as auth would)."""
+        self.lists_leaders = True
+        """Answer ListTopics.with_leaders (False: as a node from before it, which ignores it)."""
         self.produce_answer_delays: dict[tuple[str, int], float] = {}
         """Answer the next produce to this (topic, partition) only after so many seconds
         (as a busy leader would); it is applied at once. One produce each."""
@@ -95,7 +97,8 @@ class FakeStreamNode(FakeNode):
                 reply(self.cluster.change_topic(frame))
         elif isinstance(frame, wire.ListTopics):
             topics = [] if self.stale_topic_list else list(self.cluster.topics.values())
-            reply(wire.TopicList(request_id=frame.request_id, topics=topics))
+            leaders = self.cluster.leaders() if frame.with_leaders and self.lists_leaders else {}
+            reply(wire.TopicList(request_id=frame.request_id, topics=topics, leaders=leaders))
         elif isinstance(frame, wire.Produce):
             self.produce(frame, reply)
         elif isinstance(frame, wire.ProduceMany):
@@ -255,6 +258,15 @@ class FakeStreamCluster(FakeCluster):
             entry = encode_entry(GroupEntry(self.clock_ms, [filled]))
             [results] = self.coordinator.apply(self.coordinator_index, entry)
         return wire.GroupCoordinatorResponse(frame.request_id, encode_results(results))
+
+    def leaders(self) -> dict[str, list[str]]:
+        return {
+            name: [
+                self.partitions[(name, partition)].leader_id or ""
+                for partition in range(len(descriptor.replicas))
+            ]
+            for name, descriptor in self.topics.items()
+        }
 
     def node(self, node_id: str) -> FakeStreamNode:
         return self.nodes[node_id]
