@@ -229,6 +229,8 @@ class StreamTransport:
         self.addresses: dict[str, str] = {}
         """Node id → where it listens, as a node last said (beats descriptors' addresses)."""
         self.addresses_fetched = False
+        self.addresses_refresh: asyncio.Future[bool] | None = None
+        """The refresh of addresses under way, which every caller meanwhile awaits."""
         self.leaders_wanted = False
         """Ask for every partition's leader with the topics (ListTopics.with_leaders): a
         producer sets it, so its first send to each of a thousand partitions goes to the
@@ -269,7 +271,20 @@ class StreamTransport:
 
     async def refresh_addresses(self) -> bool:
         """Ask a node where every node listens now; True if an address changed. (If no node
-        answers, the addresses known stay: the request that needs them will say why.)"""
+        answers, the addresses known stay: the request that needs them will say why.)
+
+        Callers at the same time share one request: a producer whose thousand partitions
+        all lost their leader's connection at once asked a thousand times (measured: 7,644
+        status requests for 901 produce answers)."""
+        if self.addresses_refresh is None:
+            self.addresses_refresh = asyncio.ensure_future(self.fetch_addresses())
+            self.addresses_refresh.add_done_callback(self.addresses_refreshed)
+        return await asyncio.shield(self.addresses_refresh)
+
+    def addresses_refreshed(self, refresh: asyncio.Future[bool]) -> None:
+        self.addresses_refresh = None
+
+    async def fetch_addresses(self) -> bool:
         self.addresses_fetched = True
         try:
             status = await self.kv.status()
@@ -367,13 +382,16 @@ class StreamTransport:
         side_effects: bool,
         timeout_seconds: float | None = None,
         fixed_endpoint: str | None = None,
+        attempt_timeout_seconds: float | None = None,
     ) -> TrackedAttempts:
+        if attempt_timeout_seconds is None:
+            attempt_timeout_seconds = self.kv.attempt_timeout_seconds
         return TrackedAttempts(
             what,
             selector,
             asyncio.get_running_loop().time,
             self.timeout if timeout_seconds is None else timeout_seconds,
-            self.kv.attempt_timeout_seconds,
+            attempt_timeout_seconds,
             side_effects=side_effects,
             fixed_endpoint=fixed_endpoint,
         )
@@ -390,6 +408,7 @@ class StreamTransport:
         timeout_seconds: float | None = None,
         fixed_endpoint: str | None = None,
         patient: bool = False,
+        attempt_timeout_seconds: float | None = None,
     ) -> ResponseType:
         """Send to the partition's replicas until a wanted answer arrives.
 
@@ -400,12 +419,15 @@ class StreamTransport:
         `patient`: an attempt at a node that keeps answering other requests on the same
         connection waits for its answer until the request's deadline, instead of being
         given up after one attempt's time (`StreamConnection.wait_patiently`).
+        `attempt_timeout_seconds`: this request's, instead of the client's.
         """
         descriptor = await self.topic(topic)
         if not self.addresses_fetched:
             await self.refresh_addresses()
         selector = self.selector(descriptor, partition)
-        attempts = self.attempts(what, selector, side_effects, timeout_seconds, fixed_endpoint)
+        attempts = self.attempts(
+            what, selector, side_effects, timeout_seconds, fixed_endpoint, attempt_timeout_seconds
+        )
         return await self.call_with(
             attempts,
             make_request,
