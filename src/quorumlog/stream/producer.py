@@ -15,6 +15,14 @@ How it works:
   until its queue holds a full batch (`batch_records_max` / `batch_bytes_max`) or its
   oldest record has waited `linger_ms`, takes one batch, and sends it to the partition's
   leader; one batch per partition is in flight at a time, so batches land in order.
+- Many partitions (Kafka's per-broker drain): the batches of one loop turn bound for one
+  node leave in one ProduceMany frame, each part answered on its own (a NOT_LEADER for
+  one part re-routes that part only). The producer learns every partition's leader with
+  the topic listing (ListTopics.with_leaders), so first sends go to leaders. A produce
+  attempt waits for a node that keeps answering on its connection until the delivery
+  timeout, and gives a silent one `ATTEMPT_TIMEOUT_SECONDS_DEFAULT` (unless
+  `attempt_timeout_seconds` is given): giving up on a busy node dropped its connection
+  and sent every batch in flight on it again.
 - Idempotence: each partition numbers records from 0 (the sequence); a batch carries its
   first record's sequence. A batch is retried (at whichever node leads now) with the SAME
   base sequence until the partition answers, and the partition answers a batch it has
