@@ -284,6 +284,27 @@ class NotEnoughReplicasUnavailableError(UnavailableError, NotEnoughReplicasError
         self.min_in_sync = 0
 
 
+class HASyncFailedError(UnknownOutcomeError, HAReplicationError):
+    """A broker's commit log failed a sync (an I/O error, a full disk): the kernel may have
+    dropped what it was flushing, so the broker counts nothing more durable, steps out of its
+    group (a master stops taking and acknowledging writes, a slave stops acking) and its
+    controller heartbeats stop, so the controller elects a master from the SyncStateSet
+    members still alive. A produce that was waiting for the failed broker may or may not be
+    durable elsewhere: its outcome is unknown, and a retry with the same producer sequence
+    is deduplicated by the new master. The broker serves again once its log is reopened
+    (by the node after a full disk, or by a restart)."""
+
+    def __init__(self, group: str, broker_id: str, reason: str, disk_full: bool = False) -> None:
+        QuorumLogError.__init__(
+            self, f"broker {broker_id} of {group} stepped out after a failed sync: {reason}"
+        )
+        self.group = group
+        self.broker_id = broker_id
+        self.reason = reason
+        self.disk_full = disk_full
+        """The sync failed for want of space (ENOSPC, EDQUOT): worth reopening later."""
+
+
 # --- ledgers (reference 001) ---------------------------------------------------------
 
 

@@ -34,6 +34,9 @@ SUMMARY_KEYS = {
     "ledger_p50_ms",
     "ledger_p99_ms",
     "failover_seconds",
+    "ha_client_cpu_us_per_record",
+    "ha_node_cpu_us_per_record",
+    "ha_client_cpu_share",
 }
 
 

@@ -48,3 +48,18 @@ def test_sim_raft_rejects_a_bad_seed_range() -> None:
 def test_parse_seed_range() -> None:
     assert runner.parse_seed_range("5") == range(5, 6)
     assert runner.parse_seed_range("10-19") == range(10, 20)
+
+
+def test_a_run_too_short_to_check_liveness_is_refused() -> None:
+    result = CliRunner().invoke(cli, ["sim", "raft", "--seeds", "0", "--seconds", "5"])
+    assert result.exit_code == 2
+    assert "7" in result.output
+    with pytest.raises(ValueError, match="liveness"):
+        runner.run_seed(0, 3, 5.0, capture_trace=False)
+
+
+def test_a_short_run_heals_early_enough_to_check_liveness() -> None:
+    """At 7.5 s the final heal used to come at 40% of the run, 1.5 s before the liveness
+    deadline: these seeds, still electing a leader by then, "failed" liveness."""
+    results = [runner.run_seed(seed, 3, 7.5, capture_trace=False) for seed in (24, 41, 163)]
+    assert [(result.seed, result.failure) for result in results if not result.ok] == []

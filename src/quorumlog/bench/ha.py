@@ -13,7 +13,11 @@ Cases, one JSON object each:
 - `produce-<storage>`: one `Producer` (the `bench stream` produce path) sends RECORDS
   100-byte records as fast as it takes them; records/s from the first send to the last
   acknowledgement. CPU per record of the nodes (all three) and of this client beside it:
-  a client near one core's worth per record is what bounds the rate, not the storage.
+  a client near one core's worth per record is what bounds the rate, not the storage
+  (`client_cpu_share`: the client's CPU seconds over the case's seconds; its Python
+  threads share one interpreter lock, so near 1.0 the client is the limit). The summary
+  gives the HA cases' medians (`ha_client_cpu_us_per_record`, `ha_node_cpu_us_per_record`,
+  `ha_client_cpu_share`).
   The three storages take turns, `--rounds` times (3 by default, 1 with --quick): on a
   shared machine the load drifts between cases, and a ratio of two runs taken seconds
   apart, repeated, says more than one taken once. The summary gives the median rates and
@@ -186,6 +190,7 @@ def produce_case(
         "records_per_s": round(settings.records / seconds),
         "node_cpu_us_per_record": round(node_cpu_seconds / settings.records * 1e6, 2),
         "client_cpu_us_per_record": round(client_cpu_seconds / settings.records * 1e6, 2),
+        "client_cpu_share": round(client_cpu_seconds / seconds, 2),
         "load_average_at_start": load,
     }
 
@@ -333,12 +338,15 @@ def run_cases(nodes: NodeCluster, settings: Settings) -> dict[str, Any]:
     group = create_topics(endpoints)
     pids = list(nodes.pids.values())
     rates: dict[str, list[int]] = {storage: [] for storage in STORAGES}
+    ha_lines: list[dict[str, Any]] = []
     for round_number in range(settings.rounds):
         for storage in STORAGES:
             line = produce_case(endpoints, storage, pids, settings)
             line["round"] = round_number
             emit(line, settings.as_json)
             rates[storage].append(line["records_per_s"])
+            if storage == "ha":
+                ha_lines.append(line)
     for storage in STORAGES:
         paced = latency_case(endpoints, storage, settings)
         emit(paced, settings.as_json)
@@ -356,6 +364,8 @@ def run_cases(nodes: NodeCluster, settings: Settings) -> dict[str, Any]:
     summary["ratio_ha_to_raft_produce_rounds"] = [round(ratio, 3) for ratio in raft_ratios]
     summary["rounds"] = settings.rounds
     summary["failover_seconds"] = failover["failover_seconds"]
+    for key in ("client_cpu_us_per_record", "node_cpu_us_per_record", "client_cpu_share"):
+        summary[f"ha_{key}"] = round(statistics.median(line[key] for line in ha_lines), 2)
     return summary
 
 

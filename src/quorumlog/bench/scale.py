@@ -11,7 +11,9 @@ line ("phase": "partitions"):
   `--idle-seconds` once the cluster has settled for `--settle-seconds` after the create;
 - `rss_mb_per_node`: the nodes' mean resident set size (VmRSS) after that idle period;
 - `produce_records_per_s`: 100-byte records spread round robin over all the topic's
-  partitions by one `Producer`, from the first send to the last acknowledgement.
+  partitions by one `Producer`, from the first send to the last acknowledgement;
+  `produce_batches`: the produce requests answered meanwhile (retries not counted);
+  `load_average_1m`: the machine's load then (the figures are only as quiet as it was).
 
 Last line, one JSON object: `idle_cores_1_partition`, `idle_cores_1000_partitions`,
 `rss_mb_per_1000_groups` (node RSS growth from the 1-partition to the 1000-partition
@@ -23,6 +25,7 @@ groups each node hosted at the end. Figures, never pass or fail.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -133,8 +136,11 @@ def create_and_reach_every_partition(endpoints: list[str], topic: str, partition
     return time.perf_counter() - started
 
 
-def produce_spread(endpoints: list[str], topic: str, partitions: int, records: int) -> float:
-    """Records per second, sent round robin over every partition, until all acknowledged."""
+def produce_spread(
+    endpoints: list[str], topic: str, partitions: int, records: int
+) -> tuple[float, int]:
+    """Records per second, sent round robin over every partition, until all acknowledged;
+    and the batches the producer had answered (how many round trips the records took)."""
     from quorumlog import Producer
 
     producer = Producer(endpoints, cluster_id=CLUSTER_ID)
@@ -151,7 +157,7 @@ def produce_spread(endpoints: list[str], topic: str, partitions: int, records: i
     failed = sum(1 for future in futures if future.exception() is not None)
     if failed:
         raise BenchError(f"{failed} of {records} records to {topic} failed")
-    return records / elapsed
+    return records / elapsed, producer.batches_sent
 
 
 def run_phase(cluster: NodeCluster, partitions: int, settings: ScaleSettings) -> dict[str, Any]:
@@ -162,7 +168,7 @@ def run_phase(cluster: NodeCluster, partitions: int, settings: ScaleSettings) ->
     time.sleep(settings.settle_seconds)  # let elections and catch-up finish: the idle state
     cores = idle_cores(pids, settings.idle_seconds)
     rss = [rss_megabytes(pid) for pid in pids]
-    rate = produce_spread(endpoints, topic, partitions, settings.produce_records)
+    rate, batches = produce_spread(endpoints, topic, partitions, settings.produce_records)
     return {
         "phase": "partitions",
         "partitions": partitions,
@@ -170,6 +176,8 @@ def run_phase(cluster: NodeCluster, partitions: int, settings: ScaleSettings) ->
         "idle_cores": round(cores, 4),
         "rss_mb_per_node": round(sum(rss) / len(rss), 1),
         "produce_records_per_s": round(rate),
+        "produce_batches": batches,
+        "load_average_1m": round(os.getloadavg()[0], 2),
     }
 
 

@@ -19,7 +19,11 @@ Cases, for each store (segment, mmap):
 - `mmap-vs-segment-append-100`: both stores take the same batches of append-100 in one loop,
   alternating batch by batch (the order flips every batch), so that they see the same disk
   weather; the cases above run each store at its own time, tens of seconds apart on a disk
-  whose sync latency drifts. Reports each store's entries/s over all runs and their ratio.
+  whose sync latency drifts. Reports each store's entries/s over all runs and their ratio,
+  and where each store's time went: append (CPU: encode and the page-cache writes) and sync
+  per batch, the median and mean sync, and the share of sync time spent above the median
+  (`<store>_sync_slow_share`: the syncs that waited behind other writes to the disk, such
+  as the mmap store's chunks of zeros ahead or its lagged index flush).
 
 Each run and each store's failures are reported as lines with an "error" field; the run goes
 on. Everything is written under one temporary directory that is removed at the end.
@@ -326,7 +330,8 @@ def bench_side_by_side(
     """Append and sync the same batches to a segment and an mmap store, alternating."""
     work.mkdir(parents=True, exist_ok=True)
     batches = make_batches(1, entry_count, data_bytes)
-    seconds = dict.fromkeys(STORES, 0.0)
+    append_seconds = dict.fromkeys(STORES, 0.0)
+    sync_seconds: dict[str, list[float]] = {name: [] for name in STORES}
     clock = time.perf_counter
     gc.collect()
     for _ in range(repeats):
@@ -337,15 +342,18 @@ def bench_side_by_side(
                 for name, store in order:
                     started = clock()
                     store.append(batch)
+                    appended = clock()
                     store.sync()
-                    seconds[name] += clock() - started
+                    append_seconds[name] += appended - started
+                    sync_seconds[name].append(clock() - appended)
                 order.reverse()
         finally:
             for name, store in stores.items():
                 store.close()
                 shutil.rmtree(work / name, ignore_errors=True)
+    seconds = {name: append_seconds[name] + sum(sync_seconds[name]) for name in STORES}
     rates = {name: round(entry_count * repeats / spent) for name, spent in seconds.items()}
-    return {
+    result: dict[str, Any] = {
         "case": SIDE_BY_SIDE_CASE,
         "entries": entry_count,
         "batch_entries": BATCH_ENTRIES,
@@ -353,6 +361,25 @@ def bench_side_by_side(
         "segment_entries_per_s": rates["segment"],
         "mmap_entries_per_s": rates["mmap"],
         "mmap_to_segment": round(rates["mmap"] / rates["segment"], 3),
+    }
+    for name in STORES:
+        result.update(time_split(name, append_seconds[name], sync_seconds[name]))
+    return result
+
+
+def time_split(store_name: str, append_seconds: float, syncs: list[float]) -> dict[str, Any]:
+    """Where one store's side-by-side time went, per batch (see the module docstring)."""
+    if not syncs:
+        return {}
+    median = statistics.median(syncs)
+    total = sum(syncs)
+    above_median = sum(spent - median for spent in syncs if spent > median)
+    microseconds = 1e6
+    return {
+        f"{store_name}_append_us": round(append_seconds / len(syncs) * microseconds, 1),
+        f"{store_name}_sync_us_median": round(median * microseconds, 1),
+        f"{store_name}_sync_us_mean": round(total / len(syncs) * microseconds, 1),
+        f"{store_name}_sync_slow_share": round(above_median / total, 3) if total else 0.0,
     }
 
 

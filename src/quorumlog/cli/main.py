@@ -230,7 +230,15 @@ sim.add_command(sim_groups_command)
 @sim.command("raft")
 @click.option("--seeds", "seed_range", required=True, help='Seeds to run: "7" or "10-19".')
 @click.option("--nodes", "node_count", type=click.IntRange(1, 9), default=3, show_default=True)
-@click.option("--seconds", "simulated_seconds", type=float, default=30.0, show_default=True)
+@click.option(
+    "--seconds",
+    "simulated_seconds",
+    type=click.FloatRange(min=7.0),
+    default=30.0,
+    show_default=True,
+    help="Simulated seconds a seed runs (at least 7: the liveness check after the "
+    "final heal and the drain need the time).",
+)
 @click.option("--jobs", type=click.IntRange(1, 64), default=1, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="End with one JSON summary line.")
 @click.option(

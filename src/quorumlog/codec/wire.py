@@ -397,11 +397,20 @@ class DeleteTopic(msgspec.Struct, frozen=True, tag=True):
 
 class ListTopics(msgspec.Struct, frozen=True, tag=True):
     request_id: int
+    with_leaders: bool = False
+    """Also say each partition's leader, as this node knows it (`TopicList.leaders`): a
+    producer about to send to a thousand fresh partitions learns where to in one round
+    trip, as Kafka's Metadata request. Trailing, with a default: a node from before it
+    ignores it and answers without leaders."""
 
 
 class TopicList(msgspec.Struct, frozen=True, tag=True):
     request_id: int
     topics: list[TopicDescriptor]
+    leaders: dict[str, list[str]] = {}
+    """Asked for with `ListTopics.with_leaders`: topic → the node id leading each of its
+    partitions, "" where this node does not know (it hosts no replica, no leader yet, or
+    the partition is not a Raft group). Trailing, with a default."""
 
 
 class Produce(msgspec.Struct, frozen=True, tag=True):

@@ -48,6 +48,18 @@ master that a newer view names nobody or someone else is fenced first (it acknow
 nothing more), then changes role. Produces waiting on a mastership that ends fail with
 `MasterFencedError`: their outcome is unknown (a new master may still hold them), which the
 idempotent producer's retry resolves.
+
+A failed sync (an I/O error, a full disk), or a failed write to the commit log or the epoch
+file (an append, a handshake truncation, a new epoch). The kernel may have dropped the pages
+a failed sync was writing, so the log counts nothing more durable until it is reopened (the
+store refuses more writes too). The broker steps out at once (`step_out`): the produces
+waiting fail with `HASyncFailedError`, an unknown outcome (the slaves may hold them durably;
+the idempotent producer's retry at the next master resolves it), new ones are refused with
+it, the replication connections close and the broker falls silent to the controller, which
+elects a master from the SyncStateSet members still alive after its heartbeat timeout. A
+slave that steps out stops acking and leaves the SyncStateSet by the usual shrink, so the
+master's produces go on. `on_failed` tells the owner (a node reopens the log after a full
+disk, Kafka's way with a failed log directory: leadership moves to a replica with room).
 """
 
 from __future__ import annotations
@@ -61,12 +73,15 @@ from typing import Protocol
 import msgspec
 
 from quorumlog.errors import (
+    DiskFullError,
     HAHandshakeRefusedError,
     HAPendingFullError,
     HAReplicationError,
+    HASyncFailedError,
     MasterFencedError,
     NotEnoughReplicasError,
     QuorumLogError,
+    StorageError,
 )
 from quorumlog.ha.commit_log import CommitLog, CommitLogBatch, CommitLogSync
 from quorumlog.ha.controller_model import (
@@ -161,7 +176,7 @@ class BrokerStatus(msgspec.Struct, frozen=True):
     group: str
     broker_id: str
     role: str
-    """"master", "slave", "fenced" or "none"."""
+    """"master", "slave", "fenced", "none", or "failed" (stepped out after a failed sync)."""
     master_id: str | None
     master_epoch: int
     max_offset: int
@@ -187,6 +202,7 @@ class BrokerHost:
         on_truncated: Callable[[int], None] | None = None,
         on_role_changed: Callable[[], None] | None = None,
         background: Background | None = None,
+        on_failed: Callable[[HASyncFailedError], None] | None = None,
     ) -> None:
         self.config = config or BrokerHostConfig()
         self.config.validate()
@@ -217,8 +233,12 @@ class BrokerHost:
         self.background = background or SyncHere()
         """Where the commit log's syncs run (see the module docstring)."""
         self.sync_in_flight: CommitLogSync | None = None
-        self.sync_failed = False
-        """A sync failed: the commit log is unusable until reopened; no more syncs."""
+        self.failure: HASyncFailedError | None = None
+        """A sync failed: the broker stepped out (see `step_out`) until its log is reopened,
+        which takes a new host."""
+        self.on_failed = on_failed
+        """Called once when the broker steps out (the node reopens the log after a full
+        disk)."""
         self.flush_scheduled = False
         self.registered = False
         self.heartbeat_in_flight = False
@@ -258,6 +278,10 @@ class BrokerHost:
         return self.master is not None and not self.master.fenced
 
     @property
+    def sync_failed(self) -> bool:
+        return self.failure is not None
+
+    @property
     def master_address(self) -> str | None:
         """The HA address of the master the controller names (None if none or unknown)."""
         view = self.view
@@ -275,6 +299,8 @@ class BrokerHost:
 
     def append_refusal(self) -> HAReplicationError | None:
         """Why `append` would refuse now (None: it would write)."""
+        if self.failure is not None:
+            return self.failure
         master = self.master
         if master is None or master.fenced:
             return MasterFencedError(
@@ -291,15 +317,23 @@ class BrokerHost:
 
     def append(self, messages: Sequence[bytes]) -> int:
         """Write a produce at the master; returns its end offset (then `wait_acknowledged`).
-        Raises what `append_refusal` names: MasterFencedError if this broker is not master,
-        NotEnoughReplicasError if the SyncStateSet is too small, HAPendingFullError if too
-        many produces are waiting."""
+        Raises what `append_refusal` names: HASyncFailedError if the broker stepped out after
+        a failed sync, MasterFencedError if this broker is not master, NotEnoughReplicasError
+        if the SyncStateSet is too small, HAPendingFullError if too many produces wait."""
         refusal = self.append_refusal()
         if refusal is not None:
             raise refusal
         master = self.master
         assert master is not None  # append_refusal said so
-        end_offset = master.append(messages)
+        try:
+            end_offset = master.append(messages)
+        except StorageError as error:
+            # A full disk or an I/O error while writing: as for a failed sync, step out
+            # (a replica with room takes over; whoever admitted this produce, such as a
+            # node's producer table, must forget it: the broker is replaced).
+            self.step_out(error)
+            assert self.failure is not None  # step_out set it
+            raise self.failure from error
         self.schedule_flush()
         return end_offset
 
@@ -307,7 +341,9 @@ class BrokerHost:
         """Completes with `end_offset` once every SyncStateSet member has the log up to it
         (fails with MasterFencedError if this mastership ends first)."""
         completion: Completion[int] = Completion(self.scheduler)
-        if end_offset <= self.acknowledged_offset and self.is_master:
+        if self.failure is not None:
+            completion.set_exception(self.failure)
+        elif end_offset <= self.acknowledged_offset and self.is_master:
             completion.set_result(end_offset)
         elif not self.is_master:
             completion.set_exception(MasterFencedError(f"{self.broker_id} is not master"))
@@ -329,7 +365,9 @@ class BrokerHost:
         return self.commit_log.read_batch(offset, bytes_max)
 
     def status(self) -> BrokerStatus:
-        if self.master is not None:
+        if self.failure is not None:
+            role = "failed"
+        elif self.master is not None:
             role = "fenced" if self.master.fenced else "master"
         else:
             role = "slave" if self.slave is not None else "none"
@@ -348,6 +386,8 @@ class BrokerHost:
     # --- the controller --------------------------------------------------------------------
 
     def register(self) -> None:
+        if self.failure is not None:
+            return  # stepped out: the controller must stop counting this broker alive
         command = RegisterBroker(self.group, self.broker_id, self.address)
         self.controller.submit(command, self.registered_answer)
 
@@ -375,7 +415,7 @@ class BrokerHost:
         self.heartbeat()
 
     def heartbeat(self) -> None:
-        if not self.registered or self.heartbeat_in_flight:
+        if not self.registered or self.heartbeat_in_flight or self.failure is not None:
             return
         self.heartbeat_in_flight = True
         command = BrokerHeartbeat(
@@ -427,6 +467,8 @@ class BrokerHost:
         if self.closed or view.group != self.group or view.master_epoch < self.role_epoch:
             return
         self.view = view
+        if self.failure is not None:
+            return  # stepped out: no role until the log is reopened
         master, slave = self.master, self.slave
         if master is not None:
             master.controller_view(
@@ -451,12 +493,15 @@ class BrokerHost:
                 self.role_epoch = view.master_epoch
                 self.role_changed()
             return
-        if view.master_id == self.broker_id:
-            self.become_master(view)
-        else:
-            self.become_slave(view)
+        try:
+            if view.master_id == self.broker_id:
+                self.become_master(view)
+            else:
+                self.become_slave(view)
+        except StorageError as error:  # truncating, syncing or the epoch file failed
+            self.step_out(error)
 
-    def drop_role(self, error: MasterFencedError) -> None:
+    def drop_role(self, error: HAReplicationError) -> None:
         if self.slave_connection is not None:
             self.links.close(self.slave_connection)
             self.slave_connection = None
@@ -470,7 +515,7 @@ class BrokerHost:
         self.slave = None
         self.fail_pending(error)
 
-    def fail_pending(self, error: MasterFencedError) -> None:
+    def fail_pending(self, error: HAReplicationError) -> None:
         pending, self.pending = self.pending, []
         for _, _, completion in sorted(pending, key=lambda item: item[:2]):
             completion.set_exception(error)
@@ -604,6 +649,9 @@ class BrokerHost:
             self.lose_slave_connection(str(error))
             self.heartbeat()  # the refusal may mean a newer master: ask
             return
+        except StorageError as error:  # appending, truncating or the epoch file failed
+            self.step_out(error)
+            return
         if slave.last_truncation is not truncation and slave.last_truncation is not None:
             self.truncated(slave.last_truncation)
         self.slave_actions(actions)
@@ -668,7 +716,7 @@ class BrokerHost:
         if (
             self.sync_in_flight is not None
             or self.closed
-            or self.sync_failed
+            or self.failure is not None
             or log.durable_offset >= log.max_offset
         ):
             return
@@ -680,13 +728,10 @@ class BrokerHost:
         """On the host's thread: a sync returned; count what it made durable."""
         self.sync_in_flight = None
         self.commit_log.finish_sync(captured, error)
-        if error is not None:
-            # The kernel may have dropped the dirty pages: nothing more is acknowledged
-            # from this log until the broker reopens it (restart). Produces wait, then fail.
-            self.sync_failed = True
-            log.error("HA broker %s/%s: sync failed: %s", self.group, self.broker_id, error)
-            return
         if self.closed:
+            return
+        if error is not None:
+            self.step_out(error)
             return
         master, slave = self.master, self.slave
         if master is not None:
@@ -695,6 +740,25 @@ class BrokerHost:
         elif slave is not None:
             self.slave_actions(slave.synced())
         self.start_sync()  # what was appended while this one ran
+
+    def step_out(self, error: BaseException) -> None:
+        """A sync failed (or a write to the log or the epoch file did): the kernel may have
+        dropped the pages it was writing, so nothing more from this log may count as durable
+        until the broker reopens it. Rather than
+        hold produces until a restart: fail the waiting ones (outcome unknown: the slaves
+        may hold them durably, and a new master may keep them), refuse new ones, close the
+        replication connections, and fall silent to the controller, which then elects a
+        master from the SyncStateSet members still alive (a slave that steps out stops
+        acking and leaves the set by the usual shrink). Other brokers on the node go on."""
+        if self.failure is not None:
+            return  # stepped out already
+        disk_full = isinstance(error, DiskFullError)
+        failure = HASyncFailedError(self.group, self.broker_id, str(error), disk_full)
+        self.failure = failure
+        log.error("HA broker %s/%s: %s", self.group, self.broker_id, failure)
+        self.drop_role(failure)
+        if self.on_failed is not None:
+            self.on_failed(failure)
 
     def master_actions(self, master: MasterCore, actions: MasterActions) -> None:
         for send in actions.sends:

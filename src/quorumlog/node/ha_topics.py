@@ -22,6 +22,14 @@
   written, if the set is smaller than `min_in_sync`). Fetch and PartitionStatus at the
   master only, up to confirmOffset (a slave's view of confirmOffset lags, and only the
   master's index is kept), so a consumer reads only what every SyncStateSet member holds.
+- A failed sync steps the broker out (ha/broker_host.py): its waiting produces are answered
+  UNAVAILABLE (outcome unknown; the producer retries with the same sequence and the next
+  master deduplicates), the controller elects another master, and every other partition of
+  the node goes on. After a full disk (like the Raft host's ENOSPC retry) the partition is
+  reopened every `disk_full_reopen_seconds`: a new host over the log reopened from disk,
+  which registers and rejoins (as a restart would); a sync failing again steps it out
+  again. After an I/O error the broker stays out until the node restarts: the kernel may
+  have dropped pages it reported written (the Raft host stops its group likewise).
 """
 
 from __future__ import annotations
@@ -37,7 +45,12 @@ from pathlib import Path
 import msgspec
 
 from quorumlog.codec import wire
-from quorumlog.errors import MasterFencedError, NotEnoughReplicasError, QuorumLogError
+from quorumlog.errors import (
+    HASyncFailedError,
+    MasterFencedError,
+    NotEnoughReplicasError,
+    QuorumLogError,
+)
 from quorumlog.ha.broker_host import BrokerHost, BrokerHostConfig
 from quorumlog.ha.commit_log import MmapCommitLog
 from quorumlog.ha.epoch_file import EpochFile
@@ -72,6 +85,10 @@ HA_TOPIC_CONFIG = BrokerHostConfig(
 SYNC_THREADS = 4
 """Threads syncing commit logs at once: each broker has at most one sync in flight, and a
 file system commits concurrent syncs together (runtime/sync_batch.py)."""
+DISK_FULL_REOPEN_SECONDS = 5.0
+"""After a sync failed on a full disk, the partition's log is reopened this long after (and
+as often, while opening fails): longer than the controller's broker timeout (1.5 s), so a
+failed master's group has elected another before the reopened broker registers."""
 SLAVE_INDEX_INTERVAL_SECONDS = 0.2
 SLAVE_INDEX_MESSAGES_PER_STEP = 2_048
 """A slave indexes what it received this often, at most this many messages per partition
@@ -127,6 +144,9 @@ class HATopicService:
         self.tasks: set[asyncio.Task[None]] = set()
         self.stopping = False
         self.syncs = BatchedBackground(SYNC_THREADS)
+        self.disk_full_reopen_seconds = DISK_FULL_REOPEN_SECONDS
+        self.reopens = 0
+        """Partitions reopened after a full disk (for tests and status)."""
 
     # --- hosting ---------------------------------------------------------------------------
 
@@ -203,10 +223,46 @@ class HATopicService:
             background=self.syncs,
         )
         part = HAPartition(descriptor, partition, name, host, index, commit_log)
+        host.on_failed = lambda failure: self.broker_failed(part, failure)
         self.partitions[(descriptor.name, partition)] = part
         links.attach(host)
         host.start()
         log.info("broker of %s partition %d (group %s)", descriptor.name, partition, name)
+
+    def broker_failed(self, part: HAPartition, failure: HASyncFailedError) -> None:
+        """A broker stepped out after a failed sync (see the module docstring)."""
+        if not failure.disk_full:
+            log.error(
+                "HA %s: the broker stays out until the node restarts (after an I/O error the "
+                "kernel may have dropped what it reported written)",
+                part.group,
+            )
+            return
+        log.error(
+            "HA %s: disk full; the log is reopened in %.1f s",
+            part.group,
+            self.disk_full_reopen_seconds,
+        )
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.disk_full_reopen_seconds, self.reopen, part)
+
+    def reopen(self, part: HAPartition) -> None:
+        """Replace a broker that stepped out by one over its log reopened from disk."""
+        key = (part.descriptor.name, part.partition)
+        if self.stopping or self.partitions.get(key) is not part:
+            return  # dropped or stopped meanwhile
+        del self.partitions[key]
+        self.close_partition(part)
+        try:
+            self.start_broker(part.descriptor, part.partition)
+        except QuorumLogError as error:
+            log.error("HA %s: reopening failed, trying again: %s", part.group, error)
+            self.partitions[key] = part  # closed: it refuses everything until replaced
+            loop = asyncio.get_running_loop()
+            loop.call_later(self.disk_full_reopen_seconds, self.reopen, part)
+            return
+        self.reopens += 1
+        log.warning("HA %s: the broker's log is reopened after a full disk", part.group)
 
     def drop(self, descriptor: wire.TopicDescriptor) -> None:
         for partition in range(len(descriptor.replicas)):
@@ -327,7 +383,14 @@ class HATopicService:
             batch = stored_batch(request, timestamp_ms)
             message = encode_message(outcome.base_offset, count, wire.encode_record_batch(batch))
             start = part.commit_log.max_offset
-            end = host.append([message])
+            try:
+                end = host.append([message])
+            except HASyncFailedError as error:
+                # The write failed and the broker stepped out: this index, whose producer
+                # table admitted the batch, is dropped with it (a reopen builds a new one
+                # from the log), so a retry is never taken for a batch that was written.
+                refuse(reply, request.request_id, wire.ErrorCode.UNAVAILABLE, str(error))
+                return
             index.appended(start, end, outcome.base_offset, count)
             waiting = host.wait_acknowledged(end)
 

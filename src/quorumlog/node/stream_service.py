@@ -351,6 +351,7 @@ class StreamService:
                 wire.TopicList(
                     request_id=request.request_id,
                     topics=[self.topics[n] for n in sorted(self.topics)],
+                    leaders=self.partition_leaders() if request.with_leaders else {},
                 )
             )
         elif isinstance(request, wire.Produce):
@@ -513,6 +514,19 @@ class StreamService:
                 f"its replicas are {', '.join(replicas)}",
             )
         return None
+
+    def partition_leaders(self) -> dict[str, list[str]]:
+        """Topic → the leader of each partition this node hosts a Raft replica of ("" where
+        it hosts none or knows no leader): ListTopics.with_leaders."""
+        leaders: dict[str, list[str]] = {}
+        for name, descriptor in self.topics.items():
+            known = []
+            for partition in range(len(descriptor.replicas)):
+                hosted = self.partitions.get((name, partition))
+                leader_id = None if hosted is None else hosted.group.core.leader_id
+                known.append(leader_id or "")
+            leaders[name] = known
+        return leaders
 
     def produce(self, request: wire.Produce, reply: Replier) -> None:
         size = batch_bytes(request.records)  # once: it costs about what encoding does

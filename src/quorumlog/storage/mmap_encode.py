@@ -32,6 +32,17 @@ unwritten-extent conversion to journal); zero-filling a whole file at once costs
 time as it saves, so the store has zeros written a little ahead of its appends, by a thread
 that also syncs them (mmap_zeroing), only while syncs are small (`MappedFileList.zero_ahead`,
 `mmap_store.ZERO_AHEAD_SYNC_BYTES_MAX`).
+
+Session 9 measured where 256 x 100 B goes (best of many runs, in one process): columns and
+`follow` 38 us, this encoder 131 us: header packs 26, header crcs 27, body crcs 29, tail
+packs 19, the join 14, index slots 17. One `google_crc32c.value` call costs about 100 ns, of
+which the CRC itself is a tenth (the rest is argument parsing); it takes only `bytes` (a
+memoryview slice is refused), so a header must become its own bytes object before its crc.
+Also tried then: a uniform batch packed whole by one cached Struct (nine header fields, the
+body as an `s` field and the padding, for every entry), the chain crcs taken from slices of
+the packed bytes and written back through a strided 32-bit view: 115 us without the index
+slots, against 128 us for this encoder with them, so level (the 512 crc calls and 256 header
+slices stay) and left out.
 """
 
 from __future__ import annotations

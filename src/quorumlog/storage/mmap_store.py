@@ -332,6 +332,12 @@ class MmapLogStore:
         """
         self._data.wait_for_zeros(end)
         self._index.wait_for_zeros(slot_high)
+        if self._data.covers(start, end) and self._index.covers(slot_low, slot_high):
+            # The usual case: the files exist, nothing can be left half made.
+            if self._zeros_pay():
+                self._data.zero_ahead(end)
+                self._index.zero_ahead(slot_high)
+            return
         data_created = self._data.ensure(start, end)
         index_created = 0
         try:
@@ -488,8 +494,10 @@ class MmapLogStore:
 
     def _unsynced_data_low(self) -> int | None:
         """The lowest data position not known durable: dirty, or in a sync in flight."""
-        lows = [low for low in (self._data_dirty_low, self._syncing_low) if low is not None]
-        return min(lows) if lows else None
+        dirty_low, syncing_low = self._data_dirty_low, self._syncing_low
+        if syncing_low is None:
+            return dirty_low
+        return syncing_low if dirty_low is None else min(dirty_low, syncing_low)
 
     def _slot_end(self) -> int:
         return slot_position(self._last_index + 1, self._slot_base_index)

@@ -36,6 +36,13 @@ def test_quick_benchmark_prints_one_json_case_per_line(
     assert any(case.startswith("mmap-") for case in by_case)
     side_by_side = by_case["mmap-vs-segment-append-100"]
     assert side_by_side["mmap_entries_per_s"] > 0 and side_by_side["segment_entries_per_s"] > 0
+    for store in ("mmap", "segment"):
+        # Where the time went: append and sync per batch add up to the rate reported.
+        per_batch_us = side_by_side[f"{store}_append_us"] + side_by_side[f"{store}_sync_us_mean"]
+        entries_per_s = side_by_side["batch_entries"] / per_batch_us * 1e6
+        assert entries_per_s == pytest.approx(side_by_side[f"{store}_entries_per_s"], rel=0.01)
+        assert side_by_side[f"{store}_sync_us_median"] > 0
+        assert 0 <= side_by_side[f"{store}_sync_slow_share"] < 1
     assert list(tmp_path.iterdir()) == []  # the benchmark cleaned up after itself
 
 

@@ -12,6 +12,7 @@ or cut a partition by retention.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -72,6 +73,11 @@ class FakeStreamNode(FakeNode):
         """Answer ListTopics as a follower that has not applied any topic yet."""
         self.refuse_produce_frames: wire.ErrorCode | None = None
         """Refuse every ProduceMany as a whole with this code (as auth would)."""
+        self.lists_leaders = True
+        """Answer ListTopics.with_leaders (False: as a node from before it, which ignores it)."""
+        self.produce_answer_delays: dict[tuple[str, int], float] = {}
+        """Answer the next produce to this (topic, partition) only after so many seconds
+        (as a busy leader would); it is applied at once. One produce each."""
 
     def produces(self) -> list[wire.Produce]:
         """Every produce received, those that came as parts of a ProduceMany included."""
@@ -91,7 +97,8 @@ class FakeStreamNode(FakeNode):
                 reply(self.cluster.change_topic(frame))
         elif isinstance(frame, wire.ListTopics):
             topics = [] if self.stale_topic_list else list(self.cluster.topics.values())
-            reply(wire.TopicList(request_id=frame.request_id, topics=topics))
+            leaders = self.cluster.leaders() if frame.with_leaders and self.lists_leaders else {}
+            reply(wire.TopicList(request_id=frame.request_id, topics=topics, leaders=leaders))
         elif isinstance(frame, wire.Produce):
             self.produce(frame, reply)
         elif isinstance(frame, wire.ProduceMany):
@@ -160,15 +167,18 @@ class FakeStreamNode(FakeNode):
         if isinstance(outcome, OutOfOrderSequenceError):
             reply(wire.ErrorResponse(frame.request_id, wire.ErrorCode.OUT_OF_RANGE, str(outcome)))
         elif isinstance(outcome, ProduceOutcome):
-            reply(
-                wire.ProduceResult(
-                    frame.request_id,
-                    outcome.base_offset,
-                    outcome.count,
-                    outcome.duplicate,
-                    batch.timestamp_ms,
-                )
+            result = wire.ProduceResult(
+                frame.request_id,
+                outcome.base_offset,
+                outcome.count,
+                outcome.duplicate,
+                batch.timestamp_ms,
             )
+            delay_seconds = self.produce_answer_delays.pop((frame.topic, frame.partition), None)
+            if delay_seconds is None:
+                reply(result)
+            else:
+                asyncio.get_running_loop().call_later(delay_seconds, reply, result)
         else:
             reply(wire.ErrorResponse(frame.request_id, wire.ErrorCode.INTERNAL, str(outcome)))
 
@@ -248,6 +258,15 @@ class FakeStreamCluster(FakeCluster):
             entry = encode_entry(GroupEntry(self.clock_ms, [filled]))
             [results] = self.coordinator.apply(self.coordinator_index, entry)
         return wire.GroupCoordinatorResponse(frame.request_id, encode_results(results))
+
+    def leaders(self) -> dict[str, list[str]]:
+        return {
+            name: [
+                self.partitions[(name, partition)].leader_id or ""
+                for partition in range(len(descriptor.replicas))
+            ]
+            for name, descriptor in self.topics.items()
+        }
 
     def node(self, node_id: str) -> FakeStreamNode:
         return self.nodes[node_id]

@@ -4,6 +4,7 @@ errors stay per partition."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -66,9 +67,15 @@ def test_batches_for_one_node_go_in_one_frame_and_are_answered_per_partition(
 def test_a_refusal_of_the_whole_frame_reaches_every_part(cluster: FakeStreamCluster) -> None:
     n1 = cluster.node("n1")
     n1.refuse_produce_frames = wire.ErrorCode.PERMISSION_DENIED
-    with Producer(cluster.endpoints, linger_ms=20) as producer:
-        # Partitions 0 and 3 are both led by n1: their batches leave in one frame.
+    with Producer(cluster.endpoints, linger_ms=0) as producer:
+        producer.partition_count("events")  # asked now: the loop is held below
+        # Partitions 0 and 3 are both led by n1: their batches leave in one frame. The
+        # producer's loop is held while both are queued, so both partitions wake in one loop
+        # turn (two lingers timed on a loaded machine could end in two turns, two frames).
+        queued = threading.Event()
+        producer.io.call_soon(queued.wait)
         futures = [producer.send("events", b"x", partition=partition) for partition in (0, 3)]
+        queued.set()
         for future in futures:
             with pytest.raises(RequestRejectedError, match="permission_denied"):
                 future.result(timeout=10)

@@ -48,6 +48,13 @@ less CPU time (noisy on a shared machine), though hardly fewer instructions: wha
 is mostly the cache misses of walking the whole heap."""
 """After the final heal, a newly called write must complete within this many ticks."""
 DRAIN_MS = 3000
+LIVENESS_WINDOW_MS_MIN = 4000
+"""The least time between the final heal and the liveness deadline. A short run heals
+earlier to keep it: with the heal at 40% of the run and `DRAIN_MS` after the deadline, a
+10 s run left 3 s and a 5 s run none (every seed "failed" liveness, its deadline before the
+heal); 1.5 s still failed 7 of 200 seeds that recover after an election or two."""
+SIMULATED_SECONDS_MIN = (DRAIN_MS + LIVENESS_WINDOW_MS_MIN) / 1000
+"""A run needs the drain and the liveness window after the heal; a shorter one is refused."""
 TRACE_TAIL_LINES = 60
 LINEARIZABILITY_STEPS_MAX = 2_000_000
 RACE_SEED_FRACTION = 0.3
@@ -223,6 +230,11 @@ def _run_once(
     trace: TraceRecorder | None,
     quiet: bool | None = None,
 ) -> SeedResult:
+    if simulated_seconds < SIMULATED_SECONDS_MIN:
+        raise ValueError(
+            f"a run of {simulated_seconds:g} simulated seconds leaves no time to check liveness "
+            f"after the final heal; the shortest is {SIMULATED_SECONDS_MIN:g}"
+        )
     started = time.perf_counter()
     # Without `quiet`, called as before: tests put plans of their own in its place.
     plan = plan_seed(seed, node_count) if quiet is None else plan_seed(seed, node_count, quiet)
@@ -274,7 +286,10 @@ def _run_timeline(cluster: SimCluster, nemesis: Nemesis, end_ms: int) -> None:
     tick_ms = cluster.tick_ms
     liveness_ms = LIVENESS_TICKS * tick_ms
     workload_end_ms = end_ms - DRAIN_MS
-    heal_ms = max(int(end_ms * 0.4), workload_end_ms - liveness_ms - 1000)
+    heal_ms = min(
+        max(int(end_ms * 0.4), workload_end_ms - liveness_ms - 1000),
+        workload_end_ms - LIVENESS_WINDOW_MS_MIN,
+    )
     liveness_deadline_ms = min(heal_ms + liveness_ms, workload_end_ms)
     cluster.workload.start()
     nemesis.start()

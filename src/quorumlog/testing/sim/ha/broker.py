@@ -7,6 +7,10 @@ torn part of the rest) or a process kill (the OS keeps every byte written). The 
 also halt the process in the middle of a change (`halt_after`): a crash in the middle of a
 truncation (apache/rocketmq #10666) is that, at the right moment. A restart opens the log
 and the epoch file again and registers with the controller, as a real restart does.
+
+A sync can be made to fail (`fail_next_sync`): the job does not run, so nothing it would have
+made durable is, and the host hears the error (EIO, or ENOSPC), as a node's thread pool
+reports a failed msync.
 """
 
 from __future__ import annotations
@@ -69,6 +73,9 @@ class SimBroker:
         self.drop_alter_answers = False
         """The controller's answers to this broker's AlterSyncStateSet are lost (#5663)."""
         self.storage_failures = 0
+        self.fail_next_sync: StorageError | None = None
+        """The next commit-log sync of this broker fails with this (then it is cleared)."""
+        self.syncs_failed = 0
         self.on_role_changed: Callable[[SimBroker], None] = lambda broker: None
         self.on_truncated: Callable[[SimBroker], None] = lambda broker: None
         """The world's checks, told when the host takes a role or a handshake truncated."""
@@ -118,11 +125,14 @@ class SimBroker:
             config=self.config,
             on_truncated=lambda offset: self.on_truncated(self),
             on_role_changed=lambda: self.on_role_changed(self),
-            background=SimBackground(
-                self.process,
-                derive_random(self.seed, f"syncs:{self.name}:{self.process.incarnation}"),
-                SYNC_DELAY_MS_MIN,
-                SYNC_DELAY_MS_MAX,
+            background=FaultySyncs(
+                self,
+                SimBackground(
+                    self.process,
+                    derive_random(self.seed, f"syncs:{self.name}:{self.process.incarnation}"),
+                    SYNC_DELAY_MS_MIN,
+                    SYNC_DELAY_MS_MAX,
+                ),
             ),
         )
         self.process.enter("local", lambda _: self.started())
@@ -170,6 +180,29 @@ class SimBroker:
             f"broker {self.name}: {state} {status.role} epoch {status.master_epoch} "
             f"max {status.max_offset} confirm {status.confirm_offset} epochs {status.epochs}"
         )
+
+
+class FaultySyncs:
+    """The broker's `Background`: its syncs as `SimBackground` runs them, except one armed
+    to fail (`SimBroker.fail_next_sync`), which takes its time, does not run, and reports the
+    error. Unarmed, it draws nothing, so a seed without the fault runs as before."""
+
+    def __init__(self, broker: SimBroker, syncs: SimBackground) -> None:
+        self.broker = broker
+        self.syncs = syncs
+
+    def submit(self, job: Callable[[], None], done: Callable[[BaseException | None], None]) -> None:
+        error = self.broker.fail_next_sync
+        if error is None:
+            self.syncs.submit(job, done)
+            return
+        self.broker.fail_next_sync = None
+        self.broker.syncs_failed += 1
+
+        def failing() -> None:
+            raise error
+
+        self.syncs.submit(failing, done)
 
 
 def broker_random(seed: int, name: str) -> random.Random:

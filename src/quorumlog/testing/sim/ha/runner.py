@@ -22,19 +22,33 @@ The shapes replay the RocketMQ bugs whose names they carry:
   nothing more, then truncate its divergent tail when it comes back;
 - "crash-mid-truncation" (#10666): the old master of the previous shape crashes (its disk
   halts it) in the middle of the truncation at its handshake, then restarts.
+
+One shape runs only when asked (`run_seed(seed, shape="sync-failure")`), outside the seed %
+5 rotation so that no existing seed moves:
+
+- "sync-failure": a commit-log sync fails (EIO or a full disk) at the master or at a slave,
+  or (by seed) that broker's disk fills, so its next write fails (an append, a truncation,
+  an epoch). The broker must step out at once: `SYNC_FAILURE_CHECK_MS` later nothing waits on it, it
+  is not master, another broker is, and produces were acknowledged since (a failed slave
+  left the SyncStateSet). Then its disk has room again and it restarts (the operator, or a
+  node reopening the log), and the usual end checks hold.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import time
 import traceback
 from collections.abc import Sequence
 
 import msgspec
 
+from quorumlog.storage.files import storage_error
 from quorumlog.testing.sim.checks import InvariantViolation, check_invariant
 from quorumlog.testing.sim.events import derive_random, draw_int
+from quorumlog.testing.sim.ha.broker import LOG_PATH
 from quorumlog.testing.sim.ha.checks import log_messages
 from quorumlog.testing.sim.ha.world import HAWorld, HAWorldOptions
 from quorumlog.testing.sim.network import NetworkFaults
@@ -48,6 +62,11 @@ SHAPES = (
     "two-masters-after-partition",
     "crash-mid-truncation",
 )
+EXTRA_SHAPES = ("sync-failure",)
+"""Shapes run only when asked (see the module docstring)."""
+SYNC_FAILURE_CHECK_MS = 3_000
+"""Time for a failed master's silence to elect another (the controller's broker timeout is
+1 s here) or for a failed slave to leave the SyncStateSet (0.8 s), and for acks to resume."""
 SETTLE_MS = 20_000
 TRACE_TAIL_LINES = 60
 
@@ -84,13 +103,21 @@ class HASeedResult(msgspec.Struct):
     trace_tail: list[str] = msgspec.field(default_factory=list)
 
 
-def replay_command(seed: int) -> str:
+def replay_command(seed: int, shape: str | None = None) -> str:
+    if shape is not None and shape not in SHAPES:
+        return (
+            f"python -c 'from quorumlog.testing.sim.ha.runner import run_seed; "
+            f"print(run_seed({seed}, shape={shape!r}))'"
+        )
     return f"quorumlog sim ha --seeds {seed}-{seed}"
 
 
-def plan_seed(seed: int) -> HAPlan:
+def plan_seed(seed: int, shape: str | None = None) -> HAPlan:
+    """The seed's plan; `shape` replaces the rotation's (every other draw stays the same)."""
+    if shape is not None and shape not in SHAPES + EXTRA_SHAPES:
+        raise ValueError(f"unknown shape {shape!r}")
     rng = derive_random(seed, "ha-plan")
-    shape = SHAPES[seed % len(SHAPES)]
+    shape = shape or SHAPES[seed % len(SHAPES)]
     network = NetworkFaults(
         delay_ms_min=1,
         delay_ms_max=rng.choice([2, 5, 10]),
@@ -178,6 +205,8 @@ class HASeed:
             world.events.schedule(200, self.fault)  # no master yet: try again a little later
         elif shape == "ack-lost-while-expanding":
             self.ack_lost_while_expanding(master.name)
+        elif shape == "sync-failure":
+            self.sync_failure(master.name)
         elif shape == "controller-and-master-killed":
             # Slaves trail the master by a slow link first, so a master that acknowledged
             # what they did not have loses it when it dies (the gap a real kill finds).
@@ -222,6 +251,55 @@ class HASeed:
             world.heal_network()
 
         world.events.schedule(2500, heal)
+
+    def sync_failure(self, master: str) -> None:
+        world, rng = self.world, self.rng
+        slaves = sorted(name for name in world.brokers if name != master)
+        victim = master if rng.random() < 0.5 else rng.choice(slaves)
+        code = rng.choice([errno.EIO, errno.ENOSPC])
+        broker = world.brokers[victim]
+        sync = rng.random() < 0.5
+        if sync:
+            broker.fail_next_sync = storage_error(LOG_PATH, OSError(code, os.strerror(code)))
+            world.note(f"arm sync failure {victim} ({errno.errorcode[code]}; master {master})")
+        else:
+            broker.disk.bytes_max = broker.disk.bytes_used  # the next write that grows fails
+            world.note(f"fill the disk of {victim} (master {master})")
+        acknowledged = len(world.checker.acknowledged)
+        world.events.schedule(
+            SYNC_FAILURE_CHECK_MS, lambda _: self.stepped_out(victim, master, acknowledged, sync)
+        )
+
+    def stepped_out(self, victim: str, master: str, acknowledged_before: int, sync: bool) -> None:
+        """`SYNC_FAILURE_CHECK_MS` after the fault was armed: see the module docstring."""
+        world = self.world
+        check = world.checker.check
+        broker = world.brokers[victim]
+        host = broker.host
+        check(host is not None, f"{victim} is down")
+        assert host is not None
+        if sync:
+            check(broker.syncs_failed == 1, f"{victim}'s armed sync never ran")
+        else:
+            check(host.sync_failed, f"{victim} with a full disk never failed a write")
+        check(
+            not host.pending,
+            f"{victim} holds {len(host.pending)} produces {SYNC_FAILURE_CHECK_MS} ms after "
+            "its sync failed",
+        )
+        check(not host.is_master, f"{victim} is still master after its sync failed")
+        now_master = world.master()
+        check(
+            now_master is not None and now_master.name != victim,
+            f"no master but the failed {victim} {SYNC_FAILURE_CHECK_MS} ms after its sync failed",
+        )
+        check(
+            len(world.checker.acknowledged) > acknowledged_before,
+            f"nothing acknowledged in the {SYNC_FAILURE_CHECK_MS} ms after {victim}'s sync "
+            f"failed (master was {master})",
+        )
+        broker.disk.bytes_max = None  # room again (a full disk)
+        self.crash_broker(victim, 300)  # the operator restarts it, or the node reopens it
 
     def crash_broker(self, name: str, down_ms: int) -> None:
         world = self.world
@@ -280,10 +358,15 @@ class HASeed:
 
 
 def run_seed(
-    seed: int, *, trace: TraceRecorder | None = None, capture_trace: bool = True
+    seed: int,
+    *,
+    trace: TraceRecorder | None = None,
+    capture_trace: bool = True,
+    shape: str | None = None,
 ) -> HASeedResult:
-    """Run one seed; on failure, run it again with tracing to capture the trace tail."""
-    plan = plan_seed(seed)
+    """Run one seed (under `shape` if given, else the rotation's); on failure, run it again
+    with tracing to capture the trace tail."""
+    plan = plan_seed(seed, shape)
     started = time.perf_counter()
     runner = HASeed(seed, plan, trace)
     failure = None
@@ -307,13 +390,13 @@ def run_seed(
         handshakes=world.checker.handshakes,
         broker_crashes=sum(broker.crashes for broker in world.brokers.values()),
         failure=failure,
-        replay_command=replay_command(seed),
+        replay_command=replay_command(seed, shape),
     )
     if trace is not None:
         result.trace_digest = hashlib.sha256("\n".join(trace.lines).encode()).hexdigest()
     if failure is not None and capture_trace and trace is None:
         recorder = TraceRecorder()
-        run_seed(seed, trace=recorder, capture_trace=False)
+        run_seed(seed, trace=recorder, capture_trace=False, shape=shape)
         result.trace_tail = recorder.tail(TRACE_TAIL_LINES)
     return result
 

@@ -192,6 +192,10 @@ class HAWorld:
             if error is None:
                 self.checker.acknowledged_messages(epoch, messages)
             hint = host.view.master_id if host.view is not None else None
+            if host.failure is not None:
+                # It stepped out: the view it last had names itself. A node refusing then
+                # names no one (node/ha_topics.py, refuse_not_master).
+                hint = None
             self.reply(broker.name, messages[0], error, hint)
 
         completion.add_done_callback(done)
