@@ -214,8 +214,9 @@ class Node:
             ping=self.endpoint.ping,
             unreachable=self.peer_unreachable,
             # A peer silent for an election timeout is unreachable; pinged often enough that
-            # a live one is heard several times within it (short timeouts in tests too).
-            ping_ticks=max(1, settings.election_ticks // 5),
+            # a live one is heard three times within it (short timeouts in tests too), and no
+            # more: pings are most of what an idle node does.
+            ping_ticks=max(1, settings.election_ticks // 3),
             silent_ticks_max=max(settings.election_ticks, 2),
             reachable=self.peer_reachable,
         )
