@@ -167,6 +167,10 @@ class NodeSettings(msgspec.Struct, frozen=True):
     ledger_sweep_interval_ms: int = int(SWEEP_INTERVAL_SECONDS_DEFAULT * 1000)
     """Ledger topics: how often the "kv" leader removes what deleted topics left behind
     (node/ledger_sweep.py)."""
+    leader_node_hold_election_timeouts: int = 2
+    """A follower whose election timeout ran out holds its campaign while its leader's
+    node is live (runtime/liveness.py), for at most this many more election timeouts
+    (`RaftConfig.leader_node_hold_ticks`); 0: never holds."""
 
 
 class Node:
@@ -239,6 +243,9 @@ class Node:
             election_ticks=settings.election_ticks,
             heartbeat_ticks=settings.heartbeat_ticks,
             quiesce_idle_ticks=settings.quiesce_idle_ticks,
+            leader_node_hold_ticks=(
+                settings.leader_node_hold_election_timeouts * settings.election_ticks
+            ),
         )
 
     def peer_unreachable(self, peer: str) -> None:
@@ -412,6 +419,7 @@ class Node:
     def register_group(self, name: str, group: GroupRunner) -> None:
         self.observability.attach(name, group)
         self.groups[name] = group
+        group.host.use_node_liveness(self.liveness.is_reachable)
         group.on_storage_failure = self.group_down
 
     def group_down(self, group_id: str) -> None:
