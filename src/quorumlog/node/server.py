@@ -167,7 +167,7 @@ class NodeSettings(msgspec.Struct, frozen=True):
     ledger_sweep_interval_ms: int = int(SWEEP_INTERVAL_SECONDS_DEFAULT * 1000)
     """Ledger topics: how often the "kv" leader removes what deleted topics left behind
     (node/ledger_sweep.py)."""
-    leader_node_hold_election_timeouts: int = 2
+    leader_node_hold_election_timeouts: int = 1
     """A follower whose election timeout ran out holds its campaign while its leader's
     node is live (runtime/liveness.py), for at most this many more election timeouts
     (`RaftConfig.leader_node_hold_ticks`); 0: never holds."""

@@ -234,6 +234,7 @@ class RaftCore:
             or leader_id == self.node_id
             or self.role is not Role.FOLLOWER
             or leader_id == self.hold_voided_for
+            or not self.configuration.is_voter(leader_id)  # removed: it stepped down
             or self.election_held_ticks >= hold_ticks_max
             or not live(leader_id)
         ):
