@@ -1,12 +1,13 @@
-"""Elections held while the leader's node is live (`RaftConfig.leader_node_hold_ticks`), in
-the simulator: the shipped host, `GroupTicker` and `PeerLiveness` (testing/sim/node.py),
+"""Elections held while the leader's node is live (`RaftConfig.leader_node_hold_ticks`) and
+commit-only heartbeats spaced (`RaftConfig.commit_heartbeat_ticks`), as the node sets them,
+in the simulator: the shipped host, `GroupTicker` and `PeerLiveness` (testing/sim/node.py),
 every invariant checked after every event.
 
 A hold is liveness only, so what is checked is that it never stalls the cluster: a leader
 whose node crashed, was cut off, or restarted is still replaced, and a leader whose node
-pings but whose group says nothing is replaced once the bound runs out. The seed sweep
-runs the quiet-group nemesis (idle spells, crashes, isolations, pauses, drops) with the
-hold on.
+pings but whose group says nothing is replaced once the bound runs out. The seed sweeps
+run the quiet-group nemesis (idle spells, crashes, isolations, pauses, drops) with both
+on, and the general nemesis (no liveness there, so no hold) with the spacing on.
 """
 
 from __future__ import annotations
@@ -32,6 +33,9 @@ HOLD_RAFT = RaftConfig(
 )
 HOLD_SEEDS = range(1, 1 + int(os.environ.get("QUORUMLOG_SIM_HOLD_SEEDS", "60")))
 HOLD_SIMULATED_SECONDS = float(os.environ.get("QUORUMLOG_SIM_HOLD_SECONDS", "12"))
+SPACING_SEEDS = range(1, 1 + int(os.environ.get("QUORUMLOG_SIM_SPACING_SEEDS", "12")))
+COMMIT_HEARTBEAT_TICKS = 2
+"""As the node sets it: election_ticks // 5."""
 
 
 def hold_cluster(seed: int) -> SimCluster:
@@ -122,9 +126,14 @@ def test_a_hold_that_ignored_the_leaders_silent_node_would_never_replace_it() ->
     assert not cluster.run_until(lambda: cluster.leader() not in (None, old), ticks_max=200)
 
 
-def plan_with_hold(seed: int, node_count: int, quiet: bool | None = None) -> SeedPlan:
-    plan = PLAN_SEED(seed, node_count, True)
-    raft = msgspec.structs.replace(plan.options.raft, leader_node_hold_ticks=HOLD_TICKS)
+def plan_as_the_node(seed: int, node_count: int, quiet: bool | None = None) -> SeedPlan:
+    """The seed's plan with the node's hold and commit spacing."""
+    plan = PLAN_SEED(seed, node_count) if quiet is None else PLAN_SEED(seed, node_count, quiet)
+    raft = msgspec.structs.replace(
+        plan.options.raft,
+        leader_node_hold_ticks=HOLD_TICKS,
+        commit_heartbeat_ticks=COMMIT_HEARTBEAT_TICKS,
+    )
     options = msgspec.structs.replace(plan.options, raft=raft)
     return msgspec.structs.replace(plan, options=options)
 
@@ -135,10 +144,19 @@ PLAN_SEED = runner.plan_seed
 def test_hold_seed_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
     """Seeds of quiet groups under the nemesis with the hold on: every invariant,
     linearizability, and liveness (the run's clients must finish)."""
-    monkeypatch.setattr(runner, "plan_seed", plan_with_hold)
+    monkeypatch.setattr(runner, "plan_seed", plan_as_the_node)
     results = [
         run_seed(seed, 3 if seed % 2 else 5, HOLD_SIMULATED_SECONDS, quiet=True)
         for seed in HOLD_SEEDS
     ]
+    failed = [result for result in results if not result.ok]
+    assert not failed, "\n\n".join(format_failure(result) for result in failed[:3])
+
+
+def test_commit_spacing_seed_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seeds of the general nemesis (crashes, partitions, pauses, membership, slow disks)
+    with commit-only heartbeats spaced: every invariant, linearizability, liveness."""
+    monkeypatch.setattr(runner, "plan_seed", plan_as_the_node)
+    results = [run_seed(seed, 3 if seed % 2 else 5) for seed in SPACING_SEEDS]
     failed = [result for result in results if not result.ok]
     assert not failed, "\n\n".join(format_failure(result) for result in failed[:3])

@@ -171,6 +171,10 @@ class NodeSettings(msgspec.Struct, frozen=True):
     """A follower whose election timeout ran out holds its campaign while its leader's
     node is live (runtime/liveness.py), for at most this many more election timeouts
     (`RaftConfig.leader_node_hold_ticks`); 0: never holds."""
+    commit_heartbeat_ticks: int = 2
+    """A busy group's follower that lacks only the commit index waits this many ticks
+    after its last push for it (`RaftConfig.commit_heartbeat_ticks`, at most
+    election_ticks // 5); 0: at the next tick."""
 
 
 class Node:
@@ -245,6 +249,9 @@ class Node:
             quiesce_idle_ticks=settings.quiesce_idle_ticks,
             leader_node_hold_ticks=(
                 settings.leader_node_hold_election_timeouts * settings.election_ticks
+            ),
+            commit_heartbeat_ticks=min(
+                settings.commit_heartbeat_ticks, settings.election_ticks // 5
             ),
         )
 
