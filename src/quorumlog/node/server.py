@@ -21,7 +21,10 @@ sharded KV's services, migrators and preferred leaders are put together by
 
 All groups tick from one `GroupTicker` (runtime/ticker.py), which skips quiet groups, and
 one `PeerLiveness` (runtime/liveness.py) per node tells quiet groups when a peer's node
-falls silent: an idle node costs next to nothing whatever number of groups it hosts.
+falls silent: an idle node costs next to nothing whatever number of groups it hosts. The
+same liveness lets a busy node's followers hold an election while their leader's node is
+heard (`RaftConfig.leader_node_hold_ticks`): a late heartbeat from a live, busy node is
+no reason to depose it.
 
 Where the other nodes listen is kept in an `AddressBook` (`node/addresses.py`, which says
 which source of an address wins): this node's own address, what peers announce in their
