@@ -12,16 +12,12 @@ line ("phase": "partitions"):
 - `rss_mb_per_node`: the nodes' mean resident set size (VmRSS) after that idle period;
 - `produce_records_per_s`: 100-byte records spread round robin over all the topic's
   partitions by one `Producer`, from the first send to the last acknowledgement.
-- `elections_during_produce`: campaigns (after a won pre-vote) on all three nodes while
-  the produce ran, counted from the nodes' event lines ("became candidate"): a busy node
-  whose followers took its late heartbeats for a dead leader shows here.
 
 Last line, one JSON object: `idle_cores_1_partition`, `idle_cores_1000_partitions`,
 `rss_mb_per_1000_groups` (node RSS growth from the 1-partition to the 1000-partition
 phase, per 1000 groups added), `produce_records_per_s_1000_partitions`,
-`produce_records_per_s_3_partitions`, `seconds_to_create_1000_partitions`,
-`elections_during_produce_1000_partitions`, and the groups each node hosted at the end.
-Figures, never pass or fail.
+`produce_records_per_s_3_partitions`, `seconds_to_create_1000_partitions`, and the
+groups each node hosted at the end. Figures, never pass or fail.
 """
 
 from __future__ import annotations
@@ -158,17 +154,6 @@ def produce_spread(endpoints: list[str], topic: str, partitions: int, records: i
     return records / elapsed
 
 
-ELECTION_EVENT = "became candidate"
-
-
-def elections_so_far(cluster: NodeCluster) -> int:
-    """Campaigns the nodes logged so far (each node's log, obs/events.py lines)."""
-    return sum(
-        path.read_text(errors="replace").count(ELECTION_EVENT)
-        for path in sorted(cluster.directory.glob("n*.log"))
-    )
-
-
 def run_phase(cluster: NodeCluster, partitions: int, settings: ScaleSettings) -> dict[str, Any]:
     endpoints = cluster.endpoints
     pids = list(cluster.pids.values())
@@ -177,9 +162,7 @@ def run_phase(cluster: NodeCluster, partitions: int, settings: ScaleSettings) ->
     time.sleep(settings.settle_seconds)  # let elections and catch-up finish: the idle state
     cores = idle_cores(pids, settings.idle_seconds)
     rss = [rss_megabytes(pid) for pid in pids]
-    elections_before = elections_so_far(cluster)
     rate = produce_spread(endpoints, topic, partitions, settings.produce_records)
-    elections = elections_so_far(cluster) - elections_before
     return {
         "phase": "partitions",
         "partitions": partitions,
@@ -187,7 +170,6 @@ def run_phase(cluster: NodeCluster, partitions: int, settings: ScaleSettings) ->
         "idle_cores": round(cores, 4),
         "rss_mb_per_node": round(sum(rss) / len(rss), 1),
         "produce_records_per_s": round(rate),
-        "elections_during_produce": elections,
     }
 
 
@@ -204,7 +186,6 @@ def summarize(phases: list[dict[str, Any]], groups_per_node: int) -> dict[str, A
         "rss_mb_per_1000_groups": round(rss_growth * 1000 / max(groups_added, 1), 1),
         f"produce_records_per_s_{largest_count}_partitions": largest["produce_records_per_s"],
         f"seconds_to_create_{largest_count}_partitions": largest["seconds_to_create"],
-        f"elections_during_produce_{largest_count}_partitions": largest["elections_during_produce"],
         "groups_per_node": groups_per_node,
     }
     if 3 in by_count:
