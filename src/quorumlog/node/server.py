@@ -21,7 +21,10 @@ sharded KV's services, migrators and preferred leaders are put together by
 
 All groups tick from one `GroupTicker` (runtime/ticker.py), which skips quiet groups, and
 one `PeerLiveness` (runtime/liveness.py) per node tells quiet groups when a peer's node
-falls silent: an idle node costs next to nothing whatever number of groups it hosts.
+falls silent: an idle node costs next to nothing whatever number of groups it hosts. The
+same liveness lets a busy node's followers hold an election while their leader's node is
+heard (`RaftConfig.leader_node_hold_ticks`): a late heartbeat from a live, busy node is
+no reason to depose it.
 
 Where the other nodes listen is kept in an `AddressBook` (`node/addresses.py`, which says
 which source of an address wins): this node's own address, what peers announce in their
@@ -167,6 +170,14 @@ class NodeSettings(msgspec.Struct, frozen=True):
     ledger_sweep_interval_ms: int = int(SWEEP_INTERVAL_SECONDS_DEFAULT * 1000)
     """Ledger topics: how often the "kv" leader removes what deleted topics left behind
     (node/ledger_sweep.py)."""
+    leader_node_hold_election_timeouts: int = 1
+    """A follower whose election timeout ran out holds its campaign while its leader's
+    node is live (runtime/liveness.py), for at most this many more election timeouts
+    (`RaftConfig.leader_node_hold_ticks`); 0: never holds."""
+    commit_heartbeat_ticks: int = 2
+    """A busy group's follower that lacks only the commit index waits this many ticks
+    after its last push for it (`RaftConfig.commit_heartbeat_ticks`, at most
+    election_ticks // 5); 0: at the next tick."""
 
 
 class Node:
@@ -214,8 +225,9 @@ class Node:
             ping=self.endpoint.ping,
             unreachable=self.peer_unreachable,
             # A peer silent for an election timeout is unreachable; pinged often enough that
-            # a live one is heard several times within it (short timeouts in tests too).
-            ping_ticks=max(1, settings.election_ticks // 5),
+            # a live one is heard three times within it (short timeouts in tests too), and no
+            # more: pings are most of what an idle node does.
+            ping_ticks=max(1, settings.election_ticks // 3),
             silent_ticks_max=max(settings.election_ticks, 2),
             reachable=self.peer_reachable,
         )
@@ -238,6 +250,12 @@ class Node:
             election_ticks=settings.election_ticks,
             heartbeat_ticks=settings.heartbeat_ticks,
             quiesce_idle_ticks=settings.quiesce_idle_ticks,
+            leader_node_hold_ticks=(
+                settings.leader_node_hold_election_timeouts * settings.election_ticks
+            ),
+            commit_heartbeat_ticks=min(
+                settings.commit_heartbeat_ticks, settings.election_ticks // 5
+            ),
         )
 
     def peer_unreachable(self, peer: str) -> None:
@@ -411,6 +429,7 @@ class Node:
     def register_group(self, name: str, group: GroupRunner) -> None:
         self.observability.attach(name, group)
         self.groups[name] = group
+        group.host.use_node_liveness(self.liveness.is_reachable)
         group.on_storage_failure = self.group_down
 
     def group_down(self, group_id: str) -> None:

@@ -41,6 +41,18 @@ class RaftConfig(msgspec.Struct, frozen=True):
     heartbeats or ticks until a proposal, a read, a message or `peer_unreachable` wakes
     the group. The runtime must then report unreachable peers (node-level liveness), or a
     quiet follower would never notice that its leader died."""
+    leader_node_hold_ticks: int = 0
+    """0: off. Else a follower whose election timeout ran out does not campaign while the
+    runtime's node-level liveness still hears its leader's node (`RaftCore.leader_node_live`,
+    CockroachDB's rule: no campaign against a leader whose node is live), for at most this
+    many ticks in a row; then it campaigns anyway (the leader's node may be live while the
+    group's leader is gone). Liveness only: a hold never decides anything a campaign would."""
+    commit_heartbeat_ticks: int = 0
+    """0: a follower that lacks only the leader's commit index gets it with the next tick's
+    heartbeat. Else with a busy group's heartbeats thinned (no reads waiting, no lease), a
+    follower pushed to fewer than this many ticks ago waits for the commit index until then
+    (at most the keepalive interval, election_ticks // 5): its applied state lags by that,
+    nothing else changes. Keeps a busy node's heartbeats and answers down."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first setting that is out of range or inconsistent."""
@@ -67,3 +79,7 @@ class RaftConfig(msgspec.Struct, frozen=True):
             raise ValueError("transfer_timeout_ticks must be >= 0")
         if self.quiesce_idle_ticks < 0:
             raise ValueError("quiesce_idle_ticks must be >= 0")
+        if self.leader_node_hold_ticks < 0:
+            raise ValueError("leader_node_hold_ticks must be >= 0")
+        if not 0 <= self.commit_heartbeat_ticks < self.election_ticks:
+            raise ValueError("commit_heartbeat_ticks must be in [0, election_ticks)")

@@ -28,12 +28,21 @@ each answer cost more than the rest of the node's work. So a tick's heartbeats g
 read acknowledgements without any Ready. Each does exactly what `step` would do, or
 declines (returns None / False) and the caller steps the message as usual: the fast path
 decides nothing of its own, so safety never rests on it.
+
+Elections held while the leader's node is live (`RaftConfig.leader_node_hold_ticks`): on a
+busy node hosting many groups, a leader's heartbeats can come late while its node is
+plainly alive (its frames for other groups keep arriving), and the elections that followed
+made the node busier still. A follower whose timeout ran out asks `leader_node_live` (the
+runtime's node-level liveness) and, while the leader's node is heard, holds its campaign,
+for a bounded number of ticks. A leader's node that falls silent, a report that the group
+stopped there (`peer_unreachable`), or the bound ends the hold.
 """
 
 from __future__ import annotations
 
 import enum
 import random as random_module
+from collections.abc import Callable
 
 from quorumlog.errors import (
     ConfigurationChangeInProgressError,
@@ -129,6 +138,16 @@ class RaftCore:
         """The peer whose unreachable report woke this quiet follower, until a message, a
         campaign or that peer's return (`peer_reachable`)."""
         self.election_elapsed_before_wake = 0
+        self.leader_node_live: Callable[[str], bool] | None = None
+        """The runtime's node-level liveness (True: that peer's node is heard), asked only
+        when an election timeout runs out (see the module docstring); None: never hold."""
+        self.election_held_ticks = 0
+        """Ticks in a row this follower held its campaign (reset with the election timer)."""
+        self.elections_held = 0
+        """Holds begun: election timeouts that ran out while the leader's node was live."""
+        self.hold_voided_for: str | None = None
+        """A leader reported unreachable for this group (`peer_unreachable`): no hold for it
+        until it is heard again in this group (its next message resets the timer)."""
         self.votes: dict[str, bool] = {}
         self.own_snapshot: tuple[SnapshotMeta, bytes] | None = None
         if snapshot is not None and snapshot_data is not None:
@@ -195,10 +214,35 @@ class RaftCore:
         if self.election_elapsed >= self.randomized_election_ticks and (
             self.configuration.is_voter(self.node_id)
         ):
+            if self.holds_election():
+                return  # the timer stays run out: the next tick asks again
             # Only a campaign restarts the timer: a node that may not vote must let its
             # view of the leader's lease run out, or it would ignore real candidates.
             self.election_elapsed = 0
             self.campaign()
+
+    def holds_election(self) -> bool:
+        """At a run-out election timeout: hold the campaign (True) because the leader's
+        node is live and the hold has not reached `leader_node_hold_ticks`."""
+        hold_ticks_max = self.config.leader_node_hold_ticks
+        leader_id = self.leader_id
+        live = self.leader_node_live
+        if (
+            hold_ticks_max == 0
+            or live is None
+            or leader_id is None
+            or leader_id == self.node_id
+            or self.role is not Role.FOLLOWER
+            or leader_id == self.hold_voided_for
+            or not self.configuration.is_voter(leader_id)  # removed: it stepped down
+            or self.election_held_ticks >= hold_ticks_max
+            or not live(leader_id)
+        ):
+            return False
+        if self.election_held_ticks == 0:
+            self.elections_held += 1
+        self.election_held_ticks += 1
+        return True
 
     def tick_counting_only(self) -> bool:
         """`tick` when it would only count: a follower's (or candidate's) tick that does not
@@ -440,15 +484,17 @@ class RaftCore:
         """The runtime's node-level liveness lost `peer` (no word from its node for a
         while). A quiet group with that member wakes; a quiet follower whose leader it is
         also stops honouring the leader's lease, so it campaigns within an election
-        timeout (pre-vote first: a leader that is alive after all keeps its term)."""
-        if not self.quiet or peer not in self.configuration.members():
-            return
-        elapsed_before_wake = self.election_elapsed
-        self.wake()
-        if self.leader is None and self.leader_id == peer:
-            self.election_elapsed = self.config.election_ticks
-            self.woken_by_unreachable = peer
-            self.election_elapsed_before_wake = elapsed_before_wake
+        timeout (pre-vote first: a leader that is alive after all keeps its term). An awake
+        follower of that leader stops holding its campaign for it (`holds_election`)."""
+        if self.quiet and peer in self.configuration.members():
+            elapsed_before_wake = self.election_elapsed
+            self.wake()
+            if self.leader is None and self.leader_id == peer:
+                self.election_elapsed = self.config.election_ticks
+                self.woken_by_unreachable = peer
+                self.election_elapsed_before_wake = elapsed_before_wake
+        if peer == self.leader_id and self.leader is None:
+            self.hold_voided_for = peer  # after `wake`, which resets the timer and the void
 
     def peer_reachable(self, peer: str) -> None:
         """The node-level liveness hears `peer` again after `peer_unreachable`. A follower
@@ -584,6 +630,8 @@ class RaftCore:
 
     def reset_election_timer(self) -> None:
         self.election_elapsed = 0
+        self.election_held_ticks = 0
+        self.hold_voided_for = None
         ticks = self.config.election_ticks
         self.randomized_election_ticks = ticks + self.random.randrange(ticks)
 

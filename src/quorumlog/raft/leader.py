@@ -407,6 +407,10 @@ class LeaderState:
             and self.idle_ticks == 0
         )
         keepalive_ticks = max(core.config.heartbeat_ticks, core.config.election_ticks // 5)
+        # With `commit_heartbeat_ticks`, a new commit index alone waits that long after
+        # the last push to a follower (a busy group's commit moves every tick, and its
+        # followers' heartbeats and their answers were most of a busy node's messages).
+        commit_spacing_ticks = core.config.commit_heartbeat_ticks
         now = core.ticks
         last_index = log.last_index
         node_id = core.node_id
@@ -417,8 +421,11 @@ class LeaderState:
             if (
                 thin
                 and heard
-                and progress.commit_sent == commit_index
                 and now - progress.sent_tick < keepalive_ticks
+                and (
+                    progress.commit_sent == commit_index
+                    or now - progress.sent_tick < commit_spacing_ticks
+                )
             ):
                 continue
             if quiesce:

@@ -310,10 +310,21 @@ class RaftHost:
             self.ticker.wake(self)
 
     def peer_unreachable(self, peer: str) -> None:
-        """The node's liveness lost `peer`: a quiet group with that member wakes."""
-        if self.failure is None and not self.stopped and self.core.quiet:
+        """The node's liveness lost `peer` (or `peer` says this group stopped there): a
+        quiet group with that member wakes; an awake follower stops holding its election
+        for that leader (`RaftCore.holds_election`)."""
+        if self.failure is not None or self.stopped:
+            return
+        if self.core.quiet:
             self.guarded(lambda: self.core.peer_unreachable(peer))
             self.schedule()
+        elif self.core.leader_node_live is not None:
+            self.core.peer_unreachable(peer)  # only marks the hold void: nothing to send
+
+    def use_node_liveness(self, leader_node_live: Callable[[str], bool]) -> None:
+        """Hold elections while the leader's node is live (`RaftConfig.leader_node_hold_ticks`),
+        asking `leader_node_live(peer)`: the node's `PeerLiveness.is_reachable`."""
+        self.core.leader_node_live = leader_node_live
 
     def peer_reachable(self, peer: str) -> None:
         """The node's liveness hears `peer` again (see `RaftCore.peer_reachable`)."""

@@ -73,9 +73,10 @@ ANNOUNCE_DELAY_SECONDS_INITIAL = 0.25
 the smaller id usually dials first, and a second link would only be closed again."""
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::"})
 HANDSHAKE_TIMEOUT_SECONDS = 5.0
-ROUND_TRIP_EVERY_PINGS = 5
+ROUND_TRIP_EVERY_PINGS = 7
 """Every this many liveness pings to a peer, one is a `PeerPing` whatever else went to it
-(its pong gives a round-trip time): about one a second with default ticks."""
+(its pong gives a round-trip time): about one a second with default ticks (a ping every
+3 ticks of 50 ms)."""
 LISTEN_BACKLOG = 100
 
 

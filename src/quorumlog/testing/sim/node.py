@@ -230,6 +230,10 @@ class SimNode:
             ticker=self.ticker,
         )
         self.host.on_failed = self.group_failed
+        if self.liveness is not None:
+            # As the node does (node/server.py `register_group`): the elections a follower
+            # holds while its leader's node is live (RaftConfig.leader_node_hold_ticks).
+            self.host.use_node_liveness(self.liveness.is_reachable)
         service_factory = self.application.service_factory
         self.handle_request = (
             None
