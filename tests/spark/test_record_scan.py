@@ -141,3 +141,22 @@ def test_scanned_and_decoded_entries_mix_in_one_arrow_batch_in_offset_order() ->
     scanned = scanned_columns.take()
     assert scanned.schema.equals(ARROW_SCHEMA)
     assert scanned.to_pylist() == reference_columns.take().to_pylist()
+
+
+def test_an_entry_of_another_layout_with_records_of_the_same_size_is_read_right() -> None:
+    """The scanner keeps the layout of the entry it read last (`record_scan.last_layout`):
+    the next entry's records of the same size but other fields (a key now, a shorter
+    value) must not be read with it, whether its first record or only a later one
+    differs."""
+    no_key = [Record(b"v" * 100, None, 0) for _ in range(SCAN_RECORDS_MIN)]
+    keyed = [Record(b"w" * 98, b"k", 0) for _ in range(SCAN_RECORDS_MIN)]
+    late_keyed = [*no_key[:-1], Record(b"w" * 98, b"k", 0)]
+    assert len(msgspec.msgpack.encode(no_key[0])) == len(msgspec.msgpack.encode(keyed[0]))
+    for records in (no_key, keyed, no_key, late_keyed, no_key):
+        data = encode_record_batch(RecordBatch("producer", 0, 1_700_000_000_000, records))
+        decoded = decode_entry(data)
+        assert (isinstance(decoded, RecordBlock)) == (records is not late_keyed)
+        stored = decode_stored_batch(data)
+        if isinstance(decoded, RecordBlock):
+            expected = [(record.value, record.key, record.timestamp_ms) for record in records]
+            assert block_records(decoded, stored.timestamp_ms) == expected

@@ -14,6 +14,7 @@ Phases, each one JSON object with a "phase" name, then a summary line:
 
 Summary: produce_records_per_s, consume_records_per_s, spark_read_records_per_s.
 Figures, never pass or fail; the load average at the start is in every phase line.
+Two trees side by side, alternated run by run: `python -m quorumlog.bench.stream_ab`.
 """
 
 from __future__ import annotations

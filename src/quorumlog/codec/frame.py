@@ -100,3 +100,80 @@ class FrameDecoder:
         if position:
             del buffer[:position]
         return payloads
+
+
+RECEIVE_BUFFER_BYTES = 256 * 1024
+"""Bytes a `FrameReceiver` offers the socket at once for frames under COLLECT_BYTES_MIN."""
+
+
+class FrameReceiver:
+    """Frames received straight into their own buffers (for `asyncio.BufferedProtocol`).
+
+    The socket writes into the memoryview `receive_buffer` hands out, and `received` cuts
+    the payloads. Small frames arrive in one shared staging buffer and are copied out once
+    each. A frame of COLLECT_BYTES_MIN or more gets a buffer of exactly its size as soon as
+    its length is known, and the socket writes the rest of it there: the payload is handed
+    on as that buffer, with no piece joined and no copy (a Spark fetch answer of 1 MB
+    used to be copied four times between the socket and the decoder: into the stream
+    reader's buffer, out of it, into a list of pieces, and once joined)."""
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> None:
+        self.frame_bytes_max = frame_bytes_max
+        self.staging = bytearray(RECEIVE_BUFFER_BYTES)
+        self.staged_bytes = 0
+        """Bytes received into `staging` and not yet cut into payloads."""
+        self.large: bytearray | None = None
+        """The payload buffer of the large frame being received, or None."""
+        self.large_filled_bytes = 0
+
+    def receive_buffer(self) -> memoryview:
+        """Where the next bytes from the socket go (never empty)."""
+        if self.large is not None:
+            return memoryview(self.large)[self.large_filled_bytes :]
+        return memoryview(self.staging)[self.staged_bytes :]
+
+    def received(self, count: int) -> list[bytes | bytearray]:
+        """`count` bytes were written into the last `receive_buffer`; every payload now
+        complete, in order. Raises FrameError on a length over the bound (the connection
+        must then be closed)."""
+        if self.large is None:
+            self.staged_bytes += count
+            return self.cut_staging()
+        self.large_filled_bytes += count
+        if self.large_filled_bytes < len(self.large):
+            return []
+        payload, self.large, self.large_filled_bytes = self.large, None, 0
+        return [payload]
+
+    def cut_staging(self) -> list[bytes | bytearray]:
+        payloads: list[bytes | bytearray] = []
+        position = 0
+        available = self.staged_bytes
+        staging = self.staging
+        with memoryview(staging) as view:
+            while available - position >= FRAME_HEADER_BYTES:
+                (length,) = FRAME_HEADER.unpack_from(staging, position)
+                if length > self.frame_bytes_max:
+                    raise FrameError(
+                        f"peer announced a frame of {length} bytes; frame_bytes_max="
+                        f"{self.frame_bytes_max}"
+                    )
+                start = position + FRAME_HEADER_BYTES
+                end = start + length
+                if end <= available:
+                    payloads.append(bytes(view[start:end]))
+                    position = end
+                    continue
+                if length >= COLLECT_BYTES_MIN:
+                    # The rest of this frame goes straight into a buffer of its own.
+                    self.large = bytearray(length)
+                    self.large_filled_bytes = available - start
+                    self.large[: self.large_filled_bytes] = view[start:available]
+                    position = available
+                break
+            # What is left (part of a small frame, or of a header) moves to the front.
+            rest = available - position
+            if position and rest:
+                view[:rest] = view[position:available]
+        self.staged_bytes = rest
+        return payloads

@@ -967,7 +967,7 @@ DecodeError, for a string that is not UTF-8 (a type tag or any field). Catch all
 wherever such bytes are decoded: one missed is a frame that stops a node."""
 
 
-def decode(payload: bytes) -> Frame:
+def decode(payload: bytes | bytearray) -> Frame:
     """Decode one payload; raises one of `DECODE_ERRORS` on bad input."""
     frame: Frame = decoder.decode(payload)
     return frame

@@ -37,7 +37,7 @@ from quorumlog.auth.credentials import (
     token_from,
 )
 from quorumlog.codec import wire
-from quorumlog.codec.frame import FrameDecoder, FrameError, encode_frame
+from quorumlog.codec.frame import FrameError, encode_frame
 from quorumlog.codec.kv_v3 import KeyValue
 from quorumlog.codec.wire import (
     AuthenticatedRequest,
@@ -80,11 +80,11 @@ from quorumlog.kv.connection import (
     welcome_node_id,
     write_results,
 )
+from quorumlog.kv.frame_stream import FrameStream, open_frame_stream
 from quorumlog.tls.config import TLSConfig
-from quorumlog.tls.handshake import closed_after_handshake_error, open_stream
+from quorumlog.tls.handshake import closed_after_handshake_error
 
 ResponseType = TypeVar("ResponseType")
-RECEIVE_BYTES = 256 * 1024
 PRODUCE_FRAMES_TRACKED_MAX = 1024
 """ProduceMany frames remembered per connection (for a refusal of the whole frame) before
 those with no part waiting any more are forgotten."""
@@ -124,13 +124,10 @@ ATTEMPT_ERRORS: tuple[type[Exception], ...] = (*TRANSPORT_ERRORS, TimeoutError)
 class StreamConnection:
     """One connection to one node; a reader task hands each answer to its request."""
 
-    def __init__(
-        self, endpoint: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    def __init__(self, endpoint: str, stream: FrameStream) -> None:
         self.endpoint = endpoint
-        self.reader = reader
-        self.writer = writer
-        self.decoder = FrameDecoder()
+        self.stream = stream
+        """Frames in and out (answers are received straight into their buffers)."""
         self.node_id = ""
         self.waiting: dict[int, asyncio.Future[Frame]] = {}
         self.failure: BaseException | None = None
@@ -165,10 +162,10 @@ class StreamConnection:
         """Connect (over TLS with `tls`) and shake hands; TLSHandshakeError if TLS failed."""
         host, port = parse_endpoint(endpoint)
         async with asyncio.timeout(timeout_seconds):
-            reader, writer = await open_stream(host, port, tls, endpoint)
-            connection = cls(endpoint, reader, writer)
+            stream = await open_frame_stream(host, port, tls, endpoint)
+            connection = cls(endpoint, stream)
             try:
-                writer.write(hello_frame(cluster_id, client_id))
+                stream.write(hello_frame(cluster_id, client_id))
                 try:
                     frame = await connection.read_frame()
                 except (ConnectionLost, ConnectionResetError, ssl.SSLError) as error:
@@ -178,7 +175,7 @@ class StreamConnection:
                 connection.node_id = welcome_node_id(frame, endpoint)
                 connection.produce_many = isinstance(frame, Welcome) and frame.produce_many
                 if credentials is not None:
-                    writer.write(encode_frame(encode(authenticate_request(credentials))))
+                    stream.write(encode_frame(encode(authenticate_request(credentials))))
                     connection.token = token_from(await connection.read_frame(), endpoint)
                     connection.authenticated = True
             except BaseException:
@@ -190,10 +187,9 @@ class StreamConnection:
     async def read_frame(self) -> Frame:
         """The handshake answer (before the reader task runs)."""
         while True:
-            data = await self.reader.read(RECEIVE_BYTES)
-            if not data:
+            payloads = await self.stream.receive()
+            if not payloads:
                 raise ConnectionLost(f"{self.endpoint} closed the connection")
-            payloads = self.decoder.feed(data)
             if len(payloads) > 1:
                 raise ClientError(f"{self.endpoint} sent frames before the handshake ended")
             if payloads:
@@ -203,11 +199,11 @@ class StreamConnection:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                data = await self.reader.read(RECEIVE_BYTES)
-                if not data:
+                payloads = await self.stream.receive()
+                if not payloads:
                     raise ConnectionLost(f"{self.endpoint} closed the connection")
                 self.last_received_seconds = loop.time()
-                for payload in self.decoder.feed(data):
+                for payload in payloads:
                     frame, replace = screen_answer(decode(payload), self.authenticated)
                     if replace:
                         self.token_invalid = True
@@ -231,11 +227,11 @@ class StreamConnection:
         for future in waiting.values():
             if not future.done():
                 future.set_exception(error)
-        self.writer.close()
+        self.stream.close()
 
     @property
     def usable(self) -> bool:
-        return self.failure is None and not self.writer.is_closing() and not self.token_invalid
+        return self.failure is None and not self.stream.is_closing() and not self.token_invalid
 
     async def request(
         self,
@@ -257,7 +253,7 @@ class StreamConnection:
                 self.queue_produce(frame)
             else:
                 self.write_request(frame)
-            await self.writer.drain()
+            await self.stream.drain()
             if patient_until is not None and patient_until > deadline:
                 return await self.wait_patiently(future, deadline, patient_until)
             async with asyncio.timeout_at(deadline):
@@ -295,7 +291,7 @@ class StreamConnection:
             frame = AuthenticatedRequest(
                 request_id=frame.request_id, token=self.token, request=frame
             )
-        self.writer.write(encode_frame(encode(frame)))
+        self.stream.write(encode_frame(encode(frame)))
 
     def queue_produce(self, frame: Produce) -> None:
         """Write `frame` with the other produce requests of this loop turn: a producer
@@ -338,9 +334,9 @@ class StreamConnection:
             self.reader_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.reader_task
-        self.writer.close()
+        self.stream.close()
         with contextlib.suppress(*TRANSPORT_ERRORS):
-            await self.writer.wait_closed()
+            await self.stream.wait_closed()
 
 
 class PendingCommand:

@@ -35,6 +35,7 @@ from quorumlog.spark.offsets import (
 )
 from quorumlog.spark.options import SourceOptions
 from quorumlog.spark.range_fetches import RangeFetches
+from quorumlog.spark.shared_access import borrowed_access
 from quorumlog.stream.client_common import OffsetOutOfRangeError
 
 ARROW_BATCH_ROWS_MAX = 65_536
@@ -242,7 +243,7 @@ class QuorumLogBatchReader(DataSourceReader):
 
     def __init__(self, options: SourceOptions) -> None:
         self.settings = FetchSettings(options)
-        with ClusterAccess(options.connection, "spark-plan") as access:
+        with borrowed_access(options.connection, "spark-plan") as access:
             starts, ends = resolve_batch_offsets(access, options)
         self.ranges = plan_ranges(
             starts, ends, options.max_records_per_partition, options.min_partitions
@@ -254,7 +255,7 @@ class QuorumLogBatchReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, OffsetRange):
             return  # Spark's stand-in partition when there is nothing to read
-        with ClusterAccess(self.settings.connection, "spark-read") as access:
+        with borrowed_access(self.settings.connection, "spark-read") as access:
             yield from read_range(access, partition, self.settings)
 
 

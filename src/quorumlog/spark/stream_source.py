@@ -58,6 +58,7 @@ from quorumlog.spark.offsets import (
     offsets_to_document,
 )
 from quorumlog.spark.options import SourceOptions
+from quorumlog.spark.shared_access import borrowed_access
 
 NEW_PARTITION_START = 0
 
@@ -209,7 +210,7 @@ class QuorumLogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow)
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, OffsetRange):
             return
-        with ClusterAccess(self.settings.connection, "spark-read") as access:
+        with borrowed_access(self.settings.connection, "spark-read") as access:
             yield from read_range(access, partition, self.settings)
 
     def commit(self, end: dict[str, dict[str, int]]) -> None:
