@@ -17,7 +17,7 @@ def test_sim_shardkv_json_summary_has_the_sim_raft_keys() -> None:
     result = CliRunner().invoke(cli, ["sim", "shardkv", "--seeds", "0-8", "--json"])
     assert result.exit_code == 0, result.output
     summary = json.loads(result.output.strip().splitlines()[-1])
-    raft = CliRunner().invoke(cli, ["sim", "raft", "--seeds", "1", "--seconds", "2", "--json"])
+    raft = CliRunner().invoke(cli, ["sim", "raft", "--seeds", "1", "--seconds", "7", "--json"])
     assert set(summary) == set(json.loads(raft.output.strip().splitlines()[-1]))
     assert summary["seeds"] == 9
     assert summary["failures"] == []

@@ -140,11 +140,11 @@ class FrameStream(asyncio.BufferedProtocol):
             raise ConnectionResetError("connection lost")
         if not self.writing_paused:
             return
-        self.writable = asyncio.get_running_loop().create_future()
-        try:
-            await self.writable
-        finally:
-            self.writable = None
+        # Every request drains: many may wait at once, on one future that resume_writing
+        # settles. Shielded, so one waiter's cancellation (its timeout) leaves the others'.
+        if self.writable is None or self.writable.done():
+            self.writable = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self.writable)
 
     def is_closing(self) -> bool:
         return self.transport is None or self.transport.is_closing()

@@ -100,3 +100,32 @@ def test_a_receiver_that_does_not_keep_up_pauses_the_socket(
         assert await receive_until_end(stream) == payloads
 
     with_server(serve, test)
+
+
+def test_many_writers_draining_at_once_all_resume() -> None:
+    """Each request drains; with the socket's buffer full, many wait at once. Each kept a
+    future of its own in one slot, so every waiter but the last was never woken (80 puts
+    of 1 MB hung with no timer left)."""
+    chunk = b"z" * (1 << 20)
+    writers = 40
+    release = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await release.wait()  # read nothing until every writer waits: the buffer fills
+        await reader.readexactly(len(chunk) * writers)
+        writer.write(encode_frame(b"all read"))
+        await writer.drain()
+
+    async def test(stream: FrameStream) -> None:
+        async def write_and_drain() -> None:
+            stream.write(chunk)
+            await stream.drain()
+
+        tasks = [asyncio.create_task(write_and_drain()) for _ in range(writers)]
+        while not stream.writing_paused:
+            await asyncio.sleep(0)  # yields until the transport says its buffer is full
+        release.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=15)
+        assert [bytes(payload) for payload in await stream.receive()] == [b"all read"]
+
+    with_server(serve, test)
