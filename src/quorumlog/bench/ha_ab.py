@@ -17,10 +17,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
+
+from quorumlog.bench.tree_ab import add_tree_options, alternated_trees, run_in_tree
 
 ROUNDS_DEFAULT = 1
 RUN_TIMEOUT_SECONDS = 900.0
@@ -35,19 +35,11 @@ MEDIAN_KEYS = (
 
 def run_tree(source: Path, rounds: int, directory: str) -> dict[str, Any]:
     """One `bench ha` run of the tree whose package lives under `source`: its summary."""
-    environment = dict(os.environ, PYTHONPATH=str(source))
-    command = [sys.executable, "-m", "quorumlog", "bench", "ha", "--json", "--rounds", str(rounds)]
+    command = ["-m", "quorumlog", "bench", "ha", "--json", "--rounds", str(rounds)]
     if directory:
         command += ["--dir", directory]
-    completed = subprocess.run(
-        command,
-        env=environment,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=RUN_TIMEOUT_SECONDS,
-    )
-    summary: dict[str, Any] = json.loads(completed.stdout.strip().splitlines()[-1])
+    output = run_in_tree(source, command, RUN_TIMEOUT_SECONDS)
+    summary: dict[str, Any] = json.loads(output.strip().splitlines()[-1])
     return summary
 
 
@@ -61,23 +53,17 @@ def medians(summaries: list[dict[str, Any]]) -> dict[str, float]:
 
 def main(arguments: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--old", type=Path, required=True, help="the old tree's src directory")
-    parser.add_argument("--new", type=Path, required=True, help="the new tree's src directory")
-    parser.add_argument("--pairs", type=int, default=3, help="old/new pairs to run")
+    add_tree_options(parser)
     parser.add_argument("--rounds", type=int, default=ROUNDS_DEFAULT, help="bench ha --rounds")
     parser.add_argument("--dir", default="", help="where the nodes write (default: a temp dir)")
     options = parser.parse_args(arguments)
     summaries: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
-    for pair in range(options.pairs):
-        trees = [("old", options.old), ("new", options.new)]
-        if pair % 2:
-            trees.reverse()
-        for name, source in trees:
-            load = round(os.getloadavg()[0], 2)
-            summary = run_tree(source, options.rounds, options.dir)
-            summaries[name].append(summary)
-            line = {"tree": name, "pair": pair + 1, "load_average_before": load, **summary}
-            print(json.dumps(line), flush=True)
+    for pair, name, source in alternated_trees(options):
+        load = round(os.getloadavg()[0], 2)
+        summary = run_tree(source, options.rounds, options.dir)
+        summaries[name].append(summary)
+        line = {"tree": name, "pair": pair, "load_average_before": load, **summary}
+        print(json.dumps(line), flush=True)
     result = {f"{name}_medians": medians(found) for name, found in summaries.items()}
     print(json.dumps({"case": "ab-summary", "pairs": options.pairs, **result}), flush=True)
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from quorumlog.bench.tree_ab import add_tree_options, alternated_trees, run_in_tree
 
 RUN_CODE = """
 import json, os, sys, tempfile
@@ -36,35 +35,21 @@ REPEATS_DEFAULT = 3
 
 def run_tree(source: Path, entries: int, repeats: int, directory: str) -> dict[str, object]:
     """One side-by-side run of the tree whose package lives under `source`."""
-    environment = dict(os.environ, PYTHONPATH=str(source))
-    completed = subprocess.run(
-        [sys.executable, "-c", RUN_CODE, str(entries), str(repeats), directory],
-        env=environment,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    result: dict[str, object] = json.loads(completed.stdout.strip().splitlines()[-1])
+    output = run_in_tree(source, ["-c", RUN_CODE, str(entries), str(repeats), directory])
+    result: dict[str, object] = json.loads(output.strip().splitlines()[-1])
     return result
 
 
 def main(arguments: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--old", type=Path, required=True, help="the old tree's src directory")
-    parser.add_argument("--new", type=Path, required=True, help="the new tree's src directory")
-    parser.add_argument("--pairs", type=int, default=3, help="old/new pairs to run")
+    add_tree_options(parser)
     parser.add_argument("--entries", type=int, default=ENTRIES_DEFAULT)
     parser.add_argument("--repeats", type=int, default=REPEATS_DEFAULT, help="runs per process")
     parser.add_argument("--dir", default="", help="where to write (default: a temporary dir)")
     options = parser.parse_args(arguments)
-    for pair in range(options.pairs):
-        # Flip the order every pair, so that neither tree always runs first.
-        trees = [("old", options.old), ("new", options.new)]
-        if pair % 2:
-            trees.reverse()
-        for name, source in trees:
-            result = run_tree(source, options.entries, options.repeats, options.dir)
-            print(json.dumps({"tree": name, "pair": pair + 1, **result}), flush=True)
+    for pair, name, source in alternated_trees(options):
+        result = run_tree(source, options.entries, options.repeats, options.dir)
+        print(json.dumps({"tree": name, "pair": pair, **result}), flush=True)
 
 
 if __name__ == "__main__":

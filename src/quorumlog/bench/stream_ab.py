@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
+
+from quorumlog.bench.tree_ab import add_tree_options, alternated_trees, run_in_tree
 
 SPARK_RECORDS_DEFAULT = 1_000_000
 PRODUCE_RECORDS_MIN = 1000
@@ -31,37 +30,29 @@ PRODUCE_RECORDS_MIN = 1000
 
 def run_tree(source: Path, spark_records: int, directory: str) -> dict[str, Any]:
     """The `spark-read` phase line of one bench run of the tree under `source`."""
-    environment = dict(os.environ, PYTHONPATH=str(source))
-    command = [sys.executable, "-m", "quorumlog", "bench", "stream", "--json"]
+    command = ["-m", "quorumlog", "bench", "stream", "--json"]
     command += ["--records", str(PRODUCE_RECORDS_MIN), "--spark-records", str(spark_records)]
     if directory:
         command += ["--dir", directory]
-    completed = subprocess.run(command, env=environment, capture_output=True, text=True, check=True)
-    for line in completed.stdout.splitlines():
+    output = run_in_tree(source, command)
+    for line in output.splitlines():
         if line.startswith("{") and '"spark-read"' in line:
             phase: dict[str, Any] = json.loads(line)
             return phase
-    raise RuntimeError(f"no spark-read line in the output of {source}:\n{completed.stdout}")
+    raise RuntimeError(f"no spark-read line in the output of {source}:\n{output}")
 
 
 def main(arguments: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--old", type=Path, required=True, help="the old tree's src directory")
-    parser.add_argument("--new", type=Path, required=True, help="the new tree's src directory")
-    parser.add_argument("--pairs", type=int, default=3, help="old/new pairs to run")
+    add_tree_options(parser)
     parser.add_argument("--spark-records", type=int, default=SPARK_RECORDS_DEFAULT)
     parser.add_argument("--dir", default="", help="where the clusters live (default: /tmp)")
     options = parser.parse_args(arguments)
     figures: dict[str, list[int]] = {"old": [], "new": []}
-    for pair in range(options.pairs):
-        # Flip the order every pair, so that neither tree always runs first.
-        trees = [("old", options.old), ("new", options.new)]
-        if pair % 2:
-            trees.reverse()
-        for name, source in trees:
-            phase = run_tree(source, options.spark_records, options.dir)
-            figures[name].append(int(phase["spark_read_records_per_s"]))
-            print(json.dumps({"tree": name, "pair": pair + 1, **phase}), flush=True)
+    for pair, name, source in alternated_trees(options):
+        phase = run_tree(source, options.spark_records, options.dir)
+        figures[name].append(int(phase["spark_read_records_per_s"]))
+        print(json.dumps({"tree": name, "pair": pair, **phase}), flush=True)
     summary = {
         f"{name}_median_records_per_s": round(statistics.median(values))
         for name, values in figures.items()
