@@ -82,12 +82,7 @@ class FrameDecoder:
         # The view must be released before the buffer can shrink.
         with memoryview(buffer) as view:
             while available - position >= FRAME_HEADER_BYTES:
-                (length,) = FRAME_HEADER.unpack_from(buffer, position)
-                if length > self.frame_bytes_max:
-                    raise FrameError(
-                        f"peer announced a frame of {length} bytes; frame_bytes_max="
-                        f"{self.frame_bytes_max}"
-                    )
+                length = announced_length(buffer, position, self.frame_bytes_max)
                 end = position + FRAME_HEADER_BYTES + length
                 if end > available:
                     if length >= COLLECT_BYTES_MIN:
@@ -100,6 +95,16 @@ class FrameDecoder:
         if position:
             del buffer[:position]
         return payloads
+
+
+def announced_length(buffer: bytearray, position: int, frame_bytes_max: int) -> int:
+    """The payload length of the frame header at `position`; FrameError over the bound."""
+    (length,) = FRAME_HEADER.unpack_from(buffer, position)
+    if length > frame_bytes_max:
+        raise FrameError(
+            f"peer announced a frame of {length} bytes; frame_bytes_max={frame_bytes_max}"
+        )
+    return int(length)
 
 
 RECEIVE_BUFFER_BYTES = 256 * 1024
@@ -152,12 +157,7 @@ class FrameReceiver:
         staging = self.staging
         with memoryview(staging) as view:
             while available - position >= FRAME_HEADER_BYTES:
-                (length,) = FRAME_HEADER.unpack_from(staging, position)
-                if length > self.frame_bytes_max:
-                    raise FrameError(
-                        f"peer announced a frame of {length} bytes; frame_bytes_max="
-                        f"{self.frame_bytes_max}"
-                    )
+                length = announced_length(staging, position, self.frame_bytes_max)
                 start = position + FRAME_HEADER_BYTES
                 end = start + length
                 if end <= available:
