@@ -34,4 +34,9 @@ def test_bench_scale_quick_prints_phases_and_a_summary(tmp_path: Path) -> None:
         f"produce_records_per_s_{QUICK_LARGEST}_partitions",
         "produce_records_per_s_3_partitions",
         f"seconds_to_create_{QUICK_LARGEST}_partitions",
+        f"produce_ratio_{QUICK_LARGEST}_to_3_partitions",
+        "produce_records",
     } <= summary.keys()
+    for line in lines[:-1]:
+        assert line["produce_node_cpu_seconds"] > 0
+        assert line["produce_client_cpu_seconds"] > 0

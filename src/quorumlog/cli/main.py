@@ -142,12 +142,19 @@ def bench_stream(
     default=None,
     help="Comma-separated partition counts, one topic each (default: 1,3,100,1000).",
 )
+@click.option(
+    "--produce-records",
+    type=click.IntRange(1),
+    default=None,
+    help="Records produced per topic (default: 1,000,000; 5,000 with --quick).",
+)
 def bench_scale(
     as_json: bool,
     quick: bool,
     directory: str | None,
     quiesce_idle_ticks: int | None,
     partition_counts: str | None,
+    produce_records: int | None,
 ) -> None:
     """Idle CPU, memory, create time and produce rate with 1, 3, 100 and 1000 partitions
     on 3 node processes (fsync on)."""
@@ -167,6 +174,8 @@ def bench_scale(
         if not counts or min(counts) < 1:
             raise click.BadParameter("every partition count must be at least 1")
         settings = msgspec.structs.replace(settings, partition_counts=counts)
+    if produce_records is not None:
+        settings = msgspec.structs.replace(settings, produce_records=produce_records)
     run_scale_benchmark(settings)
 
 
