@@ -202,26 +202,33 @@ class HATopicService:
             data_file_bytes=DATA_FILE_BYTES,
             sync_policy=SyncPolicy.EXPLICIT if self.fsync else SyncPolicy.NEVER,
         )
-        epoch_file = EpochFile(directory / "epochs")
-        replication = min(MIN_IN_SYNC_DEFAULT, len(descriptor.replicas[partition]))
-        config = msgspec.structs.replace(
-            self.config,
-            replication=msgspec.structs.replace(self.config.replication, min_in_sync=replication),
-        )
         index = HAPartitionIndex()
-        host = BrokerHost(
-            scheduler=AsyncioScheduler(asyncio.get_running_loop()),
-            links=links.for_group(name),
-            controller=controller,
-            commit_log=commit_log,
-            epoch_file=epoch_file,
-            group=name,
-            broker_id=self.node_id,
-            address=address,
-            config=config,
-            on_truncated=lambda _offset: index.reset(),
-            background=self.syncs,
-        )
+        try:
+            epoch_file = EpochFile(directory / "epochs")
+            replication = min(MIN_IN_SYNC_DEFAULT, len(descriptor.replicas[partition]))
+            config = msgspec.structs.replace(
+                self.config,
+                replication=msgspec.structs.replace(
+                    self.config.replication, min_in_sync=replication
+                ),
+            )
+            host = BrokerHost(
+                scheduler=AsyncioScheduler(asyncio.get_running_loop()),
+                links=links.for_group(name),
+                controller=controller,
+                commit_log=commit_log,
+                epoch_file=epoch_file,
+                group=name,
+                broker_id=self.node_id,
+                address=address,
+                config=config,
+                on_truncated=lambda _offset: index.reset(),
+                background=self.syncs,
+            )
+        except BaseException:
+            # The log holds its directory's lock: a reopen trying again must find it free.
+            commit_log.close()
+            raise
         part = HAPartition(descriptor, partition, name, host, index, commit_log)
         host.on_failed = lambda failure: self.broker_failed(part, failure)
         self.partitions[(descriptor.name, partition)] = part
@@ -255,7 +262,7 @@ class HATopicService:
         self.close_partition(part)
         try:
             self.start_broker(part.descriptor, part.partition)
-        except QuorumLogError as error:
+        except (QuorumLogError, OSError) as error:
             log.error("HA %s: reopening failed, trying again: %s", part.group, error)
             self.partitions[key] = part  # closed: it refuses everything until replaced
             loop = asyncio.get_running_loop()

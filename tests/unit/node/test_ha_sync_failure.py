@@ -7,13 +7,18 @@ rejoins as a slave."""
 from __future__ import annotations
 
 import asyncio
+import errno
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import pytest
 
 from quorumlog.codec import wire
 from quorumlog.errors import DiskFullError
 from quorumlog.ha.broker_host import BrokerHost
 from quorumlog.ha.controller_model import BrokerGroupInfo
+from quorumlog.ha.epoch_file import EpochFile
+from quorumlog.node import ha_topics
 from quorumlog.node.server import Node
 from quorumlog.stream.client_admin import Admin
 from quorumlog.stream.topics import group_id
@@ -65,9 +70,24 @@ def read_partition(endpoints: list[str], partition: int, end: int) -> list[tuple
         return found
 
 
+class EpochFileFailingOnce(EpochFile):
+    """The first epoch file opened fails (an unreadable file at the first reopen); the
+    next reopen must find the log's directory lock free."""
+
+    failures_left = 0
+
+    def __init__(self, path: Path) -> None:
+        if EpochFileFailingOnce.failures_left:
+            EpochFileFailingOnce.failures_left -= 1
+            raise OSError(errno.EIO, "Input/output error", str(path))
+        super().__init__(path)
+
+
 def test_a_failed_master_sync_answers_fails_over_and_reopens_after_a_full_disk(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(ha_topics, "EpochFile", EpochFileFailingOnce)
+
     async def scenario() -> None:
         nodes = await start_nodes(settings_for(tmp_path))  # type: ignore[arg-type]
         for node in nodes:
@@ -99,6 +119,7 @@ async def check_sync_failure(nodes: list[Node]) -> None:
     failed = service.serves(TOPIC, 0)
     assert failed is not None and failed.host.is_master
     failed.host.background = FailingSyncs(failed.host)
+    EpochFileFailingOnce.failures_left = 1  # the first reopen fails; the second must not
 
     second = [b"second-%d" % number for number in range(4)]
     offsets = await asyncio.to_thread(produce_to, endpoints, 0, second, "p-second")
@@ -121,6 +142,7 @@ async def check_sync_failure(nodes: list[Node]) -> None:
 
     # After the full disk, the node reopens the log: the broker rejoins as a slave.
     await eventually(lambda: service.reopens == 1 or None, "the partition reopened")
+    assert EpochFileFailingOnce.failures_left == 0, "the first reopen failed and was retried"
 
     def rejoined() -> bool | None:
         status = broker_status(endpoints, names[0], master.node_id)
