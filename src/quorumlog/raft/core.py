@@ -608,6 +608,7 @@ class RaftCore:
             high = min(self.commit_index, self.applying_index + COMMITTED_ENTRIES_PER_READY_MAX)
             committed_entries = self.log.entries(self.applying_index + 1, high + 1)
             self.applying_index = high
+            self.log.release_through(high)
         # Built in one call with every field (not filled in afterwards): one Ready per pass.
         ready = Ready(
             hard_state=hard_state,
