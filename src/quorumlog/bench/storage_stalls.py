@@ -5,15 +5,16 @@
 Appends batches of 256 x 100 B to one `MmapLogStore` with a sync after each (the
 `mmap-append-100` case without the raw file beside it) and times every append and sync. It
 also times, through hooks on the store's own functions, each chunk of zeros the zeroing
-thread writes (`mmap_zeroing.write_zeros`) and each flush of the lagged index. A sync whose
-time overlaps one of those waited behind it for the disk (a virtual disk serves one request
-at a time, and a sync's device flush must persist everything written before it); the rest
-are plain. One JSON line: per batch, the append time, the plain syncs' time and what each
-kind of wait added over a plain sync (`*_extra_us_per_batch`: its syncs' time beyond the
-median plain sync, spread over all batches), and the counts behind them.
+thread writes (`mmap_zeroing.write_zeros`) and each write-back and flush of the lagged index.
+A sync whose time overlaps one of those waited behind it for the disk (a virtual disk
+serves one request at a time, and a sync's device flush must persist everything written
+before it); the rest are plain. One JSON line: per batch, the append time, the plain syncs'
+time and what each kind of wait added over a plain sync (`*_extra_us_per_batch`: its syncs'
+time beyond the median plain sync, spread over all batches), and the counts behind them.
 
 A diagnostic, not a figure to compare trees by (use `storage_ab` for that): the hooks are
-installed by replacing `mmap_zeroing.write_zeros` and `MappedFileList.flush` for the run.
+installed by replacing `mmap_zeroing.write_zeros`, `MappedFileList.flush` and
+`MappedFileList.write_back` for the run.
 """
 
 from __future__ import annotations
@@ -59,11 +60,13 @@ def measure(directory: Path, batch_count: int) -> dict[str, Any]:
     batches = make_batches(1, batch_count * BATCH_ENTRIES, 100)
     zero_spans: list[Span] = []
     index_spans: list[Span] = []
+    index_write_back_spans: list[Span] = []
     syncs: list[Span] = []
     appends_seconds = 0.0
     clock = time.perf_counter
     real_write_zeros = mmap_zeroing.write_zeros
     real_flush = MappedFileList.flush
+    real_write_back = MappedFileList.write_back
 
     def flush(files: MappedFileList, low: int, high: int) -> None:
         if files.directory.name != INDEX_DIRECTORY:
@@ -75,8 +78,18 @@ def measure(directory: Path, batch_count: int) -> dict[str, Any]:
         finally:
             index_spans.append((started, clock()))
 
+    def write_back(files: MappedFileList, low: int, high: int) -> bool:
+        if files.directory.name != INDEX_DIRECTORY:
+            return real_write_back(files, low, high)
+        started = clock()
+        try:
+            return real_write_back(files, low, high)
+        finally:
+            index_write_back_spans.append((started, clock()))
+
     mmap_zeroing.write_zeros = timed(zero_spans, real_write_zeros)
     MappedFileList.flush = flush  # type: ignore[method-assign,assignment]
+    MappedFileList.write_back = write_back  # type: ignore[method-assign,assignment]
     try:
         store = MmapLogStore.open(directory / "log")
         index_spans.clear()  # open flushes what it found
@@ -93,7 +106,13 @@ def measure(directory: Path, batch_count: int) -> dict[str, Any]:
     finally:
         mmap_zeroing.write_zeros = real_write_zeros
         MappedFileList.flush = real_flush  # type: ignore[method-assign]
-    return summarize(batch_count, appends_seconds, syncs, zero_spans, index_spans)
+        MappedFileList.write_back = real_write_back  # type: ignore[method-assign]
+    result = summarize(
+        batch_count, appends_seconds, syncs, zero_spans, index_spans + index_write_back_spans
+    )
+    result["index_flushes"] = len(index_spans)
+    result["index_write_backs"] = len(index_write_back_spans)
+    return result
 
 
 def summarize(
@@ -103,6 +122,7 @@ def summarize(
     zero_spans: list[Span],
     index_spans: list[Span],
 ) -> dict[str, Any]:
+    """`index_spans`: the index's write-backs and flushes, which the caller counts."""
     kinds: dict[str, list[float]] = {"plain": [], "zeros": [], "index": []}
     for span in syncs:
         kind = "index" if overlaps(span, index_spans) else "plain"
@@ -126,7 +146,6 @@ def summarize(
         )
         if zero_spans
         else None,
-        "index_flushes": len(index_spans),
         "load_average_1m": round(os.getloadavg()[0], 2),
     }
     result["plain_syncs"] = len(kinds["plain"])

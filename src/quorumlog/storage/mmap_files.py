@@ -26,7 +26,9 @@ What that costs in bytes (session 9; bios the store's threads submitted, counted
 record -e block:block_bio_queue`, 800 batches of 256 x 100 B with a sync each): 103 KB per
 batch, against 38 KB for the segment store (whose journal commits, written by jbd2, are not
 in that count): the batch's 39 KB and its partly filled last page again at the next sync,
-as many bytes of zeros, 8 KB of index slots and 8 KB of zeros for them. On a virtual disk
+as many bytes of zeros, 8 KB of index slots and 8 KB of zeros for them. (Session 10: the
+index gets no zeros ahead any more, and its slots ride the data's syncs; see
+`MmapLogStore._flush`.) On a virtual disk
 whose device flush persists everything written before it, the zeros' chunk is paid for by
 the syncs that come while it is written (`python -m quorumlog.bench.storage_stalls`: at load
 5, syncs that overlapped a chunk added about 100 µs a batch over plain ones of about 250
@@ -43,7 +45,7 @@ from pathlib import Path
 from quorumlog.errors import CorruptLogError, StorageError
 from quorumlog.storage.files import disk_errors, fsync_directory, storage_error
 from quorumlog.storage.mmap_format import ENTRY_ALIGNMENT_BYTES, ENTRY_MAGIC_BYTES
-from quorumlog.storage.mmap_writeback import writeback_available
+from quorumlog.storage.mmap_writeback import write_back, writeback_available
 from quorumlog.storage.mmap_zeroing import ZeroQueue
 
 FILE_NAME_DIGITS = 20
@@ -411,6 +413,31 @@ class MappedFileList:
                 except OSError as error:
                     raise storage_error(mapped.path, error) from error
             number += 1
+
+    def write_back(self, low: int, high: int) -> bool:
+        """Write [low, high) of the stream (rounded out to pages) to the disk and wait for
+        it, without a device flush or a journal commit: a flush that follows, of any file,
+        makes the bytes durable (see `MmapLogStore._flush`). Returns False, having done
+        nothing, where the system cannot (see mmap_writeback)."""
+        files = self.files
+        if high <= low or not files:
+            return True
+        number = max(0, (low - files[0].start) // self.file_bytes)
+        while number < len(files):
+            mapped = files[number]
+            if mapped.start >= high:
+                break
+            first = max(low, mapped.start) - mapped.start
+            last = min(high, mapped.start + self.file_bytes) - mapped.start
+            if first < last:
+                descriptor = self._descriptor(mapped)
+                try:
+                    if not write_back(descriptor, first, last - first):
+                        return False
+                except OSError as error:
+                    raise storage_error(mapped.path, error) from error
+            number += 1
+        return True
 
     def sync_directory(self) -> None:
         if self.directory_dirty:

@@ -23,8 +23,10 @@ data written since the last sync and fsyncs directories that changed. `begin_syn
 that range for a sync on another thread while appends go on (mmap_sync); `durable_data_end`
 moves only when such a sync has returned and `finish_sync` is told. Index slots are
 flushed lazily, a bounded number behind: they are rebuilt from the data, at open for the
-tail and on read for a hole. Files are created with posix_fallocate before any byte is
-written, so a full disk fails the append cleanly.
+tail and on read for a hole. A sync writes them back ahead of the data's msync, which
+carries them to the disk, and msyncs them only once a mebibyte waits (see `_flush`).
+Files are created with posix_fallocate before any byte is written, so a full disk fails the
+append cleanly.
 
 What open does with damage is in mmap_recovery. The rules it relies on, kept here:
 - nothing but zeros follows the end of either stream (truncations zero what they drop);
@@ -95,8 +97,12 @@ from quorumlog.storage.mmap_sync import CapturedSync, capture_pieces, close_piec
 _crc32c = google_crc32c.value
 
 
-INDEX_FLUSH_LAG_BYTES = 256 * 1024
-"""Index slots (8192 entries) that `sync` may leave unflushed; see `_flush`."""
+INDEX_WRITE_BACK_LAG_BYTES = 256 * 1024
+"""Index slots (8192 entries) that `sync` may leave in the page cache; more are written back
+ahead of the data's msync, whose device flush makes them durable too (see `_flush`)."""
+INDEX_FLUSH_LAG_BYTES = 1024 * 1024
+"""Index slots (32768 entries) that `sync` may leave without an msync of their own; see
+`_flush`. This bounds how much data open parses after a power failure."""
 
 ZERO_AHEAD_SYNC_BYTES_MAX = 64 * 1024
 """Zeros are written ahead of appends (see mmap_files) only while syncs flush this much data
@@ -165,6 +171,10 @@ class MmapLogStore:
         """Data bytes each sync flushed, averaged over the recent ones (see
         ZERO_AHEAD_SYNC_BYTES_MAX)."""
         self._index_dirty_low: int | None = None
+        """The lowest index slot position written since the index was last msynced."""
+        self._index_unwritten_low: int | None = None
+        """The lowest index slot position written since the index was last written back
+        (or msynced): what the next write-back starts from."""
         self._recovery = recovery
         self._sync_policy = sync_policy
         self._entry_bytes_max = entry_bytes_max
@@ -316,27 +326,31 @@ class MmapLogStore:
             self._data_dirty_low = start
         if self._index_dirty_low is None:
             self._index_dirty_low = slot_low
+        if self._index_unwritten_low is None:
+            self._index_unwritten_low = slot_low
         self._data_end = end
         self._last_index = entries[-1].index
         if self._sync_policy is SyncPolicy.EVERY_APPEND:
             self._flush(index_lag_bytes=INDEX_FLUSH_LAG_BYTES)
 
     def _prepare_files(self, start: int, end: int, slot_low: int, slot_high: int) -> None:
-        """Allocate every file a batch needs and write zeros ahead of it, before a byte of
-        the batch is written; on failure remove the files made here, so nothing changed.
+        """Allocate every file a batch needs and write zeros ahead of its data, before a
+        byte of the batch is written; on failure remove the files made here, so nothing
+        changed.
 
         The zeros past the batch make later syncs overwrite written blocks (see mmap_files);
         they are past the end, where everything is zero already. Zeros still queued where
         the batch goes are waited for first, and a failed chunk of them fails this append
-        before anything is made or written.
+        before anything is made or written. The index gets no zeros ahead: its slots are
+        msynced once per INDEX_FLUSH_LAG_BYTES, so its blocks' conversion is committed that
+        rarely, where zeros would cost as many bytes of disk writes as the slots (8 KB a
+        batch of 256 entries).
         """
         self._data.wait_for_zeros(end)
-        self._index.wait_for_zeros(slot_high)
         if self._data.covers(start, end) and self._index.covers(slot_low, slot_high):
             # The usual case: the files exist, nothing can be left half made.
             if self._zeros_pay():
                 self._data.zero_ahead(end)
-                self._index.zero_ahead(slot_high)
             return
         data_created = self._data.ensure(start, end)
         index_created = 0
@@ -344,7 +358,6 @@ class MmapLogStore:
             index_created = self._index.ensure(slot_low, slot_high)
             if self._zeros_pay():
                 self._data.zero_ahead(end)
-                self._index.zero_ahead(slot_high)
         except BaseException:
             self._index.remove_last(index_created)
             self._data.remove_last(data_created)
@@ -407,7 +420,7 @@ class MmapLogStore:
             self._note_sync_bytes(data_end - data_low)
             self._data_dirty_low = None
         if index_captured:
-            self._index_dirty_low = None
+            self._index_dirty_low = self._index_unwritten_low = None
         directories = [d.directory for d in (self._data, self._index) if d.directory_dirty]
         self._data.directory_dirty = self._index.directory_dirty = False
         captured = CapturedSync(
@@ -452,29 +465,35 @@ class MmapLogStore:
 
     def _flush(self, *, index_lag_bytes: int = 0) -> None:
         """msync the data written since the last flush, and the index slots too once more
-        than `index_lag_bytes` of them are waiting; fsync directories that changed.
+        than `index_lag_bytes` of them were not msynced; fsync directories that changed.
 
         msync of the written range rather than fdatasync of the file: fdatasync would also
         write and wait for the zeros written ahead (see mmap_files), whose write-back is
         meant to run off this path.
 
         The index may lag: it is rebuilt from the data, at open for its tail and on read
-        for any hole. Letting it lag saves a second msync (a second journal commit) per
-        sync; bounding the lag bounds how much data open must parse after a crash.
+        for any hole. Slots past INDEX_WRITE_BACK_LAG_BYTES are written back (without a
+        flush) just before the data's msync, whose device flush then carries them to the
+        disk: no flush of their own. Their blocks' conversion from unwritten to written
+        (see mmap_files) is committed by the journal's next commit, or by the index's own
+        msync once `index_lag_bytes` are waiting; a power failure before that loses only
+        slots, which open rebuilds. Bounding the lag bounds how much data open must parse
+        after a crash.
         """
         try:
             data_low = self._unsynced_data_low()
+            slot_end = self._slot_end()
             if data_low is not None:
+                self._write_back_index(slot_end)
                 self._data.flush(data_low, self._data_end)
                 self._note_sync_bytes(self._data_end - data_low)
                 self._data_dirty_low = None
                 self._syncing_low = None  # a sync in flight covers nothing more than this
             self._durable_data_end = self._data_end
-            slot_end = self._slot_end()
             index_low = self._index_dirty_low
             if index_low is not None and slot_end - index_low > index_lag_bytes:
                 self._index.flush(index_low, slot_end)
-                self._index_dirty_low = None
+                self._index_dirty_low = self._index_unwritten_low = None
             self._sync_captured_directories()
             self._data.sync_directory()
             self._index.sync_directory()
@@ -483,6 +502,19 @@ class MmapLogStore:
             # is on disk is unknown until open checks it again.
             self._failure = f"sync failed: {error}"
             raise
+
+    def _write_back_index(self, slot_end: int) -> None:
+        """Write back the index slots not yet written, once more than
+        INDEX_WRITE_BACK_LAG_BYTES of them wait (see `_flush`); msync them where write-back
+        is not available."""
+        low = self._index_unwritten_low
+        if low is None or slot_end - low <= INDEX_WRITE_BACK_LAG_BYTES:
+            return
+        if not self._index.write_back(low, slot_end):
+            dirty_low = self._index_dirty_low
+            self._index.flush(low if dirty_low is None else min(low, dirty_low), slot_end)
+            self._index_dirty_low = None
+        self._index_unwritten_low = None
 
     def _sync_captured_directories(self) -> None:
         """fsync the directories a sync in flight captured: a sync on this thread that
@@ -525,8 +557,11 @@ class MmapLogStore:
         repair = IndexRepair(self._index, self._slot_base_index)
         header = walk_to(self._data, repair, position, anchor + 1, index)
         if repair.low is not None:
-            dirty_low = self._index_dirty_low
+            dirty_low, unwritten_low = self._index_dirty_low, self._index_unwritten_low
             self._index_dirty_low = repair.low if dirty_low is None else min(dirty_low, repair.low)
+            self._index_unwritten_low = (
+                repair.low if unwritten_low is None else min(unwritten_low, repair.low)
+            )
         data_file = self._data.require(header.position)
         return data_file, header.position - data_file.start, header
 
@@ -664,7 +699,7 @@ class MmapLogStore:
         self._index.zero(slot_cut, index_high)
         self._data.flush(data_low, data_high)
         self._index.flush(index_low, index_high)
-        self._data_dirty_low = self._index_dirty_low = None
+        self._data_dirty_low = self._index_dirty_low = self._index_unwritten_low = None
         self._data.remove_above(cut_position)
         self._index.remove_above(slot_cut)
         self._sync_captured_directories()
@@ -736,7 +771,7 @@ class MmapLogStore:
         self._first_data_position = data_start
         self._first_entry_present = False
         self._data_end = data_start
-        self._data_dirty_low = self._index_dirty_low = None
+        self._data_dirty_low = self._index_dirty_low = self._index_unwritten_low = None
         self._durable_data_end = data_start
         self._syncing_low = None  # nothing it covered is kept: it now claims nothing
         self._truncations += 1

@@ -22,6 +22,13 @@ Rules that keep the zeros off the entries:
 A chunk that fails (EIO; ENOSPC on a file system that does not honour fallocate) fails its
 stream's zeros: the error is raised once, by the next `wait_below` of that stream, whose
 caller has not written anything yet; the stream then writes no more zeros ahead.
+Why zero bytes and not a fallocate (session 10, kernel 6.18, ext4 on virtio-blk): the zeros
+are not what makes the bytes past the end read as zero after a crash (the preallocated
+"unwritten" extents already do); they make the extents written. fallocate mode 0 and
+FALLOC_FL_ZERO_RANGE both leave the range unwritten (`filefrag -v` shows the flag), so every
+sync would commit the conversion again; FALLOC_FL_WRITE_ZEROES, which allocates written
+extents without writing zero bytes, needs a disk that zeroes on unmap and fails with
+EOPNOTSUPP on the bench VM (its `write_zeroes_max_bytes` is 0).
 """
 
 from __future__ import annotations

@@ -227,3 +227,19 @@ def test_entry_columns_follow_only_a_contiguous_batch_within_bounds() -> None:
     assert not EntryColumns(entries).follow(4, 7)  # the last entry is too large
     assert not EntryColumns([*entries[:2], entries[3]]).follow(4, 8)  # a gap
     assert not EntryColumns([LogEntry(index=5, term=-1)]).follow(4, 8)
+
+
+def test_entry_columns_follow_checks_batches_of_one_length_and_one_term_alike() -> None:
+    """The one-length and one-term shortcuts decide as the general checks do."""
+    alike = [LogEntry(index=i, term=2, data=b"x" * 8) for i in range(5, 9)]
+    assert EntryColumns(alike).uniform
+    assert EntryColumns(alike).follow(4, 8)
+    assert not EntryColumns(alike).follow(4, 7)  # every entry is too large
+    assert not EntryColumns([LogEntry(index=i, term=-1) for i in range(5, 9)]).follow(4, 8)
+    mixed_terms = [LogEntry(index=5 + i, term=term) for i, term in enumerate([1, -1, 1])]
+    assert not EntryColumns(mixed_terms).follow(4, 8)
+    mixed_lengths = [LogEntry(index=i, term=1, data=b"x" * (i - 4)) for i in range(5, 9)]
+    assert not EntryColumns(mixed_lengths).uniform
+    assert EntryColumns(mixed_lengths).length_max == 4
+    empty = EntryColumns([])
+    assert (empty.uniform, empty.length_max, empty.follow(4, 8)) == (False, 0, True)
