@@ -276,15 +276,30 @@ class StreamConnection:
         loop = asyncio.get_running_loop()
         started = loop.time()
         silence_seconds_max = max(deadline - started, 0.0)
-        while True:
+
+        def wait_until() -> float:
             heard = max(self.last_received_seconds, started)
-            wait_until = min(heard + silence_seconds_max, patient_until)
-            remaining = wait_until - loop.time()
-            if remaining <= 0:
-                raise TimeoutError
-            done, _ = await asyncio.wait((future,), timeout=remaining)
-            if done:
-                return future.result()
+            return min(heard + silence_seconds_max, patient_until)
+
+        if wait_until() <= loop.time():
+            raise TimeoutError
+        timer: asyncio.TimerHandle
+
+        def check() -> None:
+            # One timer, moved on while the node is heard from (asyncio.wait per request
+            # cost a producer at a thousand partitions a set, a waiter and callbacks a batch).
+            nonlocal timer
+            until = wait_until()
+            if loop.time() < until:
+                timer = loop.call_at(until, check)
+            elif not future.done():
+                future.set_exception(TimeoutError())
+
+        timer = loop.call_at(wait_until(), check)
+        try:
+            return await future
+        finally:
+            timer.cancel()
 
     def write_request(self, frame: ClientRequest) -> None:
         if self.token:
@@ -766,6 +781,10 @@ class AsyncKVClient(AsyncV3Operations, SessionHolder):
     async def connect(self, endpoint: str, deadline: float) -> StreamConnection:
         """The open connection to `endpoint`; concurrent callers share one dial."""
         task = self.connections.get(endpoint)
+        if task is not None and task.done() and not task.cancelled() and not task.exception():
+            connection = task.result()
+            if connection.usable:
+                return connection  # the common case, without a shield a request
         if task is not None and task.done():
             error = None if task.cancelled() else task.exception()
             if error is not None or not task.result().usable:
