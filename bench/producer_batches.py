@@ -39,20 +39,25 @@ also blocks for room, as it does in a run of a million records with the default 
 def serve() -> None:
     """Run the fake cluster until standard input closes; print its endpoints first."""
     from tests.unit.kv.fake_cluster import ClusterThread
-    from tests.unit.stream.fake_stream_cluster import FakePartition, FakeStreamCluster
+    from tests.unit.stream.fake_stream_cluster import FakeStreamCluster, FakeStreamNode
+
+    from quorumlog.codec import wire
 
     class Forgetful(list[Any]):
         def append(self, item: Any) -> None:
             pass  # the fake keeps every request for tests; a bench run would fill memory
 
-    def append_without_keeping(self: FakePartition, batch: Any) -> Any:
-        from quorumlog.codec import wire
+    ends: dict[tuple[str, int], int] = {}
 
-        index = self.next_index
-        self.next_index += 1
-        return self.machine.apply(index, wire.encode_record_batch(batch))
+    def produce(self: FakeStreamNode, frame: wire.Produce, reply: Any) -> None:
+        # Every produce lands (no sequence check, nothing kept): the fake must keep ahead
+        # of the client, or the batches would be as small as a slow node makes them.
+        key = (frame.topic, frame.partition)
+        base_offset = ends.get(key, 0)
+        ends[key] = base_offset + len(frame.records)
+        reply(wire.ProduceResult(frame.request_id, base_offset, len(frame.records), False, 1))
 
-    FakePartition.append = append_without_keeping  # type: ignore[method-assign]
+    FakeStreamNode.produce = produce  # type: ignore[method-assign]
     with ClusterThread(FakeStreamCluster()) as cluster:
         for node in cluster.nodes.values():
             node.requests = Forgetful()

@@ -780,11 +780,10 @@ class AsyncKVClient(AsyncV3Operations, SessionHolder):
 
     async def connect(self, endpoint: str, deadline: float) -> StreamConnection:
         """The open connection to `endpoint`; concurrent callers share one dial."""
+        connection = self.open_connection(endpoint)
+        if connection is not None:
+            return connection  # the common case, without a shield a request
         task = self.connections.get(endpoint)
-        if task is not None and task.done() and not task.cancelled() and not task.exception():
-            connection = task.result()
-            if connection.usable:
-                return connection  # the common case, without a shield a request
         if task is not None and task.done():
             error = None if task.cancelled() else task.exception()
             if error is not None or not task.result().usable:
@@ -807,6 +806,14 @@ class AsyncKVClient(AsyncV3Operations, SessionHolder):
             )
             self.connections[endpoint] = task
         return await asyncio.shield(task)
+
+    def open_connection(self, endpoint: str) -> StreamConnection | None:
+        """The connection to `endpoint` if one is open and usable now (no dial, no await)."""
+        task = self.connections.get(endpoint)
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        connection = task.result()
+        return connection if connection.usable else None
 
     async def drop_connection(self, endpoint: str, connection: StreamConnection) -> None:
         task = self.connections.get(endpoint)

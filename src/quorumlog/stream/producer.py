@@ -83,6 +83,7 @@ from quorumlog.errors import (
 )
 from quorumlog.kv.connection import CLUSTER_ID_DEFAULT
 from quorumlog.stream.client_common import BlockingClient, partition_for_key
+from quorumlog.stream.produce_first_attempt import produce_at_known_leader
 from quorumlog.stream.record_futures import RecordFuture, resolve_all, resolve_batch
 from quorumlog.stream.records import RecordMetadata
 from quorumlog.tls.config import TLSConfig
@@ -580,11 +581,9 @@ class Producer(BlockingClient):
         if codec != NONE and batch.compressed is None:
             batch.compressed = compress(codec, records_encoder.encode(records))
         compressed = batch.compressed if codec != NONE else None
-        result = await self.transport.partition_call(
-            queue.topic,
-            queue.partition,
-            f"produce of {len(records)} records to {queue.topic!r} partition {queue.partition}",
-            lambda request_id: Produce(
+
+        def make_request(request_id: int) -> Produce:
+            return Produce(
                 request_id=request_id,
                 topic=queue.topic,
                 partition=queue.partition,
@@ -594,16 +593,48 @@ class Producer(BlockingClient):
                 compression=codec,
                 compressed=compressed or b"",
                 record_count=len(records) if compressed is not None else 0,
-            ),
-            ProduceResult,
-            side_effects=True,
-            at_leader=True,
-            timeout_seconds=self.delivery_timeout_seconds,
-            attempt_timeout_seconds=self.produce_attempt_timeout_seconds,
-            # A leader answering others on the connection is busy, not gone: a resend
-            # would only add a proposal to its queue.
-            patient=True,
+            )
+
+        def what() -> str:
+            return (
+                f"produce of {len(records)} records to {queue.topic!r} partition {queue.partition}"
+            )
+
+        first = await produce_at_known_leader(
+            self.transport,
+            queue.topic,
+            queue.partition,
+            what,
+            make_request,
+            self.delivery_timeout_seconds,
+            self.produce_attempt_timeout_seconds,
         )
+        if isinstance(first, ProduceResult):
+            result = first
+        elif first is None:
+            result = await self.transport.partition_call(
+                queue.topic,
+                queue.partition,
+                what(),
+                make_request,
+                ProduceResult,
+                side_effects=True,
+                at_leader=True,
+                timeout_seconds=self.delivery_timeout_seconds,
+                attempt_timeout_seconds=self.produce_attempt_timeout_seconds,
+                # A leader answering others on the connection is busy, not gone: a resend
+                # would only add a proposal to its queue.
+                patient=True,
+            )
+        else:  # the first attempt was not answered with a result: the retry loop goes on
+            result = await self.transport.call_with(
+                first,
+                make_request,
+                ProduceResult,
+                mark_leader=True,
+                partition=(queue.topic, queue.partition),
+                patient=True,
+            )
         self.batches_sent += 1
         return result
 
