@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import json
 import os
 import statistics
@@ -30,6 +31,12 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+BATCH_RECORDS_MAX_DEFAULT = 16_384
+"""The producer's own default."""
+BATCHES_HELP = (
+    "a small bound (20, say) makes the batch count the same in every run, as the machine's"
+    " load otherwise sways it, so the CPU per batch of two trees compares like with like"
+)
 VALUE_BYTES = 100
 BUFFER_BYTES_MAX = 8 * 1024 * 1024
 """Under the bytes a run sends (200,000 records take about 23 MB), so the sending thread
@@ -71,6 +78,32 @@ def thread_cpu_seconds(thread: threading.Thread) -> float:
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
+class GarbageCollections:
+    """CPU spent in the garbage collector (by every thread), and its full collections."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.full = 0
+        self.started = 0.0
+
+    def observe(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started = time.thread_time()  # the collecting thread's CPU
+            return
+        self.seconds += time.thread_time() - self.started
+        self.full += info["generation"] == 2
+
+
+def context_switches(thread: threading.Thread) -> int:
+    """The thread's voluntary context switches so far (each a wait: for the GIL, a lock,
+    a condition or the event loop's poll), from Linux's /proc."""
+    path = Path(f"/proc/self/task/{thread.native_id}/status")
+    for line in path.read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    return 0
+
+
 def thread_cpu_clock() -> int:
     return time.clock_gettime_ns(time.CLOCK_THREAD_CPUTIME_ID)
 
@@ -92,6 +125,7 @@ def client(
     partitions: int,
     records: int,
     buffer_bytes_max: int,
+    batch_records_max: int,
     profile: str | None,
 ) -> None:
     from quorumlog import Admin, Producer
@@ -99,7 +133,9 @@ def client(
     topic = f"bench-{uuid.uuid4().hex[:8]}"
     with Admin(endpoints) as admin:
         admin.create_topic(topic, partitions=partitions)
-    producer = Producer(endpoints, buffer_bytes_max=buffer_bytes_max)
+    producer = Producer(
+        endpoints, buffer_bytes_max=buffer_bytes_max, batch_records_max=batch_records_max
+    )
     io_thread = producer.io.thread
     value = b"x" * VALUE_BYTES
     producer.send(topic, value, partition=0).result(timeout=30)  # connections, metadata
@@ -108,18 +144,24 @@ def client(
     profiler = cProfile.Profile(thread_cpu_clock, 1e-9) if profile else None
     if profiler is not None:
         run_in_thread(producer, profiler.enable)
+    collections = GarbageCollections()
+    gc.callbacks.append(collections.observe)
     batches_before = producer.batches_sent
     process_before = time.process_time()
     thread_before = thread_cpu_seconds(io_thread)
     main_before = time.thread_time()
+    main_thread = threading.current_thread()
+    switches_before = context_switches(io_thread) + context_switches(main_thread)
     started = time.perf_counter()
     futures = [producer.send(topic, value, partition=n % partitions) for n in range(records)]
     producer.flush()
     elapsed_seconds = time.perf_counter() - started
     thread_seconds = thread_cpu_seconds(io_thread) - thread_before
     main_seconds = time.thread_time() - main_before
+    switches = context_switches(io_thread) + context_switches(main_thread) - switches_before
     process_seconds = time.process_time() - process_before
     batches = producer.batches_sent - batches_before
+    gc.callbacks.remove(collections.observe)
     if profiler is not None:
         run_in_thread(producer, profiler.disable)
         profiler.dump_stats(profile)  # type: ignore[arg-type]
@@ -139,6 +181,9 @@ def client(
                 "process_us_per_batch": round(process_seconds / batches * 1e6, 1),
                 "process_us_per_record": round(process_seconds / records * 1e6, 2),
                 "sending_thread_us_per_record": round(main_seconds / records * 1e6, 2),
+                "thread_waits_per_batch": round(switches / batches, 2),
+                "gc_seconds": round(collections.seconds, 3),
+                "gc_full_collections": collections.full,
             }
         ),
         flush=True,
@@ -169,6 +214,7 @@ def alternate(options: argparse.Namespace) -> None:
                             *("--endpoints", ",".join(endpoints)),
                             *("--partitions", str(partitions), "--records", str(options.records)),
                             *("--buffer-bytes-max", str(options.buffer_bytes_max)),
+                            *("--batch-records-max", str(options.batch_records_max)),
                         ],
                         env=dict(os.environ, PYTHONPATH=f"{source}:{ROOT}"),
                         capture_output=True,
@@ -206,6 +252,9 @@ def main() -> None:
     client_parser.add_argument("--records", type=int, default=200_000)
     client_parser.add_argument("--profile")
     client_parser.add_argument("--buffer-bytes-max", type=int, default=BUFFER_BYTES_MAX)
+    client_parser.add_argument(
+        "--batch-records-max", type=int, default=BATCH_RECORDS_MAX_DEFAULT, help=BATCHES_HELP
+    )
     ab_parser = commands.add_parser("ab")
     ab_parser.add_argument("--old", type=Path, required=True)
     ab_parser.add_argument("--new", type=Path, required=True)
@@ -213,6 +262,9 @@ def main() -> None:
     ab_parser.add_argument("--records", type=int, default=200_000)
     ab_parser.add_argument("--partitions", default="3,1000")
     ab_parser.add_argument("--buffer-bytes-max", type=int, default=BUFFER_BYTES_MAX)
+    ab_parser.add_argument(
+        "--batch-records-max", type=int, default=BATCH_RECORDS_MAX_DEFAULT, help=BATCHES_HELP
+    )
     options = parser.parse_args()
     if options.command == "serve":
         serve()
@@ -222,6 +274,7 @@ def main() -> None:
             options.partitions,
             options.records,
             options.buffer_bytes_max,
+            options.batch_records_max,
             options.profile,
         )
     else:

@@ -276,30 +276,48 @@ class StreamConnection:
         loop = asyncio.get_running_loop()
         started = loop.time()
         silence_seconds_max = max(deadline - started, 0.0)
-
-        def wait_until() -> float:
-            heard = max(self.last_received_seconds, started)
-            return min(heard + silence_seconds_max, patient_until)
-
-        if wait_until() <= loop.time():
+        heard = max(self.last_received_seconds, started)
+        if min(heard + silence_seconds_max, patient_until) <= started:
             raise TimeoutError
-        timer: asyncio.TimerHandle
-
-        def check() -> None:
-            # One timer, moved on while the node is heard from (asyncio.wait per request
-            # cost a producer at a thousand partitions a set, a waiter and callbacks a batch).
-            nonlocal timer
-            until = wait_until()
-            if loop.time() < until:
-                timer = loop.call_at(until, check)
-            elif not future.done():
-                future.set_exception(TimeoutError())
-
-        timer = loop.call_at(wait_until(), check)
+        # One timer, moved on while the node is heard from (asyncio.wait per request cost a
+        # producer at a thousand partitions a set, a waiter and callbacks a batch). Its
+        # callback is a method with arguments, not a closure: a closure holding its own
+        # timer is a reference cycle a request, left to the garbage collector, which at a
+        # thousand partitions found them only in its costly oldest generation.
+        timer = loop.call_at(
+            min(heard + silence_seconds_max, patient_until),
+            self.check_patience,
+            future,
+            started,
+            silence_seconds_max,
+            patient_until,
+        )
         try:
             return await future
         finally:
             timer.cancel()
+
+    def check_patience(
+        self,
+        future: asyncio.Future[Frame],
+        started: float,
+        silence_seconds_max: float,
+        patient_until: float,
+    ) -> None:
+        """A patient request's timer: fail `future` with TimeoutError once the connection
+        was silent for `silence_seconds_max` or `patient_until` passed; else look again
+        then (a timer moved on is not cancelled: it finds the future done and returns)."""
+        if future.done():
+            return
+        loop = asyncio.get_running_loop()
+        heard = max(self.last_received_seconds, started)
+        until = min(heard + silence_seconds_max, patient_until)
+        if loop.time() < until:
+            loop.call_at(
+                until, self.check_patience, future, started, silence_seconds_max, patient_until
+            )
+        else:
+            future.set_exception(TimeoutError())
 
     def write_request(self, frame: ClientRequest) -> None:
         if self.token:
