@@ -23,6 +23,13 @@ How it works:
   timeout, and gives a silent one `ATTEMPT_TIMEOUT_SECONDS_DEFAULT` (unless
   `attempt_timeout_seconds` is given): giving up on a busy node dropped its connection
   and sent every batch in flight on it again.
+- What a batch costs besides its records (at a thousand partitions a batch holds a few
+  dozen): its first attempt goes straight to the known leader's open connection
+  (`produce_first_attempt`), the general retry path taking over only when that attempt
+  is not answered with a result; the loop takes the producer's lock once a batch, and
+  releases buffer room without it (waking blocked senders and flushes once a loop turn);
+  a send wakes a partition's sender only while that sender waits; a batch's futures are
+  settled in one pass; nothing a batch allocates forms a reference cycle.
 - Idempotence: each partition numbers records from 0 (the sequence); a batch carries its
   first record's sequence. A batch is retried (at whichever node leads now) with the SAME
   base sequence until the partition answers, and the partition answers a batch it has
