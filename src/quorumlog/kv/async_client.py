@@ -276,15 +276,48 @@ class StreamConnection:
         loop = asyncio.get_running_loop()
         started = loop.time()
         silence_seconds_max = max(deadline - started, 0.0)
-        while True:
-            heard = max(self.last_received_seconds, started)
-            wait_until = min(heard + silence_seconds_max, patient_until)
-            remaining = wait_until - loop.time()
-            if remaining <= 0:
-                raise TimeoutError
-            done, _ = await asyncio.wait((future,), timeout=remaining)
-            if done:
-                return future.result()
+        heard = max(self.last_received_seconds, started)
+        if min(heard + silence_seconds_max, patient_until) <= started:
+            raise TimeoutError
+        # One timer, moved on while the node is heard from (asyncio.wait per request cost a
+        # producer at a thousand partitions a set, a waiter and callbacks a batch). Its
+        # callback is a method with arguments, not a closure: a closure holding its own
+        # timer is a reference cycle a request, left to the garbage collector, which at a
+        # thousand partitions found them only in its costly oldest generation.
+        timer = loop.call_at(
+            min(heard + silence_seconds_max, patient_until),
+            self.check_patience,
+            future,
+            started,
+            silence_seconds_max,
+            patient_until,
+        )
+        try:
+            return await future
+        finally:
+            timer.cancel()
+
+    def check_patience(
+        self,
+        future: asyncio.Future[Frame],
+        started: float,
+        silence_seconds_max: float,
+        patient_until: float,
+    ) -> None:
+        """A patient request's timer: fail `future` with TimeoutError once the connection
+        was silent for `silence_seconds_max` or `patient_until` passed; else look again
+        then (a timer moved on is not cancelled: it finds the future done and returns)."""
+        if future.done():
+            return
+        loop = asyncio.get_running_loop()
+        heard = max(self.last_received_seconds, started)
+        until = min(heard + silence_seconds_max, patient_until)
+        if loop.time() < until:
+            loop.call_at(
+                until, self.check_patience, future, started, silence_seconds_max, patient_until
+            )
+        else:
+            future.set_exception(TimeoutError())
 
     def write_request(self, frame: ClientRequest) -> None:
         if self.token:
@@ -765,6 +798,9 @@ class AsyncKVClient(AsyncV3Operations, SessionHolder):
 
     async def connect(self, endpoint: str, deadline: float) -> StreamConnection:
         """The open connection to `endpoint`; concurrent callers share one dial."""
+        connection = self.open_connection(endpoint)
+        if connection is not None:
+            return connection  # the common case, without a shield a request
         task = self.connections.get(endpoint)
         if task is not None and task.done():
             error = None if task.cancelled() else task.exception()
@@ -788,6 +824,14 @@ class AsyncKVClient(AsyncV3Operations, SessionHolder):
             )
             self.connections[endpoint] = task
         return await asyncio.shield(task)
+
+    def open_connection(self, endpoint: str) -> StreamConnection | None:
+        """The connection to `endpoint` if one is open and usable now (no dial, no await)."""
+        task = self.connections.get(endpoint)
+        if task is None or not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        connection = task.result()
+        return connection if connection.usable else None
 
     async def drop_connection(self, endpoint: str, connection: StreamConnection) -> None:
         task = self.connections.get(endpoint)

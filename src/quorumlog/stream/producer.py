@@ -23,6 +23,13 @@ How it works:
   timeout, and gives a silent one `ATTEMPT_TIMEOUT_SECONDS_DEFAULT` (unless
   `attempt_timeout_seconds` is given): giving up on a busy node dropped its connection
   and sent every batch in flight on it again.
+- What a batch costs besides its records (at a thousand partitions a batch holds a few
+  dozen): its first attempt goes straight to the known leader's open connection
+  (`produce_first_attempt`), the general retry path taking over only when that attempt
+  is not answered with a result; the loop takes the producer's lock once a batch, and
+  releases buffer room without it (waking blocked senders and flushes once a loop turn);
+  a send wakes a partition's sender only while that sender waits; a batch's futures are
+  settled in one pass; nothing a batch allocates forms a reference cycle.
 - Idempotence: each partition numbers records from 0 (the sequence); a batch carries its
   first record's sequence. A batch is retried (at whichever node leads now) with the SAME
   base sequence until the partition answers, and the partition answers a batch it has
@@ -83,7 +90,8 @@ from quorumlog.errors import (
 )
 from quorumlog.kv.connection import CLUSTER_ID_DEFAULT
 from quorumlog.stream.client_common import BlockingClient, partition_for_key
-from quorumlog.stream.record_futures import RecordFuture, resolve_all
+from quorumlog.stream.produce_first_attempt import produce_at_known_leader
+from quorumlog.stream.record_futures import RecordFuture, resolve_all, resolve_batch
 from quorumlog.stream.records import RecordMetadata
 from quorumlog.tls.config import TLSConfig
 
@@ -152,6 +160,41 @@ class Batch:
         """The records compressed (once, on the first send), when the producer compresses."""
 
 
+class ProduceRequests:
+    """Makes a batch's Produce request for each attempt (and names it for errors).
+
+    One object, not closures: two closures over a batch were seven objects for the
+    garbage collector to walk while the batch is in flight, a thousand batches at a time
+    at a thousand partitions."""
+
+    __slots__ = ("batch", "codec", "partition", "topic")
+
+    def __init__(self, queue: PartitionQueue, batch: Batch, codec: str) -> None:
+        self.topic = queue.topic
+        self.partition = queue.partition
+        self.batch = batch
+        self.codec = codec
+
+    def __call__(self, request_id: int) -> Produce:
+        batch = self.batch
+        compressed = batch.compressed if self.codec != NONE else None
+        return Produce(
+            request_id=request_id,
+            topic=self.topic,
+            partition=self.partition,
+            producer_id=batch.producer_id,
+            base_sequence=batch.base_sequence,
+            records=[] if compressed is not None else batch.records,
+            compression=self.codec,
+            compressed=compressed or b"",
+            record_count=len(batch.records) if compressed is not None else 0,
+        )
+
+    def what(self) -> str:
+        count = len(self.batch.records)
+        return f"produce of {count} records to {self.topic!r} partition {self.partition}"
+
+
 class PartitionQueue:
     """One partition's records waiting to be batched, and its sequence state.
 
@@ -167,8 +210,14 @@ class PartitionQueue:
         self.first_record_seconds = 0.0
         """time.monotonic() when the oldest queued record arrived."""
         self.full_signalled = False
+        self.sender_waiting = True
+        """The loop's sender of this partition waits on `signal` (for a first record, a
+        full batch or the end of a linger): only then does a send wake it. A sender with
+        a batch in flight looks at the queue when the partition answers; waking it for
+        every batch cost a thread-safe call (and a loop wake-up) per batch."""
         self.accepted_count = 0
         self.completed_count = 0
+        """Written by the I/O loop only (read by flush under the lock)."""
         # Loop side.
         self.producer_id = producer_id
         self.epoch = 0
@@ -236,8 +285,16 @@ class Producer(BlockingClient):
         self.queues: dict[tuple[str, int], PartitionQueue] = {}
         self.partition_counts: dict[str, int] = {}
         self.sticky_partitions: dict[str, int] = {}
-        self.buffered_bytes = 0
+        self.accepted_bytes = 0
+        """Bytes of records ever accepted (under the lock)."""
+        self.released_bytes = 0
+        """Bytes of records ever acknowledged or failed: written by the I/O loop only, so it
+        releases room without the lock (which the sending thread holds for every send)."""
+        self.room_waiters = 0
+        """Senders blocked for buffer room (under the lock)."""
         self.flush_requests = 0
+        self.notify_scheduled = False
+        """A wake-up of the threads waiting on `condition` is due this loop turn (loop only)."""
         self.closing = False
         self.random = random.Random()
         self.produce_attempt_timeout_seconds = (
@@ -345,7 +402,8 @@ class Producer(BlockingClient):
         size: int,
     ) -> None:
         with self.lock:
-            if self.buffered_bytes + size > self.buffer_bytes_max and self.buffered_bytes:
+            buffered_bytes = self.accepted_bytes - self.released_bytes
+            if buffered_bytes + size > self.buffer_bytes_max and buffered_bytes:
                 self.wait_for_room(size)
             queue = self.queues.get((topic, partition))
             if queue is None:
@@ -359,30 +417,46 @@ class Producer(BlockingClient):
             queue.futures.append(future)
             queue_bytes = queue.buffered_bytes = queue.buffered_bytes + size
             queue.accepted_count += 1
-            self.buffered_bytes += size
+            self.accepted_bytes += size
             now_full = not queue.full_signalled and (
                 len(records) >= self.batch_records_max or queue_bytes >= self.batch_bytes_max
             )
             if now_full:
                 queue.full_signalled = True
-        if was_empty or now_full:
-            # Once per batch, not per record: a wake-up through the loop costs microseconds.
+            wake = queue.sender_waiting and (was_empty or now_full)
+        if wake:
+            # Once per batch at most, not per record: a wake-up through the loop costs
+            # microseconds. (A sender with a batch in flight needs none: see sender_waiting.)
             self.io.call_soon(functools.partial(self.wake, queue))
 
     def wait_for_room(self, size: int) -> None:
         """Called with the lock held: block until the buffer has room for `size` bytes."""
         deadline = time.monotonic() + self.max_block_seconds
-        while self.buffered_bytes + size > self.buffer_bytes_max and self.buffered_bytes:
-            remaining = deadline - time.monotonic()
-            if self.closing:
-                raise ProducerClosedError("the producer is closed")
-            if remaining <= 0:
-                raise BufferFullError(
-                    f"{self.buffered_bytes} bytes of records wait to be sent "
-                    f"(buffer_bytes_max={self.buffer_bytes_max}); none freed in "
-                    f"{self.max_block_seconds:g}s"
-                )
-            self.condition.wait(remaining)
+        # Counted before the room is looked at: the loop releases room without the lock,
+        # and then notifies if it sees a waiter (one of the two sees the other's write).
+        self.room_waiters += 1
+        try:
+            while True:
+                buffered_bytes = self.accepted_bytes - self.released_bytes
+                if buffered_bytes + size <= self.buffer_bytes_max or not buffered_bytes:
+                    return
+                remaining = deadline - time.monotonic()
+                if self.closing:
+                    raise ProducerClosedError("the producer is closed")
+                if remaining <= 0:
+                    raise BufferFullError(
+                        f"{buffered_bytes} bytes of records wait to be sent "
+                        f"(buffer_bytes_max={self.buffer_bytes_max}); none freed in "
+                        f"{self.max_block_seconds:g}s"
+                    )
+                self.condition.wait(remaining)
+        finally:
+            self.room_waiters -= 1
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes of records waiting or in flight."""
+        return self.accepted_bytes - self.released_bytes
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every record sent before this call is acknowledged or failed.
@@ -435,53 +509,63 @@ class Producer(BlockingClient):
 
     async def run_partition(self, queue: PartitionQueue, signal: asyncio.Event) -> None:
         while True:
-            with self.condition:
-                count = len(queue.records)
-                waited_seconds = time.monotonic() - queue.first_record_seconds
-                full = queue.full_signalled
-            if count == 0:
+            # One acquisition of the lock a batch: the sending thread holds it for every
+            # send, and each acquisition the loop makes may wait for a switch of the GIL.
+            with self.lock:
+                wait_seconds = self.seconds_until_ready(queue)
+                batch = self.take_batch(queue) if wait_seconds == 0 else None
+                queue.sender_waiting = batch is None
+            if batch is None:
+                # A wake (run on this loop, so never between the lock and this clear) comes
+                # from a send, flush or close once the lock is released.
                 signal.clear()
-                await signal.wait()
+                if math.isinf(wait_seconds):
+                    await signal.wait()
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(wait_seconds):
+                            await signal.wait()
                 continue
-            linger = self.linger_seconds - waited_seconds
-            if not full and linger > 0 and not self.flush_requests and not self.closing:
-                signal.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(None if math.isinf(linger) else linger):
-                        await signal.wait()
-                continue
-            batch = self.take_batch(queue)
             queue.in_flight = batch
             await self.deliver(queue, batch)
             queue.in_flight = None
 
+    def seconds_until_ready(self, queue: PartitionQueue) -> float:
+        """Called with the lock held: 0 if a batch should leave now, else how long it may
+        linger (math.inf: an empty queue, or linger_ms=math.inf, waits for a wake)."""
+        if not queue.records:
+            return math.inf
+        if queue.full_signalled or self.flush_requests or self.closing:
+            return 0.0
+        waited_seconds = time.monotonic() - queue.first_record_seconds
+        return max(self.linger_seconds - waited_seconds, 0.0)
+
     def take_batch(self, queue: PartitionQueue) -> Batch:
-        with self.condition:
-            count = 0
-            batch_bytes = 0
-            records = queue.records
-            records_max = min(len(records), self.batch_records_max)
-            # Sizes are not kept per record (that would cost every send); recompute them
-            # for the batch only when the queue may exceed the byte bound.
-            if queue.buffered_bytes <= self.batch_bytes_max:
-                count = records_max
-                batch_bytes = queue.buffered_bytes if count == len(records) else -1
-            if batch_bytes < 0 or count == 0:
-                count, batch_bytes = self.fit_batch(records, records_max)
-            batch = Batch(records[:count], queue.futures[:count], batch_bytes)
-            del records[:count]
-            del queue.futures[:count]
-            queue.buffered_bytes -= batch_bytes
-            # Records left behind keep the oldest arrival time: they waited at least as long
-            # as this batch took to fill, so they go next without lingering.
-            queue.full_signalled = (
-                len(records) >= self.batch_records_max
-                or queue.buffered_bytes >= self.batch_bytes_max
-            )
-            if self.sticky_partitions.get(queue.topic) == queue.partition:
-                count_of_topic = self.partition_counts.get(queue.topic, 1)
-                self.sticky_partitions[queue.topic] = (queue.partition + 1) % count_of_topic
-            return batch
+        """Called with the lock held: the next batch of the (non-empty) queue."""
+        count = 0
+        batch_bytes = 0
+        records = queue.records
+        records_max = min(len(records), self.batch_records_max)
+        # Sizes are not kept per record (that would cost every send); recompute them
+        # for the batch only when the queue may exceed the byte bound.
+        if queue.buffered_bytes <= self.batch_bytes_max:
+            count = records_max
+            batch_bytes = queue.buffered_bytes if count == len(records) else -1
+        if batch_bytes < 0 or count == 0:
+            count, batch_bytes = self.fit_batch(records, records_max)
+        batch = Batch(records[:count], queue.futures[:count], batch_bytes)
+        del records[:count]
+        del queue.futures[:count]
+        queue.buffered_bytes -= batch_bytes
+        # Records left behind keep the oldest arrival time: they waited at least as long
+        # as this batch took to fill, so they go next without lingering.
+        queue.full_signalled = (
+            len(records) >= self.batch_records_max or queue.buffered_bytes >= self.batch_bytes_max
+        )
+        if self.sticky_partitions.get(queue.topic) == queue.partition:
+            count_of_topic = self.partition_counts.get(queue.topic, 1)
+            self.sticky_partitions[queue.topic] = (queue.partition + 1) % count_of_topic
+        return batch
 
     def fit_batch(self, records: list[WireRecord], records_max: int) -> tuple[int, int]:
         """How many leading records fit in batch_bytes_max (at least one), and their bytes."""
@@ -534,35 +618,46 @@ class Producer(BlockingClient):
             return
 
     async def produce(self, queue: PartitionQueue, batch: Batch) -> ProduceResult:
-        records = batch.records
         codec = self.compression  # every storage mode keeps compressed batches
         if codec != NONE and batch.compressed is None:
-            batch.compressed = compress(codec, records_encoder.encode(records))
-        compressed = batch.compressed if codec != NONE else None
-        result = await self.transport.partition_call(
+            batch.compressed = compress(codec, records_encoder.encode(batch.records))
+        make_request = ProduceRequests(queue, batch, codec)
+        what = make_request.what
+        first = await produce_at_known_leader(
+            self.transport,
             queue.topic,
             queue.partition,
-            f"produce of {len(records)} records to {queue.topic!r} partition {queue.partition}",
-            lambda request_id: Produce(
-                request_id=request_id,
-                topic=queue.topic,
-                partition=queue.partition,
-                producer_id=batch.producer_id,
-                base_sequence=batch.base_sequence,
-                records=[] if compressed is not None else records,
-                compression=codec,
-                compressed=compressed or b"",
-                record_count=len(records) if compressed is not None else 0,
-            ),
-            ProduceResult,
-            side_effects=True,
-            at_leader=True,
-            timeout_seconds=self.delivery_timeout_seconds,
-            attempt_timeout_seconds=self.produce_attempt_timeout_seconds,
-            # A leader answering others on the connection is busy, not gone: a resend
-            # would only add a proposal to its queue.
-            patient=True,
+            what,
+            make_request,
+            self.delivery_timeout_seconds,
+            self.produce_attempt_timeout_seconds,
         )
+        if isinstance(first, ProduceResult):
+            result = first
+        elif first is None:
+            result = await self.transport.partition_call(
+                queue.topic,
+                queue.partition,
+                what(),
+                make_request,
+                ProduceResult,
+                side_effects=True,
+                at_leader=True,
+                timeout_seconds=self.delivery_timeout_seconds,
+                attempt_timeout_seconds=self.produce_attempt_timeout_seconds,
+                # A leader answering others on the connection is busy, not gone: a resend
+                # would only add a proposal to its queue.
+                patient=True,
+            )
+        else:  # the first attempt was not answered with a result: the retry loop goes on
+            result = await self.transport.call_with(
+                first,
+                make_request,
+                ProduceResult,
+                mark_leader=True,
+                partition=(queue.topic, queue.partition),
+                patient=True,
+            )
         self.batches_sent += 1
         return result
 
@@ -579,21 +674,15 @@ class Producer(BlockingClient):
             )
             return
         queue.next_sequence = batch.base_sequence + count
-        topic = queue.topic
-        partition = queue.partition
-        base_offset = result.base_offset
-        # A replay of a batch written long ago: written once, offset not remembered (-1).
-        stamp = result.timestamp_ms
-        metadata = [
-            RecordMetadata(
-                topic,
-                partition,
-                base_offset + position if base_offset >= 0 else -1,
-                record.timestamp_ms or stamp,
-            )
-            for position, record in enumerate(batch.records)
-        ]
-        resolve_all(self.futures_condition, batch.futures, metadata)
+        resolve_batch(
+            self.futures_condition,
+            batch.futures,
+            batch.records,
+            queue.topic,
+            queue.partition,
+            result.base_offset,
+            result.timestamp_ms,
+        )
         self.completed(queue, batch)
 
     def rejected(self, queue: PartitionQueue, batch: Batch, error: RequestRejectedError) -> None:
@@ -614,13 +703,24 @@ class Producer(BlockingClient):
         self.completed(queue, batch)
 
     def completed(self, queue: PartitionQueue, batch: Batch) -> None:
+        """Called on the loop: release the batch's room and count its records as done,
+        without the lock; the threads waiting (for room, or in flush) are woken once a loop
+        turn, not once a batch (a thousand partitions answer in the same turn)."""
         if batch.buffered_bytes < 0:
             return  # already counted (a resent batch whose futures failed before)
-        with self.condition:
-            queue.completed_count += len(batch.futures)
-            self.buffered_bytes -= batch.buffered_bytes
-            self.condition.notify_all()
+        queue.completed_count += len(batch.futures)
+        self.released_bytes += batch.buffered_bytes
         batch.buffered_bytes = -1
+        # Read after the writes above; a waiter counts itself before it looks (Dekker's
+        # order, which the GIL keeps), so a waiter either sees the release or is seen.
+        if (self.room_waiters or self.flush_requests) and not self.notify_scheduled:
+            self.notify_scheduled = True
+            self.io.loop.call_soon(self.notify_waiters)
+
+    def notify_waiters(self) -> None:
+        self.notify_scheduled = False
+        with self.condition:
+            self.condition.notify_all()
 
     def expire_queued(self, queue: PartitionQueue) -> None:
         """Fail records queued behind a stuck batch once they waited the delivery timeout."""
@@ -658,7 +758,7 @@ class Producer(BlockingClient):
                 queue.futures = []
                 queue.completed_count = queue.accepted_count
                 queue.buffered_bytes = 0
-            self.buffered_bytes = 0
+            self.released_bytes = self.accepted_bytes
             self.condition.notify_all()
         for _, futures in leftovers:
             for future in futures:

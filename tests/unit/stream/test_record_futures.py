@@ -11,7 +11,8 @@ from concurrent.futures import Future
 
 import pytest
 
-from quorumlog.stream.record_futures import RecordFuture, resolve_all
+from quorumlog.codec.wire import Record as WireRecord
+from quorumlog.stream.record_futures import RecordFuture, resolve_all, resolve_batch
 from quorumlog.stream.records import RecordMetadata
 
 WAIT_SECONDS = 10.0
@@ -195,3 +196,33 @@ def test_asyncio_can_await_a_record_future_settled_on_another_thread() -> None:
             resolver.join(WAIT_SECONDS)
 
     assert asyncio.run(await_it()) == metadata(9)
+
+
+def test_resolve_batch_gives_each_record_its_offset_and_stamp_and_keeps_settled_ones() -> None:
+    condition = threading.Condition()
+    futures = [RecordFuture(condition) for _ in range(4)]
+    failed = futures[2]
+    failed.set_exception(ValueError("timed out before"))
+    called: list[int] = []
+    futures[3].add_done_callback(lambda done: called.append(done.result(0).offset))
+    waited = concurrent.futures.wait([futures[1]], timeout=0)  # gives it a waiter list
+    assert not waited.done
+    records = [WireRecord(b"v", None, stamp, []) for stamp in (0, 77, 0, 0)]
+    resolve_batch(condition, futures, records, "events", 3, 40, 999)
+    assert [futures[n].result(0) for n in (0, 1, 3)] == [
+        RecordMetadata("events", 3, 40, 999),
+        RecordMetadata("events", 3, 41, 77),  # the record's own stamp
+        RecordMetadata("events", 3, 43, 999),
+    ]
+    assert isinstance(failed.exception(0), ValueError)
+    assert called == [43]
+    assert concurrent.futures.wait([futures[1]], timeout=0).done == {futures[1]}
+
+
+def test_resolve_batch_of_a_replay_gives_no_offsets() -> None:
+    # A replay of a batch written long ago: written once, its offsets not remembered.
+    condition = threading.Condition()
+    futures = [RecordFuture(condition) for _ in range(2)]
+    records = [WireRecord(b"v", None, 0, []) for _ in range(2)]
+    resolve_batch(condition, futures, records, "events", 0, -1, 5)
+    assert [future.result(0).offset for future in futures] == [-1, -1]
