@@ -216,7 +216,7 @@ def node_command(
     ledger_sweep_interval_ms: int,
 ) -> None:
     """Run one node in the foreground; logs to stderr; SIGTERM stops it cleanly."""
-    from quorumlog.node.gc_policy import apply_node_collector_policy, freeze_started_state
+    from quorumlog.node.gc_policy import apply_node_collector_policy
     from quorumlog.node.raft_timing import raft_timing
     from quorumlog.node.server import NodeFailedError, NodeSettings, run_node
 
@@ -263,9 +263,7 @@ def node_command(
         loop = asyncio.get_running_loop()
         for signal_number in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signal_number, stop.set)
-        await run_node(settings, stop, started=lambda node: freeze_started_state())
-
-    apply_node_collector_policy()
+        await run_node(settings, stop, started=lambda node: apply_node_collector_policy())
 
     try:
         try:

@@ -37,12 +37,15 @@ OLDER_THRESHOLDS = (20, 20)
 
 
 def apply_node_collector_policy() -> None:
-    """Set the node's thresholds; call once, early in the process."""
+    """Freeze what the started node holds and set the thresholds. Called once, when the
+    node has started (`run_node`'s `started`): a command whose node never starts (a test of
+    its flags) leaves the process's collector alone."""
+    freeze_started_state()
     gc.set_threshold(YOUNG_THRESHOLD, *OLDER_THRESHOLDS)
 
 
 def freeze_started_state() -> None:
-    """Move everything alive now out of the collector's reach (call once the node started)."""
+    """Move everything alive now out of the collector's reach."""
     gc.collect()  # what start-up left as garbage goes now, not into the frozen set
     gc.freeze()
 

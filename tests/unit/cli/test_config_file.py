@@ -26,7 +26,9 @@ REQUIRED = ["--id", "n1", "--listen", "127.0.0.1:0", "--data-dir", "unused"]
 def started(monkeypatch: pytest.MonkeyPatch) -> list[NodeSettings]:
     kept: list[NodeSettings] = []
 
-    async def keep_settings(settings: NodeSettings, stop: asyncio.Event, *_: Any) -> None:
+    async def keep_settings(
+        settings: NodeSettings, stop: asyncio.Event, *_: Any, **__: Any
+    ) -> None:
         kept.append(settings)
 
     monkeypatch.setattr(server, "run_node", keep_settings)

@@ -20,7 +20,9 @@ def settings_given(
     """Run `quorumlog node` with `arguments` up to the settings it would run with."""
     seen: list[server.NodeSettings] = []
 
-    async def run_node(settings: server.NodeSettings, stop: asyncio.Event) -> None:
+    async def run_node(
+        settings: server.NodeSettings, stop: asyncio.Event, started: object = None
+    ) -> None:
         seen.append(settings)
 
     monkeypatch.setattr(server, "run_node", run_node)

@@ -30,6 +30,7 @@ def restored_collector() -> Iterator[None]:
 def test_the_policy_collects_young_objects_in_larger_batches() -> None:
     apply_node_collector_policy()
     assert gc.get_threshold() == (YOUNG_THRESHOLD, *OLDER_THRESHOLDS)
+    assert gc.get_freeze_count() > 0
     assert YOUNG_THRESHOLD > 700  # CPython's default, which the policy exists to replace
 
 
