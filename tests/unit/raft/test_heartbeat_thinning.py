@@ -20,8 +20,10 @@ from tests.unit.raft.test_heartbeat_fast_path import (
     answer_to,
     elected_leader,
     elected_leader_and_store,
+    follower_holding,
     heartbeats,
     persist,
+    push,
 )
 
 
@@ -130,3 +132,16 @@ def test_random_histories_keep_every_follower_timed_heard_and_asked() -> None:
                     assert core.ticks - tick < keepalive_ticks + 1, (seed, peer, core.ticks)
             leftover = [m for m in core.ready().messages if isinstance(m, PushResponse)]
             assert not leftover
+
+
+def test_a_follower_that_lags_the_commit_index_answers_only_when_asked() -> None:
+    """It verified entries against this leader (its appends answer for it): a heartbeat
+    wanting no answer gets none, though the leader committed past what it holds."""
+    core, _ = follower_holding(3, commit=2)
+    core.step(push(PushKind.COMMIT, commit_index=5, answer_wanted=False))
+    ready = core.ready()
+    assert core.commit_index == 3
+    assert ready.messages == [] and ready.messages_after_persist == []
+
+    core.step(push(PushKind.COMMIT, commit_index=5, answer_wanted=True))
+    assert core.take_messages_at_once() or core.ready().messages
