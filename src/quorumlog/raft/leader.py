@@ -95,9 +95,16 @@ class LeaderState:
         """The read sequence when the idle stretch began (see `heard_while_idle`)."""
         """The read sequence of the last quiesce heartbeat: answers to older heartbeats
         arriving late never wake a quiet leader."""
+        self.followers_in_order: list[tuple[str, Progress]] = []
+        """`sorted(self.progress.items())`, kept (`order_followers`): every tick walks it,
+        and a busy node ticks hundreds of leaders."""
         for peer in core.peers():
             self.progress[peer] = self.new_progress()
             self.send_compare(peer, self.progress[peer])
+        self.order_followers()
+
+    def order_followers(self) -> None:
+        self.followers_in_order = sorted(self.progress.items())
 
     def new_progress(self) -> Progress:
         progress = Progress(next_index=self.first_index_of_term, rounds=self.rounds)
@@ -149,6 +156,7 @@ class LeaderState:
             del self.progress[peer]
             if self.transfer_target == peer:
                 self.transfer_target = None
+        self.order_followers()
 
     # --- ticks --------------------------------------------------------------------------
 
@@ -170,7 +178,7 @@ class LeaderState:
         if self.transfer_target is not None and core.ticks >= self.transfer_deadline_tick:
             self.transfer_target = None  # the target never took over: carry on leading
         last_index = core.log.last_index
-        for peer, progress in sorted(self.progress.items()):
+        for peer, progress in self.followers_in_order:
             if (
                 progress.state is APPEND
                 and not progress.inflight
@@ -314,7 +322,7 @@ class LeaderState:
             self.broadcast_heartbeat()
         if self.replicate_pending:
             self.replicate_pending = False
-            for peer, progress in sorted(self.progress.items()):
+            for peer, progress in self.followers_in_order:
                 if progress.state is APPEND:
                     self.send_appends(peer, progress)
 
@@ -426,7 +434,7 @@ class LeaderState:
         node_id = core.node_id
         term = self.term
         read_sequence = self.read_sequence
-        for peer, progress in sorted(self.progress.items()):
+        for peer, progress in self.followers_in_order:
             heard = progress.recent_active
             if (
                 thin
