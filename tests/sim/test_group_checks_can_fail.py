@@ -36,7 +36,7 @@ def test_heartbeats_answered_from_memory_are_caught(monkeypatch: pytest.MonkeyPa
     coordinator log now starts with (87, 174, 234, 299), and with a busy group's tick
     heartbeats thinned further (raft/leader.py `broadcast_heartbeat`, session 10) 1 of
     0..299 (214) and 1 of 300..699 (454), and with a follower that lags the commit index
-    answering only when asked (raft/follower.py `answer_wanted`) 571, the first of 0..571; a
+    answering only when asked (raft/follower.py `answer_wanted`) 1 of 0..699 (571); a
     timing change moves them, so several are tried (the first caught ends the scan)."""
     real_barrier = group_coordinator_service.after_read_barrier
 
