@@ -316,15 +316,25 @@ class LeaderState:
     # --- sending ------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Called once per Ready: coalesce new entries and heartbeats into few pushes."""
-        if self.heartbeat_due:
-            self.heartbeat_due = False
+        """Called once per Ready: coalesce new entries and heartbeats into few pushes.
+
+        A heartbeat due while no read waits and no lease is kept (a leader woken by a
+        proposal, say) goes after the new entries, and only to the followers this pass
+        pushed nothing at the commit index: a push resets a follower's timer and carries
+        the commit index as a heartbeat does (see `broadcast_heartbeat`). A waiting read
+        needs its new sequence at every follower: then every follower gets it, first."""
+        heartbeat_due = self.heartbeat_due
+        self.heartbeat_due = False
+        plain = heartbeat_due and not self.pending_reads and not self.core.config.lease_read
+        if heartbeat_due and not plain:
             self.broadcast_heartbeat()
         if self.replicate_pending:
             self.replicate_pending = False
             for peer, progress in self.followers_in_order:
                 if progress.state is APPEND:
                     self.send_appends(peer, progress)
+        if plain:
+            self.broadcast_heartbeat(skip_pushed=True)
 
     def push(self, peer: str, progress: Progress, kind: PushKind, **fields: object) -> Push:
         progress.commit_sent = self.core.commit_index
@@ -391,9 +401,12 @@ class LeaderState:
             progress.next_index = entries[-1].index + 1
             progress.inflight.append((entries[-1].index, core.ticks))
 
-    def broadcast_heartbeat(self, quiesce: bool = False, at_once: bool = False) -> None:
+    def broadcast_heartbeat(
+        self, quiesce: bool = False, at_once: bool = False, skip_pushed: bool = False
+    ) -> None:
         """One COMMIT push to every follower with a new read sequence. `at_once`: into
         the core's `outbox_at_once` (a tick's plain heartbeat), else the next Ready.
+        `skip_pushed`: not to a follower pushed this tick at our commit index (`flush`).
 
         Which followers a tick's heartbeat leaves out (`thin`: a tick's heartbeat while no
         read waits and no lease is kept; every other heartbeat goes to every follower and
@@ -436,6 +449,8 @@ class LeaderState:
         read_sequence = self.read_sequence
         for peer, progress in self.followers_in_order:
             heard = progress.recent_active
+            if skip_pushed and progress.sent_tick == now and progress.commit_sent == commit_index:
+                continue
             if (
                 thin
                 and heard

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import random
 
+import msgspec
+
 from quorumlog.raft.core import RaftCore
 from quorumlog.raft.messages import Message, Push, PushKind, PushResponse
 from tests.unit.raft.test_heartbeat_fast_path import (
@@ -145,3 +147,39 @@ def test_a_follower_that_lags_the_commit_index_answers_only_when_asked() -> None
 
     core.step(push(PushKind.COMMIT, commit_index=5, answer_wanted=True))
     assert core.take_messages_at_once() or core.ready().messages
+
+
+def quiet_leader() -> RaftCore:
+    core = elected_leader(quiesce_idle_ticks=2)
+    core.send_heartbeats_at_once = True
+    for _ in range(20):
+        if core.quiet:
+            core.take_messages_at_once()
+            core.ready()  # the quiesce pushes
+            return core
+        sent = [*core.take_messages_at_once(), *core.ready().messages]
+        for heartbeat in heartbeats(sent):
+            answer = answer_to(heartbeat, match_index=1)
+            if heartbeat.quiesce:
+                answer = msgspec.structs.replace(answer, quiet=True)
+            core.step(answer)
+        core.tick()
+    raise AssertionError("the leader never went quiet")
+
+
+def test_a_leader_woken_by_a_proposal_sends_the_entries_and_no_heartbeat() -> None:
+    core = quiet_leader()
+    core.propose(b"y")
+    sent = [*core.take_messages_at_once(), *core.ready().messages]
+    appends = [m for m in sent if isinstance(m, Push) and m.kind is PushKind.APPEND]
+    assert sorted(m.target for m in appends) == [FOLLOWER, OTHER]
+    assert heartbeats(sent) == []  # the APPENDs reset both timers and carry the commit index
+
+
+def test_a_leader_woken_by_a_read_heartbeats_every_follower_first() -> None:
+    core = quiet_leader()
+    core.read_index(7)
+    core.propose(b"y")
+    sent = [*core.take_messages_at_once(), *core.ready().messages]
+    assert [m.target for m in sent[:2]] == [FOLLOWER, OTHER]
+    assert all(h.answer_wanted for h in heartbeats(sent[:2])) and len(heartbeats(sent)) == 2
