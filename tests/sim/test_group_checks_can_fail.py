@@ -33,8 +33,11 @@ def test_heartbeats_answered_from_memory_are_caught(monkeypatch: pytest.MonkeyPa
     new generation) makes it tell a member of that generation the one before. Rare: of
     seeds 0..299 the broken rule was caught on 2 before the Raft heartbeat fast path (78,
     206), 4 after it (4, 174, 206, 228), and 4 with it and the feature-level entry each
-    coordinator log now starts with (87, 174, 234, 299); a timing change moves them, so
-    several are tried (the first caught ends the scan), 174 first."""
+    coordinator log now starts with (87, 174, 234, 299), and with a busy group's tick
+    heartbeats thinned further (raft/leader.py `broadcast_heartbeat`, session 10) 1 of
+    0..299 (214) and 1 of 300..699 (454), and with a follower that lags the commit index
+    answering only when asked (raft/follower.py `answer_wanted`) 1 of 0..699 (571); a
+    timing change moves them, so several are tried (the first caught ends the scan)."""
     real_barrier = group_coordinator_service.after_read_barrier
 
     def heartbeats_without_barrier(
@@ -50,7 +53,7 @@ def test_heartbeats_answered_from_memory_are_caught(monkeypatch: pytest.MonkeyPa
         real_barrier(read_barrier, request_id, reply, leader_address, answer)
 
     monkeypatch.setattr(group_coordinator_service, "after_read_barrier", heartbeats_without_barrier)
-    failure = failure_of(174, 87, 234, 299)
+    failure = failure_of(571, 214, 454, 174, 87, 234, 299)
     assert " took generation " in failure and " after " in failure
 
 

@@ -13,6 +13,7 @@ import enum
 import msgspec
 
 from quorumlog.codec.feature_levels import BASELINE_FEATURE_LEVEL
+from quorumlog.codec.heartbeat_rows import HeartbeatAnswerRow, HeartbeatRow
 from quorumlog.codec.kv_v3 import KeyValue, V3Failure, WatchEvent
 from quorumlog.raft.messages import Message
 
@@ -32,6 +33,9 @@ class Hello(msgspec.Struct, frozen=True, tag=True):
     feature_level: int = BASELINE_FEATURE_LEVEL
     """A peer's release's feature level (codec/feature_levels.py). Trailing, with a
     default: a node from before the gate says nothing and runs the baseline."""
+    heartbeat_rows: bool = False
+    """The peer reads heartbeats as rows (`PeerBatch.heartbeats`, codec/heartbeat_rows.py).
+    Trailing: a node from before them says nothing and gets envelopes."""
 
 
 class Welcome(msgspec.Struct, frozen=True, tag=True):
@@ -43,6 +47,8 @@ class Welcome(msgspec.Struct, frozen=True, tag=True):
     feature_level: int = BASELINE_FEATURE_LEVEL
     """The node's release's feature level, as `Hello.feature_level`, for the dialling
     peer. Trailing, with a default."""
+    heartbeat_rows: bool = False
+    """As `Hello.heartbeat_rows`, for the dialling peer. Trailing, with a default."""
 
 
 class Refused(msgspec.Struct, frozen=True, tag=True):
@@ -64,6 +70,13 @@ class PeerBatch(msgspec.Struct, frozen=True, tag=True, omit_defaults=True):
     """Groups that stopped on the sending node (a storage failure) while the node goes on
     serving: its liveness pings still say "alive", so a quiet group whose leader it was
     would wait forever; the receiver treats the sender as unreachable for these groups."""
+    source: str = ""
+    """The sending node, the source of every row below (set whenever there are rows)."""
+    heartbeats: list[HeartbeatRow] = msgspec.field(default_factory=list)
+    """Plain heartbeats as rows (codec/heartbeat_rows.py), only to a peer that said it reads
+    them (`Hello.heartbeat_rows`); a node from before them would skip the field."""
+    heartbeat_answers: list[HeartbeatAnswerRow] = msgspec.field(default_factory=list)
+    """Plain heartbeats' answers as rows, as `heartbeats`."""
 
 
 # --- client requests ----------------------------------------------------------------------

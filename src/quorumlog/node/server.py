@@ -50,6 +50,7 @@ from quorumlog.auth.service import AuthRequestService
 from quorumlog.auth.state import AuthStateView
 from quorumlog.codec import wire
 from quorumlog.codec.feature_levels import BASELINE_FEATURE_LEVEL
+from quorumlog.codec.heartbeat_rows import answer_of, push_of, row_of
 from quorumlog.errors import QuorumLogError
 from quorumlog.ha.controller_machine import BROKER_HEARTBEAT_TIMEOUT_MS_DEFAULT, HAControllerMachine
 from quorumlog.kv.connection import parse_endpoint
@@ -607,7 +608,11 @@ class Node:
     # --- transport handler --------------------------------------------------------------
 
     def send(self, group: str, target: str, message: Message) -> None:
-        self.endpoint.send(target, wire.RaftEnvelope(group=group, message=message))
+        row = row_of(group, message)
+        if row is None:
+            self.endpoint.send(target, wire.RaftEnvelope(group=group, message=message))
+        else:  # a plain heartbeat or answer: one row in the pair's batch (heartbeat_rows.py)
+            self.endpoint.send_row(target, row)
 
     def on_peer_batch(self, batch: wire.PeerBatch) -> None:
         for group_id in batch.down_groups:
@@ -620,6 +625,30 @@ class Node:
                 self.unknown_group_messages += 1
                 continue
             group.step(envelope.message)
+        if batch.heartbeats or batch.heartbeat_answers:
+            self.step_rows(batch)
+
+    def step_rows(self, batch: wire.PeerBatch) -> None:
+        """Step each row as the message it stands for (after the batch's envelopes: rows
+        go out at once, envelopes after a Ready, and Raft takes either order)."""
+        groups = self.groups
+        source = batch.source
+        node_id = self.node_id
+        if not source or source == node_id:
+            self.unknown_group_messages += len(batch.heartbeats) + len(batch.heartbeat_answers)
+            return
+        for heartbeat in batch.heartbeats:
+            group = groups.get(heartbeat.group)
+            if group is None:
+                self.unknown_group_messages += 1
+                continue
+            group.step(push_of(heartbeat, source, node_id))
+        for answer in batch.heartbeat_answers:
+            group = groups.get(answer.group)
+            if group is None:
+                self.unknown_group_messages += 1
+                continue
+            group.step(answer_of(answer, source, node_id))
 
     def on_client_request(
         self, request: wire.ClientRequest, reply: Replier, peer_common_name: str = ""

@@ -42,6 +42,8 @@ class FollowerState:
         self.leader_id: str | None = None
         self.round = 0
         self.verified_index = 0
+        self.vouched = False
+        """Something was verified against this leader in this term (see `answer_wanted`)."""
         self.snapshot_buffer = bytearray()
         self.snapshot_key: tuple[int, int, int] | None = None
         """(leader term, snapshot index, snapshot term) of the snapshot being received."""
@@ -55,6 +57,7 @@ class FollowerState:
         self.leader_id = leader_id
         self.round = 0
         self.verified_index = self.core.log.snapshot_index
+        self.vouched = False
         self.snapshot_buffer = bytearray()
         self.snapshot_key = None
         self.parked = {}
@@ -190,6 +193,7 @@ class FollowerState:
 
     def verify(self, index: int) -> None:
         self.verified_index = max(self.verified_index, index)
+        self.vouched = True
 
     def truncated(self, after: int) -> None:
         """Entries after `after` are gone: nothing past it can still be verified, and any
@@ -246,10 +250,13 @@ class FollowerState:
         return True
 
     def answer_wanted(self, push: Push) -> bool:
-        """Answer this heartbeat? If the leader wants it, or if we cannot vouch for
-        everything it committed: then we restarted (or lost state) since we acknowledged
-        it, and the leader must learn it now to COMPARE again, not at the next window."""
-        return push.answer_wanted or self.verified_index < push.commit_index
+        """Answer this heartbeat? If the leader wants it, or if we have verified nothing
+        against this leader yet and cannot vouch for everything it committed: then we may
+        have restarted (or lost state) since we acknowledged it, and the leader must learn
+        it now to COMPARE again, not at the next window. A follower that verified entries
+        in this term and merely lags the commit index (its appends are in flight, or a
+        quorum formed without it) has told the leader all it knows: its appends answer."""
+        return push.answer_wanted or (not self.vouched and self.verified_index < push.commit_index)
 
     def respond(
         self,
@@ -330,6 +337,7 @@ class FollowerState:
         self.snapshot_buffer = bytearray()
         self.snapshot_key = None
         self.verified_index = meta.index
+        self.vouched = True
         self.advance_commit(chunk.commit_index)
         self.respond_snapshot(chunk, success=True, match_index=meta.index, done=True)
 

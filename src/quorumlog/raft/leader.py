@@ -95,9 +95,16 @@ class LeaderState:
         """The read sequence when the idle stretch began (see `heard_while_idle`)."""
         """The read sequence of the last quiesce heartbeat: answers to older heartbeats
         arriving late never wake a quiet leader."""
+        self.followers_in_order: list[tuple[str, Progress]] = []
+        """`sorted(self.progress.items())`, kept (`order_followers`): every tick walks it,
+        and a busy node ticks hundreds of leaders."""
         for peer in core.peers():
             self.progress[peer] = self.new_progress()
             self.send_compare(peer, self.progress[peer])
+        self.order_followers()
+
+    def order_followers(self) -> None:
+        self.followers_in_order = sorted(self.progress.items())
 
     def new_progress(self) -> Progress:
         progress = Progress(next_index=self.first_index_of_term, rounds=self.rounds)
@@ -149,6 +156,7 @@ class LeaderState:
             del self.progress[peer]
             if self.transfer_target == peer:
                 self.transfer_target = None
+        self.order_followers()
 
     # --- ticks --------------------------------------------------------------------------
 
@@ -170,7 +178,7 @@ class LeaderState:
         if self.transfer_target is not None and core.ticks >= self.transfer_deadline_tick:
             self.transfer_target = None  # the target never took over: carry on leading
         last_index = core.log.last_index
-        for peer, progress in sorted(self.progress.items()):
+        for peer, progress in self.followers_in_order:
             if (
                 progress.state is APPEND
                 and not progress.inflight
@@ -308,15 +316,25 @@ class LeaderState:
     # --- sending ------------------------------------------------------------------------
 
     def flush(self) -> None:
-        """Called once per Ready: coalesce new entries and heartbeats into few pushes."""
-        if self.heartbeat_due:
-            self.heartbeat_due = False
+        """Called once per Ready: coalesce new entries and heartbeats into few pushes.
+
+        A heartbeat due while no read waits and no lease is kept (a leader woken by a
+        proposal, say) goes after the new entries, and only to the followers this pass
+        pushed nothing at the commit index: a push resets a follower's timer and carries
+        the commit index as a heartbeat does (see `broadcast_heartbeat`). A waiting read
+        needs its new sequence at every follower: then every follower gets it, first."""
+        heartbeat_due = self.heartbeat_due
+        self.heartbeat_due = False
+        plain = heartbeat_due and not self.pending_reads and not self.core.config.lease_read
+        if heartbeat_due and not plain:
             self.broadcast_heartbeat()
         if self.replicate_pending:
             self.replicate_pending = False
-            for peer, progress in sorted(self.progress.items()):
+            for peer, progress in self.followers_in_order:
                 if progress.state is APPEND:
                     self.send_appends(peer, progress)
+        if plain:
+            self.broadcast_heartbeat(skip_pushed=True)
 
     def push(self, peer: str, progress: Progress, kind: PushKind, **fields: object) -> Push:
         progress.commit_sent = self.core.commit_index
@@ -383,9 +401,33 @@ class LeaderState:
             progress.next_index = entries[-1].index + 1
             progress.inflight.append((entries[-1].index, core.ticks))
 
-    def broadcast_heartbeat(self, quiesce: bool = False, at_once: bool = False) -> None:
+    def broadcast_heartbeat(
+        self, quiesce: bool = False, at_once: bool = False, skip_pushed: bool = False
+    ) -> None:
         """One COMMIT push to every follower with a new read sequence. `at_once`: into
-        the core's `outbox_at_once` (a tick's plain heartbeat), else the next Ready."""
+        the core's `outbox_at_once` (a tick's plain heartbeat), else the next Ready.
+        `skip_pushed`: not to a follower pushed this tick at our commit index (`flush`).
+
+        Which followers a tick's heartbeat leaves out (`thin`: a tick's heartbeat while no
+        read waits and no lease is kept; every other heartbeat goes to every follower and
+        wants every answer). The invariant: each follower still gets, from some push, each
+        of these within one interval of its own:
+        - its election timer reset: some push at least every keepalive interval
+          (max(heartbeat_ticks, election_ticks // 5); an election timeout spans five);
+        - the commit index: a follower that lacks it gets it at the next tick, or with
+          `commit_heartbeat_ticks` once that long has passed since its last push;
+        - check-quorum: a follower not heard in this check-quorum window gets every tick's
+          heartbeat and must answer it at once (one answer per window suffices);
+        - quiescing (`idle_ticks` > 0): a follower that has not answered a heartbeat sent
+          since the group went idle gets every tick's heartbeat, wanting an answer
+          (`heard_while_idle`); once it answered, only the keepalive and commit rules;
+        - a read sequence a waiting read needs, or a lease: never thin (every follower,
+          every answer wanted).
+        A heard follower in APPEND is asked for no answer while the group is busy: its
+        appends answer for themselves, a lost one times out (`retry_if_timed_out`), and a
+        follower that cannot vouch for our commit index answers anyway
+        (`FollowerState.answer_wanted`). Safety never rests on any of this: a heartbeat
+        decides nothing (Raft's safety holds with any heartbeat lost)."""
         core = self.core
         self.read_sequence += 1
         if core.config.lease_read:  # only a lease needs to know when each went out
@@ -393,31 +435,22 @@ class LeaderState:
         send = core.send_at_once if at_once else core.send
         log = core.log
         commit_index = core.commit_index
-        # A tick's heartbeat, while reads need nothing, no lease is kept and the group is
-        # busy (quiescing counts answers), goes to a follower heard in this check-quorum
-        # window only if it lacks our commit index or has had no push for a keepalive
-        # interval; it asks for an answer only from a follower not caught up. Check-quorum
-        # is served by one answer per window (a follower not heard yet always gets the
-        # heartbeat and is asked to answer it at once), and an election timeout spans at
-        # least five keepalive intervals (etcd's ratio), as it spans five heartbeats.
-        thin = (
-            at_once
-            and not self.pending_reads
-            and not core.config.lease_read
-            and self.idle_ticks == 0
-        )
+        thin = at_once and not self.pending_reads and not core.config.lease_read
+        quiescing = self.idle_ticks > 0
+        idle_since_sequence = self.idle_since_sequence
         keepalive_ticks = max(core.config.heartbeat_ticks, core.config.election_ticks // 5)
         # With `commit_heartbeat_ticks`, a new commit index alone waits that long after
         # the last push to a follower (a busy group's commit moves every tick, and its
         # followers' heartbeats and their answers were most of a busy node's messages).
         commit_spacing_ticks = core.config.commit_heartbeat_ticks
         now = core.ticks
-        last_index = log.last_index
         node_id = core.node_id
         term = self.term
         read_sequence = self.read_sequence
-        for peer, progress in sorted(self.progress.items()):
+        for peer, progress in self.followers_in_order:
             heard = progress.recent_active
+            if skip_pushed and progress.sent_tick == now and progress.commit_sent == commit_index:
+                continue
             if (
                 thin
                 and heard
@@ -426,6 +459,7 @@ class LeaderState:
                     progress.commit_sent == commit_index
                     or now - progress.sent_tick < commit_spacing_ticks
                 )
+                and not (quiescing and progress.read_sequence_acked <= idle_since_sequence)
             ):
                 continue
             if quiesce:
@@ -451,11 +485,7 @@ class LeaderState:
                     commit_index=commit_index,
                     read_sequence=read_sequence,
                     answer_wanted=not (
-                        thin
-                        and heard
-                        and progress.state is APPEND
-                        and progress.match_index == last_index
-                        and not progress.inflight
+                        thin and heard and not quiescing and progress.state is APPEND
                     ),
                 )
             send(push)

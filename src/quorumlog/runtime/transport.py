@@ -24,6 +24,10 @@
   saying TLS is required, in plaintext, so it can tell its user. Peers dial with the
   node's dialing certificate and verify the node they reach; a connection that says it
   is a peer is held to the peer rules (`check_peer_certificate`) at its Hello.
+- Heartbeats as rows (codec/heartbeat_rows.py): both ends of a peer link say whether they
+  read plain heartbeats and their answers as rows (`Hello.heartbeat_rows`,
+  `Welcome.heartbeat_rows`); `send_row` queues a row for a peer, and the flush writes the
+  rows in the peer's `PeerBatch`, or as envelopes to a peer that did not say it reads them.
 - Feature levels (codec/feature_levels.py): both ends of a peer link say their release's
   level (`Hello.feature_level`, `Welcome.feature_level`); `on_peer_level` notes it and
   may refuse the peer (a release below the cluster's committed level).
@@ -48,6 +52,7 @@ from quorumlog.codec.frame import (
     FrameError,
     encode_frame,
 )
+from quorumlog.codec.heartbeat_rows import HeartbeatAnswerRow, HeartbeatRow, answer_of, push_of
 from quorumlog.tls.config import NodeTLS, server_context
 from quorumlog.tls.handshake import (
     TLS_RECORD_TYPES,
@@ -137,6 +142,8 @@ class Connection(asyncio.Protocol):
         self.remote_host: str | None = None
         self.client_common_name: str | None = None
         """The CN of a client's certificate, read once ("" if none), with client cert auth."""
+        self.heartbeat_rows = False
+        """The peer said it reads heartbeats as rows (`Hello/Welcome.heartbeat_rows`)."""
 
     def certificate_common_name(self) -> str | None:
         """The CN of the certificate the other end presented over TLS, if any (for
@@ -160,6 +167,7 @@ class Connection(asyncio.Protocol):
                     is_peer=True,
                     listen=self.endpoint.listen_address,
                     feature_level=FEATURE_LEVEL,
+                    heartbeat_rows=self.endpoint.heartbeat_rows,
                 )
             )
 
@@ -235,6 +243,7 @@ class Connection(asyncio.Protocol):
                     return False
                 self.ready = True
                 self.peer_id = self.dialed_peer
+                self.heartbeat_rows = frame.heartbeat_rows
                 endpoint.peer_ready(self.dialed_peer, self)
                 return True
             self.abort(f"bad handshake answer {frame!r}")
@@ -260,10 +269,16 @@ class Connection(asyncio.Protocol):
                 return False
         self.ready = True
         self.write(
-            wire.Welcome(node_id=endpoint.node_id, produce_many=True, feature_level=FEATURE_LEVEL)
+            wire.Welcome(
+                node_id=endpoint.node_id,
+                produce_many=True,
+                feature_level=FEATURE_LEVEL,
+                heartbeat_rows=endpoint.heartbeat_rows,
+            )
         )
         if frame.is_peer:
             self.peer_id = frame.sender
+            self.heartbeat_rows = frame.heartbeat_rows
             address = announced_address(frame.listen, self.remote_host)
             if address is not None and frame.sender != endpoint.node_id:
                 endpoint.handler.on_peer_address(frame.sender, address)
@@ -369,6 +384,14 @@ class Endpoint:
         self.peers: dict[str, Connection] = {}
         self.connections: set[Connection] = set()
         self.outgoing: dict[str, list[wire.RaftEnvelope]] = {}
+        self.outgoing_rows: dict[str, OutgoingRows] = {}
+        """Per peer: heartbeats and answers as rows (`send_row`), written with `outgoing`."""
+        self.heartbeat_rows = True
+        """Say in the handshake that we read rows, and write rows to a peer that says so.
+        False: behave as a node from before rows (every row goes as an envelope)."""
+        self.rows_sent = 0
+        self.rows_sent_as_envelopes = 0
+        """Rows written as rows, and as envelopes (to a peer that reads no rows)."""
         self.flush_scheduled = False
         self.server: asyncio.Server | None = None
         self.dialers: dict[str, asyncio.Task[None]] = {}
@@ -588,16 +611,45 @@ class Endpoint:
             self.flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
 
+    def send_row(self, peer: str, row: HeartbeatRow | HeartbeatAnswerRow) -> None:
+        """Queue a heartbeat or an answer as a row (codec/heartbeat_rows.py) for `peer`."""
+        rows = self.outgoing_rows.get(peer)
+        if rows is None:
+            rows = self.outgoing_rows[peer] = OutgoingRows()
+        if type(row) is HeartbeatRow:
+            rows.heartbeats.append(row)
+        else:
+            rows.answers.append(row)  # type: ignore[arg-type]
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
     def flush(self) -> None:
         self.flush_scheduled = False
         outgoing, self.outgoing = self.outgoing, {}
+        outgoing_rows, self.outgoing_rows = self.outgoing_rows, {}
         for peer, envelopes in outgoing.items():
-            connection = self.peers.get(peer)
-            if connection is None or connection.buffered_bytes() > WRITE_BUFFER_BYTES_MAX:
-                self.dropped_messages += len(envelopes)
-                continue
-            self.sent_since_ping.add(peer)
+            rows = outgoing_rows.pop(peer, None)
+            self.flush_peer(peer, envelopes, rows)
+        for peer, rows in outgoing_rows.items():
+            self.flush_peer(peer, [], rows)
+
+    def flush_peer(
+        self, peer: str, envelopes: list[wire.RaftEnvelope], rows: OutgoingRows | None
+    ) -> None:
+        connection = self.peers.get(peer)
+        if connection is None or connection.buffered_bytes() > WRITE_BUFFER_BYTES_MAX:
+            self.dropped_messages += len(envelopes) + (0 if rows is None else rows.count())
+            return
+        self.sent_since_ping.add(peer)
+        if rows is None:
             self.write_batches(connection, envelopes)
+        elif connection.heartbeat_rows and self.heartbeat_rows:
+            self.rows_sent += rows.count()
+            self.write_batches(connection, envelopes, rows.heartbeats, rows.answers)
+        else:  # a node from before rows: every row as the envelope it stands for
+            self.rows_sent_as_envelopes += rows.count()
+            self.write_batches(connection, [*envelopes, *rows.envelopes(self.node_id, peer)])
 
     def ping(self, peer: str) -> None:
         """Say "alive" to `peer`: an empty PeerBatch, unless a frame went to it since the
@@ -635,9 +687,31 @@ class Endpoint:
         if connection is not None:
             connection.write(wire.PeerBatch(envelopes=[], down_node=node_id, down_groups=groups))
 
-    def write_batches(self, connection: Connection, envelopes: list[wire.RaftEnvelope]) -> None:
+    def write_batches(
+        self,
+        connection: Connection,
+        envelopes: list[wire.RaftEnvelope],
+        heartbeats: list[HeartbeatRow] | None = None,
+        answers: list[HeartbeatAnswerRow] | None = None,
+    ) -> None:
         """One frame if it fits; otherwise halves, until each fits (a message too large
-        even alone is dropped and counted: Raft sends it again, smaller or never)."""
+        even alone is dropped and counted: Raft sends it again, smaller or never). Rows
+        that do not fit beside the envelopes go in frames of their own."""
+        if heartbeats or answers:
+            batch = wire.PeerBatch(
+                envelopes=envelopes,
+                source=self.node_id,
+                heartbeats=heartbeats or [],
+                heartbeat_answers=answers or [],
+            )
+            payload = wire.encode(batch)
+            if len(payload) <= self.frame_bytes_max:
+                connection.write_payload(payload)
+                return
+            self.write_rows(connection, heartbeats or [], answers or [])
+            if envelopes:
+                self.write_batches(connection, envelopes)
+            return
         payload = wire.encode(wire.PeerBatch(envelopes=envelopes))
         if len(payload) <= self.frame_bytes_max:
             connection.write_payload(payload)
@@ -648,6 +722,27 @@ class Endpoint:
         else:
             self.dropped_messages += 1
             log.error("dropping a %d-byte Raft message over frame_bytes_max", len(payload))
+
+    def write_rows(
+        self,
+        connection: Connection,
+        heartbeats: list[HeartbeatRow],
+        answers: list[HeartbeatAnswerRow],
+    ) -> None:
+        """Rows alone, halved until each frame fits (a row is a few dozen bytes)."""
+        batch = wire.PeerBatch(
+            envelopes=[], source=self.node_id, heartbeats=heartbeats, heartbeat_answers=answers
+        )
+        payload = wire.encode(batch)
+        if len(payload) <= self.frame_bytes_max:
+            connection.write_payload(payload)
+        elif len(heartbeats) + len(answers) > 1:
+            middle = len(heartbeats) // 2
+            answers_middle = len(answers) // 2
+            self.write_rows(connection, heartbeats[:middle], answers[:answers_middle])
+            self.write_rows(connection, heartbeats[middle:], answers[answers_middle:])
+        else:
+            self.dropped_messages += 1
 
     async def close(self) -> None:
         self.stopping = True
@@ -675,6 +770,32 @@ class Endpoint:
                 await task
         if self.listening_socket is not None:
             self.listening_socket.close()
+
+
+class OutgoingRows:
+    """Rows queued for one peer until the next flush."""
+
+    __slots__ = ("answers", "heartbeats")
+
+    def __init__(self) -> None:
+        self.heartbeats: list[HeartbeatRow] = []
+        self.answers: list[HeartbeatAnswerRow] = []
+
+    def count(self) -> int:
+        return len(self.heartbeats) + len(self.answers)
+
+    def envelopes(self, source: str, target: str) -> list[wire.RaftEnvelope]:
+        """The rows as the envelopes they stand for (for a peer that reads no rows)."""
+        return [
+            *(
+                wire.RaftEnvelope(group=row.group, message=push_of(row, source, target))
+                for row in self.heartbeats
+            ),
+            *(
+                wire.RaftEnvelope(group=row.group, message=answer_of(row, source, target))
+                for row in self.answers
+            ),
+        ]
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
