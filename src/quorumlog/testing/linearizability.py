@@ -180,7 +180,7 @@ class RegisterModel:
                 and suffix
                 and sum(1 for value in observed if suffix in value) == 1  # its own argument
                 and all(
-                    cas.return_time <= operation.call_time
+                    cas.return_time < operation.call_time
                     or seen_after_without(cas, operation, gets, replacing)
                     for cas in unexplained_failed_cas
                 )

@@ -744,3 +744,16 @@ def test_pruning_keeps_a_non_linearizable_history_non_linearizable() -> None:
     history = unobserved_appends_history()
     history.ok("get", None, "base;k1;", 130, 131)  # k0 vanished: a lost write
     assert verdict(history) is False
+
+
+def test_an_unknown_append_called_as_a_failed_cas_returned_may_explain_it() -> None:
+    """Found by the brute-force comparison above: an append called at the very time a failed
+    cas returned is concurrent with it (real-time order is strict), so it may be linearized
+    first and explain the failure; it must not be dropped as unobservable."""
+    operations = [
+        Operation(0, 0, "get", "x", None, None, 0, math.inf, OperationStatus.UNKNOWN),
+        Operation(1, 0, "cas", "x", (None, "c1"), False, 0, 0, OperationStatus.OK),
+        Operation(2, 0, "append", "x", "a2.", None, 0, math.inf, OperationStatus.UNKNOWN),
+    ]
+    assert linearizable_by_brute_force(operations)
+    assert check_linearizable(operations, model=REGISTER_MODEL).ok
