@@ -736,11 +736,16 @@ class Endpoint:
         payload = wire.encode(batch)
         if len(payload) <= self.frame_bytes_max:
             connection.write_payload(payload)
-        elif len(heartbeats) + len(answers) > 1:
-            middle = len(heartbeats) // 2
-            answers_middle = len(answers) // 2
-            self.write_rows(connection, heartbeats[:middle], answers[:answers_middle])
-            self.write_rows(connection, heartbeats[middle:], answers[answers_middle:])
+        elif len(heartbeats) > 1 or (heartbeats and answers):
+            # Halve the heartbeats (all of them to one side when there is one), so each
+            # half is smaller than the whole: one heartbeat and one answer split in two.
+            middle = max(len(heartbeats) // 2, 1)
+            self.write_rows(connection, heartbeats[:middle], [])
+            self.write_rows(connection, heartbeats[middle:], answers)
+        elif len(answers) > 1:
+            middle = len(answers) // 2
+            self.write_rows(connection, [], answers[:middle])
+            self.write_rows(connection, [], answers[middle:])
         else:
             self.dropped_messages += 1
 
