@@ -179,15 +179,12 @@ def test_rows_that_do_not_fit_one_frame_are_split() -> None:
 def test_one_heartbeat_and_one_answer_too_large_together_go_in_two_frames() -> None:
     heartbeat = HeartbeatRow("g" * 120, 7, 1, 5, 9, True)
     answer = row_of("a" * 120, msgspec.structs.replace(ANSWER, source="n1", target="n2"))
-    assert answer is not None
-    together = len(
-        wire.encode(
-            wire.PeerBatch([], source="n1", heartbeats=[heartbeat], heartbeat_answers=[answer])
-        )
-    )  # type: ignore[list-item]
+    assert isinstance(answer, HeartbeatAnswerRow)
+    batch = wire.PeerBatch([], source="n1", heartbeats=[heartbeat], heartbeat_answers=[answer])
+    together = len(wire.encode(batch))
     endpoint = Endpoint("n1", "c", {}, handler=None, frame_bytes_max=together - 1)  # type: ignore[arg-type]
     connection = CapturingConnection(heartbeat_rows=True)
-    endpoint.write_batches(connection, [], [heartbeat], [answer])  # type: ignore[list-item]
+    endpoint.write_batches(connection, [], [heartbeat], [answer])  # type: ignore[arg-type]
     batches = connection.batches()
     assert [len(batch.heartbeats) + len(batch.heartbeat_answers) for batch in batches] == [1, 1]
     assert endpoint.dropped_messages == 0
